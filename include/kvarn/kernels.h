@@ -1,0 +1,79 @@
+// kvarn kernel table: the contract every ISA implementation (scalar, avx2,
+// avx512) fulfils. Kernels take plain pointers and sizes only, never vector
+// types, so each ISA lives in its own translation unit with its own compile
+// flags and nothing else in the library is built for more than the baseline.
+#ifndef KVARN_KERNELS_H
+#define KVARN_KERNELS_H
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvarn/format.h"
+
+namespace kvarn {
+
+struct TileFormat {
+    int kbits;
+    int vbits;
+    int group;     // G, tokens per tile
+    int head_dim;  // D
+    kvarn_record_layout layout() const { return kvarn_layout(kbits, vbits, group, head_dim); }
+};
+
+// Running online-softmax state of one GQA group (n_q query heads sharing a KV
+// head). Caller-owned. Scores are already multiplied by the softmax scale
+// (q is pre-scaled), and m starts at -inf, l and both accumulators at 0.
+// Full-precision tokens (sink, tail, fp16 cache) accumulate in the original
+// frame, quantised tiles in the rotated frame; both share m and l, so every
+// rescale by exp(m_old - m_new) applies to both.
+struct SoftmaxState {
+    float* m;         // [n_q]
+    float* l;         // [n_q]
+    float* acc_orig;  // [n_q][D]
+    float* acc_rot;   // [n_q][D]
+};
+
+// In place, orthonormal block-diagonal Walsh-Hadamard along rows of D floats.
+using HadamardF32Fn = void (*)(float* x, int64_t rows, int head_dim);
+
+// Quantise one (tile, head): k and v are [G][D] float32 in the original frame.
+// Writes one record (format.h). Returns 0, or 1 when a folded fp16 scale
+// vector would not be finite (input too large for fp16 scales).
+using QuantizeTileFn = int (*)(const float* k, const float* v, const TileFormat& fmt, int iters,
+                               uint8_t* record);
+
+// Online-softmax attention of n_q pre-scaled, rotated queries q_rot [n_q][D]
+// over n_tiles consecutive records of one KV head, record i at
+// first_record + i * tile_stride bytes. Updates st (acc_rot).
+using AttendTilesFn = void (*)(const float* q_rot, int n_q, const TileFormat& fmt,
+                               const uint8_t* first_record, int64_t n_tiles, int64_t tile_stride,
+                               SoftmaxState st);
+
+// Online-softmax attention of n_q pre-scaled queries q [n_q][D] (original
+// frame) over n full-precision fp16 tokens of one KV head: token t's K row at
+// k + t * row_stride, V row at v + t * row_stride (elements). Updates st (acc_orig).
+using AttendDenseF16Fn = void (*)(const float* q, int n_q, int head_dim, const uint16_t* k,
+                                  const uint16_t* v, int64_t n, int64_t row_stride,
+                                  SoftmaxState st);
+
+struct KernelTable {
+    const char* name;
+    HadamardF32Fn hadamard_f32;
+    QuantizeTileFn quantize_tile;
+    AttendTilesFn attend_tiles;
+    AttendDenseF16Fn attend_dense_f16;
+};
+
+// Each returns the ISA's table, or nullptr when the library was built without
+// it. Entries left nullptr fall back to the next lower ISA (avx512 -> avx2 -> scalar).
+const KernelTable* scalar_kernels();
+const KernelTable* avx2_kernels();
+const KernelTable* avx512_kernels();
+
+// Shared scalar helpers (native/cpu/scalar), usable by every ISA file for tails.
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);  // round to nearest even, overflow -> inf
+
+}  // namespace kvarn
+
+#endif  // KVARN_KERNELS_H

@@ -1,0 +1,79 @@
+/*
+ * kvarn C ABI: what the Python wrappers (and any other host) call.
+ * Every function returns a kvarn_status; none aborts on bad arguments.
+ * Shapes are checked in Python first; the checks here are a second line of
+ * defence so that native code never crashes its host.
+ */
+#ifndef KVARN_KVARN_H
+#define KVARN_KVARN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvarn/format.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kvarn_status {
+    KVARN_OK = 0,
+    KVARN_ERR_ARGUMENT = 1,    /* a size, pointer or format is invalid */
+    KVARN_ERR_OVERFLOW = 2,    /* a folded fp16 scale would be inf/NaN */
+    KVARN_ERR_ISA = 3,         /* unknown or unsupported ISA name */
+    KVARN_ERR_INTERNAL = 4     /* allocation failure or other C++ exception */
+} kvarn_status;
+
+/* ---- ISA dispatch ---------------------------------------------------------- */
+/* Names: "scalar", "avx2", "avx512". The active ISA is chosen once at first use
+ * (cpuid + XGETBV), or from the environment variable KVARN_ISA. */
+const char* kvarn_active_isa(void);
+/* 1 when the ISA is compiled in and this CPU and OS support it. */
+int kvarn_isa_available(const char* name);
+int kvarn_set_isa(const char* name);
+/* Error text of the last failed kvarn_set_isa / forced KVARN_ISA (thread-unsafe, diagnostic only). */
+const char* kvarn_isa_error(void);
+
+/* ---- Kernels ----------------------------------------------------------------- */
+int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim);
+int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim);
+
+/* k, v: [n_tiles][group][head_dim] float32, original frame. records:
+ * [n_tiles][record bytes]. On KVARN_ERR_OVERFLOW *bad_tile is the first bad tile. */
+int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_t kbits,
+                         int32_t vbits, int32_t group, int32_t head_dim, int32_t iters,
+                         uint8_t* records, int32_t num_threads, int64_t* bad_tile);
+
+/* Inverse of the above up to quantisation error: k, v written in the original frame. */
+int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbits, int32_t vbits,
+                           int32_t group, int32_t head_dim, float* k, float* v);
+
+/* A read-only view of one sequence's cache. Full-precision parts are fp16
+ * (IEEE binary16 bit patterns). Strides are in elements for fp16 arrays and
+ * in bytes for records. Token order: sink, then tiles, then tail. */
+typedef struct kvarn_cache_view {
+    int32_t num_kv_heads, head_dim, group, kbits, vbits;
+    const uint16_t* sink_k;
+    const uint16_t* sink_v;
+    int64_t sink_len, sink_head_stride, sink_row_stride;
+    const uint8_t* records;
+    int64_t num_tiles, record_tile_stride, record_head_stride;
+    const uint16_t* tail_k;
+    const uint16_t* tail_v;
+    int64_t tail_len, tail_head_stride, tail_row_stride;
+} kvarn_cache_view;
+
+/* Decode attention for `batch` sequences: q [batch][num_q_heads][head_dim]
+ * float32, out the same shape. Query head h uses KV head h / (num_q_heads /
+ * num_kv_heads). scale multiplies q.k. num_threads <= 0: all cores. */
+int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
+                 int32_t num_q_heads, float scale, float* out, int32_t num_threads);
+
+/* Threads that num_threads <= 0 stands for. */
+int32_t kvarn_default_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVARN_KVARN_H */

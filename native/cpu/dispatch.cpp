@@ -1,0 +1,178 @@
+// ISA detection and the active kernel table. Detection runs once, at first use:
+// cpuid says what the CPU has, XGETBV says whether the OS saves the wider
+// registers. KVARN_ISA=scalar|avx2|avx512 forces one; an unknown or
+// unsupported name is an error (kvarn_isa_error), never a silent fallback.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "dispatch.h"
+#include "kvarn/kvarn.h"
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#include <cpuid.h>
+#define KVARN_X86 1
+#endif
+
+namespace kvarn {
+namespace {
+
+struct CpuFeatures {
+    bool avx2 = false;    // AVX2 + FMA + F16C with YMM state enabled by the OS
+    bool avx512 = false;  // AVX-512 F/BW/VL/DQ with ZMM state enabled by the OS
+    bool avx512_vnni = false;
+};
+
+#ifdef KVARN_X86
+uint64_t read_xcr0()
+{
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((uint64_t)edx << 32) | eax;
+}
+#endif
+
+CpuFeatures detect()
+{
+    CpuFeatures f;
+#ifdef KVARN_X86
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    const bool osxsave = c & (1u << 27), avx = c & (1u << 28), fma = c & (1u << 12), f16c = c & (1u << 29);
+    if (!osxsave || !avx) return f;
+    const uint64_t xcr0 = read_xcr0();
+    const bool ymm_state = (xcr0 & 0x6) == 0x6;
+    const bool zmm_state = (xcr0 & 0xe6) == 0xe6;
+    if (__get_cpuid_max(0, nullptr) < 7) return f;
+    __cpuid_count(7, 0, a, b, c, d);
+    const bool avx2 = b & (1u << 5);
+    const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
+               avx512vl = b & (1u << 31), vnni = c & (1u << 11);
+    f.avx2 = ymm_state && avx2 && fma && f16c;
+    f.avx512 = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl;
+    f.avx512_vnni = f.avx512 && vnni;
+#endif
+    return f;
+}
+
+const CpuFeatures& features()
+{
+    static const CpuFeatures f = detect();
+    return f;
+}
+
+// Full table for an ISA: its own entries, missing ones from the level below.
+KernelTable merged(const KernelTable* top, const KernelTable& below)
+{
+    KernelTable t = below;
+    if (!top) return t;
+    t.name = top->name;
+    if (top->hadamard_f32) t.hadamard_f32 = top->hadamard_f32;
+    if (top->quantize_tile) t.quantize_tile = top->quantize_tile;
+    if (top->attend_tiles) t.attend_tiles = top->attend_tiles;
+    if (top->attend_dense_f16) t.attend_dense_f16 = top->attend_dense_f16;
+    return t;
+}
+
+struct Tables {
+    KernelTable scalar, avx2, avx512;
+    Tables()
+    {
+        scalar = *scalar_kernels();
+        avx2 = merged(avx2_kernels(), scalar);
+        avx512 = merged(avx512_kernels(), avx2);
+    }
+};
+
+const Tables& tables()
+{
+    static const Tables t;
+    return t;
+}
+
+const KernelTable* table_for(const char* name)
+{
+    if (!name) return nullptr;
+    if (!std::strcmp(name, "scalar")) return &tables().scalar;
+    if (!std::strcmp(name, "avx2")) return avx2_kernels() && features().avx2 ? &tables().avx2 : nullptr;
+    if (!std::strcmp(name, "avx512"))
+        return avx512_kernels() && features().avx512 ? &tables().avx512 : nullptr;
+    return nullptr;
+}
+
+bool known_name(const char* name)
+{
+    return name && (!std::strcmp(name, "scalar") || !std::strcmp(name, "avx2") || !std::strcmp(name, "avx512"));
+}
+
+std::atomic<const KernelTable*> g_active{nullptr};
+std::string g_error;
+std::once_flag g_init;
+
+void initialise()
+{
+    const char* forced = std::getenv("KVARN_ISA");
+    if (forced && *forced) {
+        const KernelTable* t = table_for(forced);
+        if (t) {
+            g_active = t;
+            return;
+        }
+        g_error = known_name(forced) ? std::string("KVARN_ISA=") + forced + " is not supported by this CPU/build"
+                                     : std::string("KVARN_ISA=") + forced + " is not a known ISA (scalar, avx2, avx512)";
+        g_active = nullptr;  // kvarn_active_isa reports the error; kernels refuse to run
+        return;
+    }
+    for (const char* name : {"avx512", "avx2", "scalar"}) {
+        if (const KernelTable* t = table_for(name)) {
+            g_active = t;
+            return;
+        }
+    }
+}
+
+}  // namespace
+
+const KernelTable* active_kernels()
+{
+    std::call_once(g_init, initialise);
+    return g_active.load();
+}
+
+bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
+
+}  // namespace kvarn
+
+extern "C" {
+
+const char* kvarn_active_isa(void)
+{
+    const kvarn::KernelTable* t = kvarn::active_kernels();
+    return t ? t->name : "none";
+}
+
+int kvarn_isa_available(const char* name) { return kvarn::table_for(name) != nullptr; }
+
+int kvarn_set_isa(const char* name)
+{
+    kvarn::active_kernels();  // run initialisation first so it cannot overwrite this choice
+    const kvarn::KernelTable* t = kvarn::table_for(name);
+    if (!t) {
+        kvarn::g_error = kvarn::known_name(name) ? std::string(name) + " is not supported by this CPU/build"
+                                                 : std::string(name ? name : "(null)") + " is not a known ISA";
+        return KVARN_ERR_ISA;
+    }
+    kvarn::g_error.clear();
+    kvarn::g_active = t;
+    return KVARN_OK;
+}
+
+const char* kvarn_isa_error(void)
+{
+    kvarn::active_kernels();
+    return kvarn::g_error.c_str();
+}
+
+}  // extern "C"

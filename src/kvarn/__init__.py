@@ -1,0 +1,42 @@
+"""kvarn: KVarN KV-cache quantisation (SPEC.md) with fused decode attention.
+
+    import kvarn
+    cache = kvarn.KVCache(num_kv_heads=8, head_dim=128)          # k4v2_g128
+    cache.append(k, v)                                           # [Hk, n, D] fp16/fp32
+    out = kvarn.attend(q, cache)                                 # q [Hq, D] -> [Hq, D]
+"""
+from ._ops import (
+    DEFAULT_PRESET,
+    PRESETS,
+    Preset,
+    active_isa,
+    available_isas,
+    get_num_threads,
+    hadamard,
+    set_isa,
+    set_num_threads,
+)
+from .cache import KVCache, attend, attend_batch
+from .tile import Tile, dequantize_tile, pack_codes, quantize_tile, unpack_codes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_PRESET",
+    "PRESETS",
+    "Preset",
+    "KVCache",
+    "Tile",
+    "active_isa",
+    "attend",
+    "attend_batch",
+    "available_isas",
+    "dequantize_tile",
+    "get_num_threads",
+    "hadamard",
+    "pack_codes",
+    "quantize_tile",
+    "set_isa",
+    "set_num_threads",
+    "unpack_codes",
+]

@@ -1,0 +1,43 @@
+# Declarations of the C ABI in include/kvarn/kvarn.h.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+
+cdef extern from "kvarn/kvarn.h" nogil:
+    enum kvarn_status:
+        KVARN_OK
+        KVARN_ERR_ARGUMENT
+        KVARN_ERR_OVERFLOW
+        KVARN_ERR_ISA
+        KVARN_ERR_INTERNAL
+
+    ctypedef struct kvarn_record_layout:
+        size_t k_codes, ka, kz, kt, v_codes, vc, va, vz, total
+
+    kvarn_record_layout kvarn_layout(int kbits, int vbits, int group, int head_dim)
+
+    const char* kvarn_active_isa()
+    int kvarn_isa_available(const char* name)
+    int kvarn_set_isa(const char* name)
+    const char* kvarn_isa_error()
+
+    int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
+    int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim)
+    int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_t kbits,
+                             int32_t vbits, int32_t group, int32_t head_dim, int32_t iters,
+                             uint8_t* records, int32_t num_threads, int64_t* bad_tile)
+    int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbits, int32_t vbits,
+                               int32_t group, int32_t head_dim, float* k, float* v)
+
+    ctypedef struct kvarn_cache_view:
+        int32_t num_kv_heads, head_dim, group, kbits, vbits
+        const uint16_t* sink_k
+        const uint16_t* sink_v
+        int64_t sink_len, sink_head_stride, sink_row_stride
+        const uint8_t* records
+        int64_t num_tiles, record_tile_stride, record_head_stride
+        const uint16_t* tail_k
+        const uint16_t* tail_v
+        int64_t tail_len, tail_head_stride, tail_row_stride
+
+    int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
+                     int32_t num_q_heads, float scale, float* out, int32_t num_threads)
+    int32_t kvarn_default_threads()

@@ -1,0 +1,126 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Thin wrappers over the C ABI. Shapes, dtypes and friendly errors live in
+kvarn/_ops.py; here we only take typed buffers, release the GIL and return
+the native status code (0 = ok)."""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdlib cimport malloc, free
+
+OK = KVARN_OK
+ERR_ARGUMENT = KVARN_ERR_ARGUMENT
+ERR_OVERFLOW = KVARN_ERR_OVERFLOW
+ERR_ISA = KVARN_ERR_ISA
+ERR_INTERNAL = KVARN_ERR_INTERNAL
+
+
+def record_layout(int kbits, int vbits, int group, int head_dim):
+    cdef kvarn_record_layout L = kvarn_layout(kbits, vbits, group, head_dim)
+    return dict(k_codes=L.k_codes, ka=L.ka, kz=L.kz, kt=L.kt, v_codes=L.v_codes,
+                vc=L.vc, va=L.va, vz=L.vz, total=L.total)
+
+
+def active_isa():
+    return kvarn_active_isa().decode()
+
+
+def isa_available(str name):
+    return bool(kvarn_isa_available(name.encode()))
+
+
+def set_isa(str name):
+    return kvarn_set_isa(name.encode())
+
+
+def isa_error():
+    return kvarn_isa_error().decode()
+
+
+def default_threads():
+    return kvarn_default_threads()
+
+
+def hadamard_f32(float[:, ::1] x, int head_dim):
+    cdef int rc
+    with nogil:
+        rc = kvarn_hadamard_f32(&x[0, 0] if x.shape[0] else NULL, x.shape[0], head_dim)
+    return rc
+
+
+def hadamard_f64(double[:, ::1] x, int head_dim):
+    cdef int rc
+    with nogil:
+        rc = kvarn_hadamard_f64(&x[0, 0] if x.shape[0] else NULL, x.shape[0], head_dim)
+    return rc
+
+
+def quantize_tiles(const float[:, :, ::1] k, const float[:, :, ::1] v, int kbits, int vbits,
+                   int iters, uint8_t[:, ::1] records, int num_threads):
+    """k, v: [n_tiles, G, D]. Returns (status, first bad tile)."""
+    cdef int rc
+    cdef int64_t bad = -1
+    cdef int64_t n = k.shape[0]
+    if n == 0:
+        return 0, -1
+    with nogil:
+        rc = kvarn_quantize_tiles(&k[0, 0, 0], &v[0, 0, 0], n, kbits, vbits, <int32_t>k.shape[1],
+                                  <int32_t>k.shape[2], iters, &records[0, 0], num_threads, &bad)
+    return rc, bad
+
+
+def dequantize_tiles(const uint8_t[:, ::1] records, int kbits, int vbits,
+                     float[:, :, ::1] k, float[:, :, ::1] v):
+    cdef int rc
+    cdef int64_t n = records.shape[0]
+    if n == 0:
+        return 0
+    with nogil:
+        rc = kvarn_dequantize_tiles(&records[0, 0], n, kbits, vbits, <int32_t>k.shape[1],
+                                    <int32_t>k.shape[2], &k[0, 0, 0], &v[0, 0, 0])
+    return rc
+
+
+cdef int fill_view(kvarn_cache_view* c, dict parts) except -1:
+    """parts: arrays from KVCache._native_parts(); keeps them alive in the caller."""
+    cdef const uint16_t[:, :, ::1] sk = parts["sink_k"]
+    cdef const uint16_t[:, :, ::1] sv = parts["sink_v"]
+    cdef const uint8_t[:, :, ::1] rec = parts["records"]
+    cdef const uint16_t[:, :, ::1] tk = parts["tail_k"]
+    cdef const uint16_t[:, :, ::1] tv = parts["tail_v"]
+    c.num_kv_heads = parts["num_kv_heads"]
+    c.head_dim = parts["head_dim"]
+    c.group = parts["group"]
+    c.kbits = parts["kbits"]
+    c.vbits = parts["vbits"]
+    c.sink_len = parts["sink_len"]
+    c.sink_k = &sk[0, 0, 0] if sk.size else NULL
+    c.sink_v = &sv[0, 0, 0] if sv.size else NULL
+    c.sink_head_stride = sk.shape[1] * sk.shape[2]
+    c.sink_row_stride = sk.shape[2]
+    c.num_tiles = parts["num_tiles"]
+    c.records = &rec[0, 0, 0] if rec.size else NULL
+    c.record_tile_stride = rec.shape[1] * rec.shape[2]
+    c.record_head_stride = rec.shape[2]
+    c.tail_len = parts["tail_len"]
+    c.tail_k = &tk[0, 0, 0] if tk.size else NULL
+    c.tail_v = &tv[0, 0, 0] if tv.size else NULL
+    c.tail_head_stride = tk.shape[1] * tk.shape[2]
+    c.tail_row_stride = tk.shape[2]
+    return 0
+
+
+def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] out, int num_threads):
+    """parts: one dict per sequence (see fill_view); q, out: [batch, Hq, D]."""
+    cdef int batch = len(parts)
+    cdef int rc
+    cdef int i
+    cdef kvarn_cache_view* views = <kvarn_cache_view*>malloc(batch * sizeof(kvarn_cache_view))
+    if views == NULL:
+        raise MemoryError()
+    try:
+        for i in range(batch):
+            fill_view(&views[i], parts[i])
+        with nogil:
+            rc = kvarn_attend(views, batch, &q[0, 0, 0], <int32_t>q.shape[1], scale,
+                              &out[0, 0, 0], num_threads)
+    finally:
+        free(views)
+    return rc

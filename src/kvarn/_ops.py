@@ -1,0 +1,208 @@
+"""Validation, allocation and friendly errors around the native core.
+
+The Cython module (`kvarn._native`) only takes typed buffers and returns a
+status code; everything a user can get wrong is checked here first, so bad
+input gets an exception that names the argument and the problem.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _native
+
+FP16_MAX = 65504.0
+SUPPORTED_BITS = (2, 4, 8)
+SINKHORN_ITERS = 8
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A quantisation format: key bits, value bits and tokens per tile."""
+
+    name: str
+    kbits: int
+    vbits: int
+    group: int
+
+    def record_bytes(self, head_dim: int) -> int:
+        """Bytes of one (tile, kv-head) record (SPEC §6)."""
+        return int(_native.record_layout(self.kbits, self.vbits, self.group, head_dim)["total"])
+
+    def bits_per_element(self, head_dim: int) -> float:
+        return 8.0 * self.record_bytes(head_dim) / (2 * self.group * head_dim)
+
+
+PRESETS = {
+    p.name: p
+    for p in (
+        Preset("k4v2_g128", 4, 2, 128),
+        Preset("k4v4_g128", 4, 4, 128),
+        Preset("k4v2_g64", 4, 2, 64),
+        Preset("k4v4_g64", 4, 4, 64),
+        Preset("k2v2_g128", 2, 2, 128),
+        # Extra (SPEC §6 allows 8 bits): near-lossless reference point.
+        Preset("k8v8_g128", 8, 8, 128),
+    )
+}
+DEFAULT_PRESET = "k4v2_g128"
+
+
+def get_preset(preset) -> Preset:
+    if isinstance(preset, Preset):
+        return preset
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ValueError(f"preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[preset]
+
+
+def check_head_dim(head_dim, name="head_dim") -> int:
+    if isinstance(head_dim, (bool, np.bool_)) or not isinstance(head_dim, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(head_dim).__name__}")
+    head_dim = int(head_dim)
+    if head_dim < 16 or head_dim > 1024 or head_dim % 16:
+        raise ValueError(
+            f"{name}: unsupported head_dim {head_dim}; kvarn serves multiples of 16 from 16 to 1024"
+        )
+    return head_dim
+
+
+def check_positive_int(value, name, minimum=1) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    return int(value)
+
+
+_FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def as_float_array(x, name, ndim=None, fp16_range=False) -> np.ndarray:
+    """Checks a float array argument (dtype, rank, finiteness, optional fp16 range)."""
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "__array__") or isinstance(x, (list, tuple)):
+            x = np.asarray(x)
+        else:
+            raise TypeError(f"{name}: expected a numpy array, got {type(x).__name__}")
+    if x.dtype.type not in _FLOAT_DTYPES:
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16 or float32")
+    if ndim is not None:
+        allowed = ndim if isinstance(ndim, tuple) else (ndim,)
+        if x.ndim not in allowed:
+            want = " or ".join(f"{n}-D" for n in allowed)
+            raise ValueError(f"{name}: expected a {want} array, got shape {x.shape}")
+    if x.size and not np.isfinite(x).all():
+        raise ValueError(f"{name}: contains NaN or Inf")
+    if fp16_range and x.size and x.dtype != np.float16 and np.abs(x).max() > FP16_MAX:
+        raise ValueError(f"{name}: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
+    return x
+
+
+def check_status(rc: int, what: str) -> None:
+    if rc == _native.OK:
+        return
+    if rc == _native.ERR_ISA:
+        raise RuntimeError(f"{what}: no usable ISA: {_native.isa_error()}")
+    if rc == _native.ERR_ARGUMENT:
+        raise ValueError(f"{what}: the native core rejected its arguments")
+    if rc == _native.ERR_OVERFLOW:
+        raise ValueError(f"{what}: values too large for the fp16 scales of a tile")
+    raise MemoryError(f"{what}: native failure (status {rc})")
+
+
+# ---- threads and ISA ---------------------------------------------------------
+_num_threads = 0  # 0: all cores
+
+
+def set_num_threads(n: int) -> None:
+    """Default thread count for native calls (0 = all cores)."""
+    global _num_threads
+    _num_threads = check_positive_int(n, "n", minimum=0)
+
+
+def get_num_threads() -> int:
+    return _num_threads if _num_threads > 0 else int(_native.default_threads())
+
+
+def resolve_threads(num_threads) -> int:
+    if num_threads is None:
+        return _num_threads
+    return check_positive_int(num_threads, "num_threads", minimum=0)
+
+
+ISAS = ("scalar", "avx2", "avx512")
+
+
+def available_isas() -> list:
+    """ISAs compiled in and supported by this CPU and OS, lowest first."""
+    return [name for name in ISAS if _native.isa_available(name)]
+
+
+def active_isa() -> str:
+    return _native.active_isa()
+
+
+def set_isa(name: str) -> None:
+    """Selects the kernels used from now on (overrides KVARN_ISA)."""
+    if name not in ISAS:
+        raise ValueError(f"name: unknown ISA {name!r}; choose one of {list(ISAS)}")
+    if _native.set_isa(name) != _native.OK:
+        raise ValueError(f"name: ISA {name!r} is not available here ({_native.isa_error()})")
+
+
+def _check_forced_isa() -> None:
+    if _native.active_isa() == "none":
+        raise RuntimeError(
+            f"{_native.isa_error()}; unset KVARN_ISA or set it to one of {available_isas()}"
+        )
+
+
+_check_forced_isa()
+
+
+# ---- Hadamard ------------------------------------------------------------------
+def hadamard(x) -> np.ndarray:
+    """Orthonormal fast Walsh-Hadamard transform along the last axis.
+
+    Block-diagonal when head_dim is not a power of two: the block is the
+    largest power of two dividing it (SPEC §2). Its own inverse. float16 and
+    float32 inputs give float32, float64 gives float64.
+    """
+    x = as_float_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError("x: expected at least a 1-D array")
+    head_dim = check_head_dim(x.shape[-1], "x.shape[-1]")
+    out_dtype = np.float64 if x.dtype == np.float64 else np.float32
+    out = np.array(x, dtype=out_dtype, order="C", copy=True).reshape(-1, head_dim)
+    if out_dtype == np.float64:
+        rc = _native.hadamard_f64(out, head_dim)
+    else:
+        rc = _native.hadamard_f32(out, head_dim)
+    check_status(rc, "hadamard")
+    return out.reshape(x.shape)
+
+
+def quantize_tiles_native(k3: np.ndarray, v3: np.ndarray, preset: Preset, iters: int, num_threads) -> np.ndarray:
+    """k3, v3: float32 C-contiguous [n, G, D] -> records uint8 [n, record_bytes]."""
+    n, _, head_dim = k3.shape
+    records = np.empty((n, preset.record_bytes(head_dim)), dtype=np.uint8)
+    rc, bad = _native.quantize_tiles(k3, v3, preset.kbits, preset.vbits, iters, records, resolve_threads(num_threads))
+    if rc == _native.ERR_OVERFLOW:
+        raise ValueError(
+            f"k/v: tile {bad} has values too large for its fp16 scale vectors after rotation; "
+            "keep |k|, |v| well inside the fp16 range"
+        )
+    check_status(rc, "quantize")
+    return records
+
+
+def dequantize_records_native(records: np.ndarray, preset: Preset, head_dim: int):
+    n = records.shape[0]
+    k = np.empty((n, preset.group, head_dim), dtype=np.float32)
+    v = np.empty_like(k)
+    rc = _native.dequantize_tiles(np.ascontiguousarray(records), preset.kbits, preset.vbits, k, v)
+    check_status(rc, "dequantize")
+    return k, v

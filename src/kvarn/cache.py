@@ -1,0 +1,253 @@
+"""KVCache: one sequence's keys and values for all kv-heads of one layer.
+
+Token order is sink | quantised tiles | tail (SPEC §7):
+- the first ``sink_tokens`` tokens stay in fp16 for the life of the sequence;
+- after them, every run of ``group`` tokens becomes one quantised tile (one
+  SPEC §6 record per kv-head) the moment it is complete;
+- the unfinished last tile (the tail) stays in fp16.
+Full-precision parts are stored as float16, the precision of an fp16 engine's
+cache; inputs beyond the fp16 range are rejected.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._ops import (
+    DEFAULT_PRESET,
+    SINKHORN_ITERS,
+    as_float_array,
+    check_head_dim,
+    check_positive_int,
+    get_preset,
+    quantize_tiles_native,
+    resolve_threads,
+)
+from . import _native, _ops
+
+
+class KVCache:
+    """A KVarN-compressed KV cache for ``num_kv_heads`` heads of ``head_dim`` channels."""
+
+    def __init__(
+        self,
+        num_kv_heads: int,
+        head_dim: int,
+        preset: str = DEFAULT_PRESET,
+        sink_tokens: int | None = None,
+        *,
+        iters: int = SINKHORN_ITERS,
+    ):
+        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self.head_dim = check_head_dim(head_dim)
+        self.preset = get_preset(preset)
+        self.sink_tokens = self.preset.group if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
+        self.iters = check_positive_int(iters, "iters", 0)
+        self._record_bytes = self.preset.record_bytes(self.head_dim)
+        H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
+        self._sink_k = np.zeros((H, 0, D), np.float16)
+        self._sink_v = np.zeros((H, 0, D), np.float16)
+        self._records = np.zeros((0, H, self._record_bytes), np.uint8)  # [capacity, H, bytes]
+        self._num_tiles = 0
+        self._tail_k = np.zeros((H, G, D), np.float16)
+        self._tail_v = np.zeros((H, G, D), np.float16)
+        self._tail_len = 0
+
+    # ---- sizes ---------------------------------------------------------------
+    @property
+    def sink_len(self) -> int:
+        return self._sink_k.shape[1]
+
+    @property
+    def num_tiles(self) -> int:
+        return self._num_tiles
+
+    @property
+    def tail_len(self) -> int:
+        return self._tail_len
+
+    def __len__(self) -> int:
+        return self.sink_len + self._num_tiles * self.preset.group + self._tail_len
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes holding the cached tokens: fp16 sink and tail, plus packed tile records."""
+        fp16_token_bytes = 2 * 2 * self.num_kv_heads * self.head_dim  # K and V
+        return (self.sink_len + self._tail_len) * fp16_token_bytes + self._num_tiles * self.num_kv_heads * self._record_bytes
+
+    @property
+    def compression_ratio(self) -> float:
+        """fp16 cache bytes of the same tokens / nbytes (1.0 for an empty cache)."""
+        n = len(self)
+        if n == 0:
+            return 1.0
+        return n * 2 * 2 * self.num_kv_heads * self.head_dim / self.nbytes
+
+    @property
+    def records(self) -> np.ndarray:
+        """The quantised tiles' records, uint8 [num_tiles, num_kv_heads, record_bytes] (a view)."""
+        return self._records[: self._num_tiles]
+
+    # ---- append --------------------------------------------------------------
+    def append(self, k, v, *, num_threads=None) -> None:
+        """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16 or float32.
+
+        Validates everything and quantises completed tiles before changing any
+        state, so a rejected append leaves the cache exactly as it was.
+        """
+        H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
+        k = as_float_array(k, "k", ndim=3, fp16_range=True)
+        v = as_float_array(v, "v", ndim=3, fp16_range=True)
+        if k.shape[0] != H or k.shape[2] != D:
+            raise ValueError(f"k: expected shape [{H}, n, {D}] (num_kv_heads, tokens, head_dim), got {k.shape}")
+        if v.shape != k.shape:
+            raise ValueError(f"v: shape {v.shape} does not match k's {k.shape}")
+        threads = resolve_threads(num_threads)
+        n = k.shape[1]
+        if n == 0:
+            return
+        k16 = k.astype(np.float16, copy=False)
+        v16 = v.astype(np.float16, copy=False)
+
+        # 1. What goes to the sink.
+        to_sink = min(n, self.sink_tokens - self.sink_len)
+        new_sink_k = new_sink_v = None
+        if to_sink > 0:
+            new_sink_k = np.concatenate([self._sink_k, k16[:, :to_sink]], axis=1)
+            new_sink_v = np.concatenate([self._sink_v, v16[:, :to_sink]], axis=1)
+
+        # 2. Tail + the rest; whole tiles of it get quantised (may raise: nothing is changed yet).
+        rest_k = np.concatenate([self._tail_k[:, : self._tail_len], k16[:, to_sink:]], axis=1)
+        rest_v = np.concatenate([self._tail_v[:, : self._tail_len], v16[:, to_sink:]], axis=1)
+        n_full = rest_k.shape[1] // G
+        new_records = None
+        if n_full:
+            def tiles(x):  # [H, n_full*G, D] -> [n_full*H, G, D], tile-major then head
+                x = x[:, : n_full * G].reshape(H, n_full, G, D).transpose(1, 0, 2, 3)
+                return np.ascontiguousarray(x, dtype=np.float32).reshape(n_full * H, G, D)
+
+            new_records = quantize_tiles_native(tiles(rest_k), tiles(rest_v), self.preset, self.iters, threads)
+            new_records = new_records.reshape(n_full, H, self._record_bytes)
+        records = self._records
+        if n_full and self._num_tiles + n_full > records.shape[0]:
+            capacity = max(2 * records.shape[0], self._num_tiles + n_full, 4)
+            records = np.zeros((capacity, H, self._record_bytes), np.uint8)
+            records[: self._num_tiles] = self._records[: self._num_tiles]
+        tail_k = np.zeros_like(self._tail_k)
+        tail_v = np.zeros_like(self._tail_v)
+        left = rest_k.shape[1] - n_full * G
+        tail_k[:, :left] = rest_k[:, n_full * G :]
+        tail_v[:, :left] = rest_v[:, n_full * G :]
+
+        # 3. Commit (no exceptions past this point).
+        if new_sink_k is not None:
+            self._sink_k, self._sink_v = new_sink_k, new_sink_v
+        if n_full:
+            records[self._num_tiles : self._num_tiles + n_full] = new_records
+            self._records = records
+            self._num_tiles += n_full
+        self._tail_k, self._tail_v, self._tail_len = tail_k, tail_v, left
+
+    # ---- reading -------------------------------------------------------------
+    def _native_parts(self) -> dict:
+        return {
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "group": self.preset.group,
+            "kbits": self.preset.kbits,
+            "vbits": self.preset.vbits,
+            "sink_k": self._sink_k.view(np.uint16),
+            "sink_v": self._sink_v.view(np.uint16),
+            "sink_len": self.sink_len,
+            "records": self._records,
+            "num_tiles": self._num_tiles,
+            "tail_k": self._tail_k.view(np.uint16),
+            "tail_v": self._tail_v.view(np.uint16),
+            "tail_len": self._tail_len,
+        }
+
+    def dequantize(self):
+        """(K̂, V̂) float32 [num_kv_heads, len, head_dim]: what attention sees. For tests and
+        inspection only — attend() never builds this."""
+        H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
+        parts_k = [self._sink_k.astype(np.float32)]
+        parts_v = [self._sink_v.astype(np.float32)]
+        if self._num_tiles:
+            flat = self.records.reshape(self._num_tiles * H, self._record_bytes)
+            k, v = _ops.dequantize_records_native(flat, self.preset, D)
+            parts_k.append(k.reshape(self._num_tiles, H, G, D).transpose(1, 0, 2, 3).reshape(H, -1, D))
+            parts_v.append(v.reshape(self._num_tiles, H, G, D).transpose(1, 0, 2, 3).reshape(H, -1, D))
+        parts_k.append(self._tail_k[:, : self._tail_len].astype(np.float32))
+        parts_v.append(self._tail_v[:, : self._tail_len].astype(np.float32))
+        return np.concatenate(parts_k, axis=1), np.concatenate(parts_v, axis=1)
+
+    def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
+        return attend(q, self, scale, num_threads=num_threads)
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "
+            f"tokens={len(self)} [sink {self.sink_len}, tiles {self._num_tiles}, tail {self._tail_len}], "
+            f"{self.compression_ratio:.2f}x vs fp16)"
+        )
+
+
+def _check_scale(scale, head_dim) -> float:
+    if scale is None:
+        return 1.0 / float(np.sqrt(head_dim))
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
+    scale = float(scale)
+    if not np.isfinite(scale):
+        raise ValueError("scale: must be finite")
+    return scale
+
+
+def _check_q(q, name, num_kv_heads, head_dim, ndim):
+    q = as_float_array(q, name, ndim=ndim)
+    if q.shape[-1] != head_dim:
+        raise ValueError(f"{name}: last dimension {q.shape[-1]} does not match the cache's head_dim {head_dim}")
+    hq = q.shape[-2]
+    if hq == 0 or hq % num_kv_heads:
+        raise ValueError(f"{name}: {hq} query heads is not a positive multiple of the cache's {num_kv_heads} kv heads")
+    return q
+
+
+def attend(q, cache: KVCache, scale=None, *, num_threads=None) -> np.ndarray:
+    """Exact-softmax decode attention of q [Hq, D] over every token in the cache.
+
+    Hq must be a multiple of the cache's kv heads (GQA: query head h reads kv
+    head h // (Hq // Hk)). scale defaults to 1/sqrt(D). Returns float32 [Hq, D].
+    """
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache: expected a kvarn.KVCache, got {type(cache).__name__}")
+    q = _check_q(q, "q", cache.num_kv_heads, cache.head_dim, ndim=2)
+    return attend_batch(q[None], [cache], scale, num_threads=num_threads)[0]
+
+
+def attend_batch(q, caches, scale=None, *, num_threads=None) -> np.ndarray:
+    """attend() for many sequences in one native call: q [B, Hq, D], caches a list of B KVCaches
+    with the same kv heads and head_dim (any lengths and presets). Returns float32 [B, Hq, D]."""
+    if not isinstance(caches, (list, tuple)) or not caches:
+        raise TypeError("caches: expected a non-empty list of kvarn.KVCache")
+    for i, c in enumerate(caches):
+        if not isinstance(c, KVCache):
+            raise TypeError(f"caches[{i}]: expected a kvarn.KVCache, got {type(c).__name__}")
+    first = caches[0]
+    for i, c in enumerate(caches):
+        if c.num_kv_heads != first.num_kv_heads or c.head_dim != first.head_dim:
+            raise ValueError(
+                f"caches[{i}]: {c.num_kv_heads} kv heads x {c.head_dim} does not match caches[0]'s "
+                f"{first.num_kv_heads} x {first.head_dim}"
+            )
+        if len(c) == 0:
+            raise ValueError(f"caches[{i}]: the cache is empty; append tokens before attending")
+    q = _check_q(q, "q", first.num_kv_heads, first.head_dim, ndim=3)
+    if q.shape[0] != len(caches):
+        raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
+    scale = _check_scale(scale, first.head_dim)
+    q32 = np.ascontiguousarray(q, dtype=np.float32)
+    out = np.empty_like(q32)
+    parts = [c._native_parts() for c in caches]
+    rc = _native.attend(parts, q32, scale, out, resolve_threads(num_threads))
+    _ops.check_status(rc, "attend")
+    return out

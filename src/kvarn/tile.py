@@ -1,0 +1,203 @@
+"""One quantised tile: G tokens x D channels for each of H kv-heads (SPEC §6)."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from . import _native
+from ._ops import (
+    PRESETS,
+    SINKHORN_ITERS,
+    Preset,
+    as_float_array,
+    check_head_dim,
+    check_positive_int,
+    dequantize_records_native,
+    get_preset,
+    quantize_tiles_native,
+)
+
+# Container around raw records for to_bytes/from_bytes: magic, version, kbits,
+# vbits, group, head_dim, num_heads (little endian). The records themselves
+# follow unchanged, so any backend's records can be wrapped and read back.
+_MAGIC = b"KVARNTL1"
+_HEADER = struct.Struct("<8sBBBHHI")
+_VERSION = 1
+
+
+def _field_views(records: np.ndarray, preset: Preset, head_dim: int) -> dict:
+    L = _native.record_layout(preset.kbits, preset.vbits, preset.group, head_dim)
+    G, D = preset.group, head_dim
+
+    def f16(name, n):
+        return records[:, L[name] : L[name] + 2 * n].view(np.float16)
+
+    return {
+        "k_codes": records[:, L["k_codes"] : L["ka"]].reshape(-1, D, G * preset.kbits // 8),
+        "ka": f16("ka", D),
+        "kz": f16("kz", D),
+        "kt": f16("kt", G),
+        "v_codes": records[:, L["v_codes"] : L["vc"]].reshape(-1, G, D * preset.vbits // 8),
+        "vc": f16("vc", D),
+        "va": f16("va", G),
+        "vz": f16("vz", G),
+    }
+
+
+def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Unpacks codes along the last axis: code i from byte i // (8/bits), shift (i % (8/bits))*bits."""
+    per_byte = 8 // bits
+    shifts = (np.arange(per_byte, dtype=np.uint8) * bits).astype(np.uint8)
+    codes = (packed[..., :, None] >> shifts) & np.uint8((1 << bits) - 1)
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)
+
+
+def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of unpack_codes; codes must be < 2**bits and the last axis a multiple of 8/bits."""
+    per_byte = 8 // bits
+    codes = np.asarray(codes, dtype=np.uint8)
+    grouped = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per_byte, per_byte)
+    shifts = (np.arange(per_byte, dtype=np.uint8) * bits).astype(np.uint8)
+    return np.bitwise_or.reduce(grouped << shifts, axis=-1).astype(np.uint8)
+
+
+class Tile:
+    """Packed records of one tile for H kv-heads: ``records`` is uint8 [H, record_bytes]."""
+
+    def __init__(self, records: np.ndarray, preset, head_dim: int, squeeze: bool = False):
+        self.preset = get_preset(preset)
+        self.head_dim = check_head_dim(head_dim)
+        rec_bytes = self.preset.record_bytes(self.head_dim)
+        if not isinstance(records, np.ndarray) or records.dtype != np.uint8:
+            raise TypeError("records: expected a uint8 numpy array")
+        if records.ndim != 2 or records.shape[1] != rec_bytes:
+            raise ValueError(
+                f"records: expected shape [H, {rec_bytes}] for {self.preset.name} with head_dim "
+                f"{self.head_dim}, got {records.shape}"
+            )
+        self.records = np.ascontiguousarray(records)
+        self.squeeze = bool(squeeze)
+
+    # ---- fields --------------------------------------------------------------
+    @property
+    def num_heads(self) -> int:
+        return self.records.shape[0]
+
+    @property
+    def group(self) -> int:
+        return self.preset.group
+
+    @property
+    def nbytes(self) -> int:
+        return self.records.nbytes
+
+    def fields(self) -> dict:
+        """Views of each record field: packed codes (uint8) and fp16 scale vectors, per head."""
+        return _field_views(self.records, self.preset, self.head_dim)
+
+    def k_codes(self) -> np.ndarray:
+        """Unpacked key codes [H, D, G] (rows = channels)."""
+        return unpack_codes(self.fields()["k_codes"], self.preset.kbits)
+
+    def v_codes(self) -> np.ndarray:
+        """Unpacked value codes [H, G, D] (rows = tokens)."""
+        return unpack_codes(self.fields()["v_codes"], self.preset.vbits)
+
+    # ---- serialisation -------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        header = _HEADER.pack(
+            _MAGIC, _VERSION, self.preset.kbits, self.preset.vbits, self.preset.group, self.head_dim, self.num_heads
+        )
+        return header + self.records.tobytes()
+
+    @classmethod
+    def from_bytes(cls, data, preset=None) -> "Tile":
+        """Reads to_bytes() output; checks header, length, preset and that every scale is finite."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data: expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < _HEADER.size:
+            raise ValueError(f"data: {len(data)} bytes is shorter than the {_HEADER.size}-byte tile header")
+        magic, version, kbits, vbits, group, head_dim, num_heads = _HEADER.unpack_from(data)
+        if magic != _MAGIC:
+            raise ValueError("data: not a kvarn tile (bad magic)")
+        if version != _VERSION:
+            raise ValueError(f"data: unsupported tile format version {version}")
+        matches = [p for p in PRESETS.values() if (p.kbits, p.vbits, p.group) == (kbits, vbits, group)]
+        if not matches:
+            raise ValueError(f"data: header names an unknown format k{kbits}v{vbits}_g{group}")
+        stored = matches[0]
+        if preset is not None:
+            wanted = get_preset(preset)
+            if (wanted.kbits, wanted.vbits, wanted.group) != (kbits, vbits, group):
+                raise ValueError(f"preset: data holds {stored.name}, not {wanted.name}")
+        try:
+            check_head_dim(head_dim)
+        except ValueError:
+            raise ValueError(f"data: header names unsupported head_dim {head_dim}") from None
+        if num_heads < 1:
+            raise ValueError("data: header names zero heads")
+        rec_bytes = stored.record_bytes(head_dim)
+        expected = _HEADER.size + num_heads * rec_bytes
+        if len(data) != expected:
+            raise ValueError(f"data: expected {expected} bytes for {num_heads} head(s) of {stored.name}, got {len(data)}")
+        records = np.frombuffer(data, dtype=np.uint8, offset=_HEADER.size).reshape(num_heads, rec_bytes).copy()
+        return cls.from_records(records, stored, head_dim)
+
+    @classmethod
+    def from_records(cls, records, preset, head_dim) -> "Tile":
+        """Wraps raw SPEC §6 records (e.g. written by the CUDA store kernel), validating their scales."""
+        tile = cls(records, preset, head_dim)
+        for name, view in tile.fields().items():
+            if view.dtype == np.float16:
+                vals = view.astype(np.float32)
+                if not np.isfinite(vals).all():
+                    raise ValueError(f"data: corrupt tile record: field {name} holds NaN or Inf")
+                if name in ("kt", "vc") and not (vals > 0).all():
+                    raise ValueError(f"data: corrupt tile record: field {name} must be positive")
+        return tile
+
+    def __repr__(self) -> str:
+        return f"Tile(preset={self.preset.name!r}, heads={self.num_heads}, head_dim={self.head_dim}, nbytes={self.nbytes})"
+
+
+def _as_tile_input(x, name):
+    x = as_float_array(x, name, ndim=(2, 3), fp16_range=True)
+    return x
+
+
+def quantize_tile(k, v, preset="k4v2_g128", *, iters: int = SINKHORN_ITERS, num_threads=None) -> Tile:
+    """Quantises one tile of keys and values.
+
+    k, v: [G, D] or [H, G, D], float16 or float32, G the preset's group size.
+    Returns a Tile holding one SPEC §6 record per head.
+    """
+    p = get_preset(preset)
+    k = _as_tile_input(k, "k")
+    v = _as_tile_input(v, "v")
+    if k.shape != v.shape:
+        raise ValueError(f"v: shape {v.shape} does not match k's {k.shape}")
+    squeeze = k.ndim == 2
+    k3 = k[None] if squeeze else k
+    v3 = v[None] if squeeze else v
+    if k3.shape[1] != p.group:
+        raise ValueError(f"k: a {p.name} tile holds {p.group} tokens, got {k3.shape[1]} (shape {k.shape})")
+    if k3.shape[0] == 0:
+        raise ValueError("k: needs at least one head")
+    head_dim = check_head_dim(k3.shape[2], "k.shape[-1]")
+    iters = check_positive_int(iters, "iters", minimum=0)
+    records = quantize_tiles_native(
+        np.ascontiguousarray(k3, dtype=np.float32), np.ascontiguousarray(v3, dtype=np.float32), p, iters, num_threads
+    )
+    return Tile(records, p, head_dim, squeeze=squeeze)
+
+
+def dequantize_tile(tile: Tile):
+    """Returns (k̂, v̂) float32 in the original (unrotated) frame, shaped like quantize_tile's input."""
+    if not isinstance(tile, Tile):
+        raise TypeError(f"tile: expected a kvarn.Tile, got {type(tile).__name__}")
+    k, v = dequantize_records_native(tile.records, tile.preset, tile.head_dim)
+    if tile.squeeze:
+        return k[0], v[0]
+    return k, v
