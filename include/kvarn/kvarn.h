@@ -69,6 +69,10 @@ typedef struct kvarn_cache_view {
 int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
                  int32_t num_q_heads, float scale, float* out, int32_t num_threads);
 
+/* The balancing scales of SPEC §3 for a rows x cols float32 matrix (row-major):
+ * r[rows], c[cols]. For tests and inspection. */
+int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, float* r, float* c);
+
 /* Threads that num_threads <= 0 stands for. */
 int32_t kvarn_default_threads(void);
 

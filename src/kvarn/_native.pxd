@@ -40,4 +40,5 @@ cdef extern from "kvarn/kvarn.h" nogil:
 
     int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
                      int32_t num_q_heads, float scale, float* out, int32_t num_threads)
+    int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, float* r, float* c)
     int32_t kvarn_default_threads()

@@ -52,6 +52,13 @@ def hadamard_f64(double[:, ::1] x, int head_dim):
     return rc
 
 
+def balance(const float[:, ::1] x, int iters, float[::1] r, float[::1] c):
+    cdef int rc
+    with nogil:
+        rc = kvarn_balance(&x[0, 0], <int32_t>x.shape[0], <int32_t>x.shape[1], iters, &r[0], &c[0])
+    return rc
+
+
 def quantize_tiles(const float[:, :, ::1] k, const float[:, :, ::1] v, int kbits, int vbits,
                    int iters, uint8_t[:, ::1] records, int num_threads):
     """k, v: [n_tiles, G, D]. Returns (status, first bad tile)."""

@@ -206,3 +206,16 @@ def dequantize_records_native(records: np.ndarray, preset: Preset, head_dim: int
     rc = _native.dequantize_tiles(np.ascontiguousarray(records), preset.kbits, preset.vbits, k, v)
     check_status(rc, "dequantize")
     return k, v
+
+
+def balance_scales(x, iters: int = SINKHORN_ITERS):
+    """SPEC §3 row and column scales (r, c) of a 2-D matrix, as the quantiser computes them."""
+    x = as_float_array(x, "x", ndim=2)
+    if x.shape[0] < 2 or x.shape[1] < 2:
+        raise ValueError(f"x: needs at least 2 rows and 2 columns, got shape {x.shape}")
+    iters = check_positive_int(iters, "iters", minimum=0)
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    r = np.empty(x.shape[0], np.float32)
+    c = np.empty(x.shape[1], np.float32)
+    check_status(_native.balance(x32, iters, r, c), "balance_scales")
+    return r, c
