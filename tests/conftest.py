@@ -1,0 +1,43 @@
+import os
+import sys
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import kvarn
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+settings.register_profile(
+    "ci", deadline=None, derandomize=True, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+ISAS = kvarn.available_isas()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Runs the test once per ISA this machine supports, restoring the default after."""
+    before = kvarn.active_isa()
+    kvarn.set_isa(request.param)
+    yield request.param
+    kvarn.set_isa(before)
+
+
+@pytest.fixture
+def rng(request):
+    # A fixed seed per test: failures reproduce.
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def kv_like(rng, shape, outlier_channels=4, dtype=np.float32):
+    """Keys with a few large-magnitude channels (as real keys have) and plain values."""
+    x = rng.standard_normal(shape)
+    d = shape[-1]
+    idx = rng.choice(d, size=min(outlier_channels, d), replace=False)
+    x[..., idx] *= 8.0
+    return x.astype(dtype)

@@ -1,0 +1,161 @@
+"""Float64 numpy oracle of SPEC.md, written from the spec, independent of the C++.
+
+Dense matrices and whole-array numpy here on purpose: it is slow and plain,
+and shares no code (and so no bugs) with the native kernels.
+"""
+import numpy as np
+
+ITERS = 8
+
+
+def sylvester(n: int) -> np.ndarray:
+    """Unnormalised Sylvester Hadamard matrix of order n (a power of two)."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def hadamard_matrix(d: int) -> np.ndarray:
+    """Orthonormal block-diagonal Hadamard: block = largest power of two dividing d."""
+    block = d & -d
+    hb = sylvester(block) / np.sqrt(block)
+    out = np.zeros((d, d))
+    for i in range(0, d, block):
+        out[i : i + block, i : i + block] = hb
+    return out
+
+
+def rotate(x: np.ndarray) -> np.ndarray:
+    """Rows of x times H (H symmetric, its own inverse)."""
+    return np.asarray(x, np.float64) @ hadamard_matrix(x.shape[-1])
+
+
+def _imbalance(cur):
+    cs = cur.std(axis=0, ddof=1)
+    rs = cur.std(axis=1, ddof=1)
+    return cs.max() / max(cs.min(), 1e-8) + rs.max() / max(rs.min(), 1e-8)
+
+
+def balance(x: np.ndarray, iters: int = ITERS):
+    """SPEC §3: returns (r, c, imbalance of the chosen candidate, imbalance of the identity)."""
+    x = np.asarray(x, np.float64)
+    lr = np.zeros(x.shape[0])
+    lc = np.zeros(x.shape[1])
+    identity = _imbalance(x)
+    best = (np.ones_like(lr), np.ones_like(lc), identity)
+    for _ in range(iters):
+        cur = x / np.exp(lc)[None, :] / np.exp(lr)[:, None]
+        cs = np.clip(cur.std(axis=0, ddof=1), 1e-3, 1e3)
+        lc = np.clip(lc + np.log(cs), -0.3, 10.0)
+        cur = x / np.exp(lc)[None, :] / np.exp(lr)[:, None]
+        rs = np.clip(cur.std(axis=1, ddof=1), 1e-3, 1e3)
+        lr = np.clip(lr + np.log(rs), -0.3, 10.0)
+        cur = x / np.exp(lc)[None, :] / np.exp(lr)[:, None]
+        imb = _imbalance(cur)
+        if imb <= best[2]:
+            best = (np.exp(lr), np.exp(lc), imb)
+    return best[0], best[1], best[2], identity
+
+
+def rtn(b: np.ndarray, bits: int):
+    """Per-row asymmetric round-to-nearest (half to even). Returns codes, scale, lo and the
+    unrounded quotient (for spotting rounding ties)."""
+    lo = b.min(axis=1)
+    hi = b.max(axis=1)
+    qmax = 2**bits - 1
+    scale = np.maximum((hi - lo) / qmax, 1e-10)
+    quotient = (b - lo[:, None]) / scale[:, None]
+    codes = np.clip(np.rint(quotient), 0, qmax).astype(np.int64)
+    return codes, scale, lo, quotient
+
+
+def quantize_matrix(x: np.ndarray, bits: int, iters: int = ITERS) -> dict:
+    """Balance + RTN of a rows x cols matrix; a[row] = r*scale, z[row] = r*lo, col[col] = c."""
+    r, c, imb, imb_identity = balance(x, iters)
+    b = x / c[None, :] / r[:, None]
+    codes, scale, lo, quotient = rtn(b, bits)
+    return dict(
+        codes=codes, a=r * scale, z=r * lo, col=c, r=r, c=c, scale=scale, lo=lo,
+        quotient=quotient, balanced=b, imbalance=imb, imbalance_identity=imb_identity,
+    )
+
+
+def quantize_tile(k: np.ndarray, v: np.ndarray, kbits: int, vbits: int, iters: int = ITERS) -> dict:
+    """One head's tile, k and v [G, D] in the original frame. K: rows = channels, V: rows = tokens."""
+    kq = quantize_matrix(rotate(k).T, kbits, iters)
+    vq = quantize_matrix(rotate(v), vbits, iters)
+    return dict(k=kq, v=vq)
+
+
+def record_fields(tile_record: np.ndarray, kbits: int, vbits: int, group: int, head_dim: int) -> dict:
+    """Parses one SPEC §6 record (uint8 bytes) into codes and float64 scale vectors."""
+    G, D = group, head_dim
+    rec = np.asarray(tile_record, np.uint8)
+    pos = 0
+
+    def take(nbytes):
+        nonlocal pos
+        out = rec[pos : pos + nbytes]
+        pos += nbytes
+        return out
+
+    def f16(n):
+        return take(2 * n).view(np.float16).astype(np.float64)
+
+    def unpack(packed, bits, rows, cols):
+        per = 8 // bits
+        packed = packed.reshape(rows, cols // per)
+        codes = np.zeros((rows, cols), np.int64)
+        for i in range(cols):
+            codes[:, i] = (packed[:, i // per] >> ((i % per) * bits)) & (2**bits - 1)
+        return codes
+
+    k_codes = unpack(take(D * G * kbits // 8), kbits, D, G)
+    ka, kz, kt = f16(D), f16(D), f16(G)
+    v_codes = unpack(take(G * D * vbits // 8), vbits, G, D)
+    vc, va, vz = f16(D), f16(G), f16(G)
+    assert pos == rec.size, "record length does not match the layout"
+    return dict(k_codes=k_codes, ka=ka, kz=kz, kt=kt, v_codes=v_codes, vc=vc, va=va, vz=vz)
+
+
+def dequantize_record(tile_record, kbits, vbits, group, head_dim):
+    """(K̂, V̂) [G, D] float64 in the original frame from one record."""
+    f = record_fields(tile_record, kbits, vbits, group, head_dim)
+    k_rot = ((f["k_codes"] * f["ka"][:, None] + f["kz"][:, None]) * f["kt"][None, :]).T
+    v_rot = (f["v_codes"] * f["va"][:, None] + f["vz"][:, None]) * f["vc"][None, :]
+    return rotate(k_rot), rotate(v_rot)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """Exact softmax attention in float64. q [Hq, D]; k, v [Hk, n, D]; GQA by consecutive heads."""
+    q = np.asarray(q, np.float64)
+    hq, hk = q.shape[0], k.shape[0]
+    out = np.empty_like(q)
+    for h in range(hq):
+        kv = h // (hq // hk)
+        s = np.asarray(k[kv], np.float64) @ q[h] * scale
+        p = np.exp(s - s.max())
+        out[h] = (p / p.sum()) @ np.asarray(v[kv], np.float64)
+    return out
+
+
+def dequantize_cache(cache) -> tuple:
+    """Float64 (K̂, V̂) [Hk, n, D] of a kvarn.KVCache from its raw parts, via the oracle decoder."""
+    p = cache.preset
+    H, D = cache.num_kv_heads, cache.head_dim
+    ks = [cache._sink_k.astype(np.float64)]
+    vs = [cache._sink_v.astype(np.float64)]
+    recs = cache.records
+    tk = np.zeros((H, recs.shape[0] * p.group, D))
+    tv = np.zeros_like(tk)
+    for t in range(recs.shape[0]):
+        for h in range(H):
+            kk, vv = dequantize_record(recs[t, h], p.kbits, p.vbits, p.group, D)
+            tk[h, t * p.group : (t + 1) * p.group] = kk
+            tv[h, t * p.group : (t + 1) * p.group] = vv
+    ks.append(tk)
+    vs.append(tv)
+    ks.append(cache._tail_k[:, : cache.tail_len].astype(np.float64))
+    vs.append(cache._tail_v[:, : cache.tail_len].astype(np.float64))
+    return np.concatenate(ks, axis=1), np.concatenate(vs, axis=1)

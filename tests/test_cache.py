@@ -1,0 +1,236 @@
+"""KVCache and decode attention against float64 attention over the oracle-decoded cache."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import kvarn
+import oracle
+from conftest import kv_like
+
+LENGTHS = [1, 2, 127, 128, 129, 255, 256, 257, 1000, 3000]
+
+
+def filled(rng, hk, d, n, preset="k4v2_g128", sink=None, chunks=None):
+    cache = kvarn.KVCache(hk, d, preset, sink_tokens=sink)
+    k = kv_like(rng, (hk, n, d)) * 0.5
+    v = rng.standard_normal((hk, n, d)).astype(np.float32)
+    if chunks is None:
+        cache.append(k, v)
+    else:
+        for a, b in zip(chunks[:-1], chunks[1:]):
+            cache.append(k[:, a:b], v[:, a:b])
+    return cache, k, v
+
+
+def check_attention(cache, q, rtol=1e-5, scale=None):
+    out = kvarn.attend(q, cache, scale=scale)
+    k_hat, v_hat = oracle.dequantize_cache(cache)
+    s = 1 / np.sqrt(cache.head_dim) if scale is None else scale
+    ref = oracle.attention(q, k_hat, v_hat, s)
+    err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert err <= rtol, f"relative error {err:.2e}"
+    return out
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_attention_matches_float64_over_dequantised_cache(n, isa, rng):
+    cache, _, _ = filled(rng, 2, 128, n)
+    q = rng.standard_normal((8, 128)).astype(np.float32)
+    check_attention(cache, q)
+
+
+@pytest.mark.parametrize("ratio", [1, 4, 8])
+@pytest.mark.parametrize("hk", [1, 3])
+def test_gqa_and_mqa(ratio, hk, isa, rng):
+    cache, _, _ = filled(rng, hk, 64, 700)
+    q = rng.standard_normal((hk * ratio, 64)).astype(np.float32)
+    out = check_attention(cache, q)
+    # Query heads of one group really read their own kv head: same q, different heads -> different out.
+    if hk > 1:
+        q2 = np.repeat(q[:1], hk * ratio, axis=0)
+        o2 = kvarn.attend(q2, cache)
+        assert not np.allclose(o2[0], o2[-1])
+    assert out.shape == q.shape and out.dtype == np.float32
+
+
+@pytest.mark.parametrize("sink", [0, 1, 128, 200, 300])
+@pytest.mark.parametrize("n", [1, 150, 400, 1100])
+def test_sink_sizes(sink, n, rng):
+    cache, k, v = filled(rng, 2, 64, n, sink=sink)
+    assert cache.sink_len == min(sink, n)
+    assert cache.num_tiles == max(0, n - sink) // 128
+    assert cache.tail_len == max(0, n - sink) % 128
+    assert len(cache) == n
+    # Sink and tail hold the fp16 inputs exactly.
+    k_hat, v_hat = cache.dequantize()
+    np.testing.assert_array_equal(k_hat[:, : cache.sink_len], k[:, : cache.sink_len].astype(np.float16))
+    if cache.tail_len:
+        np.testing.assert_array_equal(k_hat[:, -cache.tail_len :], k[:, -cache.tail_len :].astype(np.float16))
+    check_attention(cache, rng.standard_normal((4, 64)).astype(np.float32))
+
+
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128", "k8v8_g128"])
+@pytest.mark.parametrize("d", [64, 80, 128, 256])
+def test_every_preset_and_head_dim(preset, d, isa, rng):
+    cache, _, _ = filled(rng, 2, d, 600, preset=preset)
+    check_attention(cache, rng.standard_normal((4, d)).astype(np.float32), scale=0.3)
+
+
+def test_long_context(rng):
+    cache, _, _ = filled(rng, 2, 128, 5000)
+    check_attention(cache, rng.standard_normal((4, 128)).astype(np.float32))
+
+
+def test_cache_dequantize_matches_oracle(rng):
+    cache, _, _ = filled(rng, 2, 64, 700, sink=50)
+    k_hat, v_hat = cache.dequantize()
+    k_ref, v_ref = oracle.dequantize_cache(cache)
+    np.testing.assert_allclose(k_hat, k_ref, atol=1e-4 * np.abs(k_ref).max())
+    np.testing.assert_allclose(v_hat, v_ref, atol=1e-4 * np.abs(v_ref).max())
+
+
+def test_attention_close_to_exact_attention(rng):
+    """Not only self-consistent: k4v4 attention is near attention over the unquantised keys/values."""
+    cache, k, v = filled(rng, 2, 128, 2000, preset="k4v4_g128")
+    # Queries that point at a few keys in the quantised region, so attention is peaked (as in a
+    # real model) and the output is not an average of noise.
+    picks = rng.integers(300, 1900, size=(8, 3))
+    q = np.stack([k[h // 4, picks[h]].sum(axis=0) for h in range(8)]).astype(np.float32) * 0.3
+    out = kvarn.attend(q, cache)
+    ref = oracle.attention(q, k, v, 1 / np.sqrt(128))
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 0.1
+
+
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=8), st.integers(0, 2**32 - 1))
+def test_chunked_appends_equal_one_append(chunk_sizes, seed):
+    rng = np.random.default_rng(seed)
+    n = sum(chunk_sizes)
+    bounds = np.concatenate([[0], np.cumsum(chunk_sizes)]).tolist()
+    a, k, v = filled(rng, 2, 64, n, sink=100, chunks=bounds)
+    b = kvarn.KVCache(2, 64, sink_tokens=100)
+    b.append(k, v)
+    assert len(a) == len(b) == n
+    np.testing.assert_array_equal(a.records, b.records)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(kvarn.attend(q, a), kvarn.attend(q, b))
+
+
+def test_token_by_token_decode(rng):
+    cache = kvarn.KVCache(1, 64, sink_tokens=16)
+    k = kv_like(rng, (1, 300, 64))
+    for t in range(300):
+        cache.append(k[:, t : t + 1], k[:, t : t + 1])
+    assert (cache.sink_len, cache.num_tiles, cache.tail_len) == (16, 2, 28)
+    check_attention(cache, rng.standard_normal((2, 64)).astype(np.float32))
+
+
+def test_nbytes_and_compression_ratio(rng):
+    cache, _, _ = filled(rng, 8, 128, 128 + 256 * 128 + 5)
+    rec = 13824
+    assert cache.nbytes == (128 + 5) * 8 * 128 * 4 + 256 * 8 * rec
+    assert cache.compression_ratio == pytest.approx(len(cache) * 8 * 128 * 4 / cache.nbytes)
+    assert 4.6 < cache.compression_ratio < 4.74
+    empty = kvarn.KVCache(8, 128)
+    assert len(empty) == 0 and empty.nbytes == 0 and empty.compression_ratio == 1.0
+
+
+def test_batched_attend_equals_single(rng):
+    caches = [filled(rng, 2, 64, n)[0] for n in (1, 300, 1500)]
+    q = rng.standard_normal((3, 8, 64)).astype(np.float32)
+    out = kvarn.attend_batch(q, caches)
+    for i, c in enumerate(caches):
+        # Split-K layout differs between the calls, so only float reassociation separates them.
+        np.testing.assert_allclose(out[i], kvarn.attend(q[i], c), rtol=1e-5, atol=1e-5 * np.abs(out[i]).max())
+
+
+def test_thread_counts_agree(rng):
+    cache, _, _ = filled(rng, 2, 128, 4000)
+    q = rng.standard_normal((8, 128)).astype(np.float32)
+    ref = kvarn.attend(q, cache, num_threads=1)
+    for t in (2, 3, 8):
+        np.testing.assert_allclose(kvarn.attend(q, cache, num_threads=t), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+# ---- bad input ---------------------------------------------------------------------
+def snapshot(cache):
+    return (len(cache), cache.sink_len, cache.num_tiles, cache.tail_len, cache.records.copy(),
+            cache._sink_k.copy(), cache._tail_k.copy(), cache._tail_v.copy())
+
+
+def assert_unchanged(cache, snap):
+    now = snapshot(cache)
+    assert now[:4] == snap[:4]
+    for a, b in zip(now[4:], snap[4:]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rejected_append_leaves_cache_unchanged(rng):
+    cache, _, _ = filled(rng, 2, 64, 250)
+    snap = snapshot(cache)
+    good = rng.standard_normal((2, 100, 64)).astype(np.float32)
+    nan = good.copy()
+    nan[1, 99, 3] = np.nan
+    huge = good.copy()
+    huge[0, 50, 0] = 7e4
+    overflow = np.full((2, 200, 64), 60000.0, np.float32)  # in range, but its tile's scales overflow fp16
+    cases = [
+        ((nan, good), ValueError, "k: contains NaN"),
+        ((good, np.where(good > 2, np.inf, good)), ValueError, "v: contains NaN or Inf"),
+        ((huge, good), ValueError, "fp16 range"),
+        ((good.astype(np.int32), good), TypeError, "k: dtype"),
+        ((good, good.astype(np.complex64)), TypeError, "v: dtype"),
+        ((good[0], good[0]), ValueError, "k: expected a 3-D"),
+        ((good[:1], good[:1]), ValueError, r"k: expected shape \[2, n, 64\]"),
+        ((good[..., :32], good[..., :32]), ValueError, "k: expected shape"),
+        ((good, good[:, :50]), ValueError, "v: shape"),
+        ((overflow, overflow), ValueError, "too large"),
+        (("k", good), TypeError, "k: expected a numpy array"),
+    ]
+    for (k, v), exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            cache.append(k, v)
+        assert_unchanged(cache, snap)
+    cache.append(good, good)  # still usable
+    assert len(cache) == 350
+
+
+def test_bad_attend_input(rng):
+    cache, _, _ = filled(rng, 2, 64, 300)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    with pytest.raises(ValueError, match="not a positive multiple"):
+        kvarn.attend(q[:3], cache)
+    with pytest.raises(ValueError, match="head_dim"):
+        kvarn.attend(q[:, :32], cache)
+    with pytest.raises(ValueError, match="q: contains NaN"):
+        kvarn.attend(np.full_like(q, np.nan), cache)
+    with pytest.raises(TypeError, match="q: dtype"):
+        kvarn.attend(q.astype(np.int64), cache)
+    with pytest.raises(ValueError, match="q: expected a 2-D"):
+        kvarn.attend(q[0], cache)
+    with pytest.raises(ValueError, match="scale: must be finite"):
+        kvarn.attend(q, cache, scale=float("inf"))
+    with pytest.raises(TypeError, match="cache"):
+        kvarn.attend(q, "cache")
+    with pytest.raises(ValueError, match="empty"):
+        kvarn.attend(q, kvarn.KVCache(2, 64))
+    with pytest.raises(ValueError, match=r"caches\[1\]"):
+        kvarn.attend_batch(np.stack([q, q]), [cache, kvarn.KVCache(4, 64)])
+    with pytest.raises(ValueError, match="batch of 1"):
+        kvarn.attend_batch(q[None], [cache, cache])
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, msg",
+    [
+        (dict(num_kv_heads=0, head_dim=64), ValueError, "num_kv_heads"),
+        (dict(num_kv_heads=2.5, head_dim=64), TypeError, "num_kv_heads"),
+        (dict(num_kv_heads=2, head_dim=100), ValueError, "head_dim"),
+        (dict(num_kv_heads=2, head_dim=2048), ValueError, "head_dim"),
+        (dict(num_kv_heads=2, head_dim=64, preset="k1v1"), ValueError, "preset"),
+        (dict(num_kv_heads=2, head_dim=64, sink_tokens=-1), ValueError, "sink_tokens"),
+    ],
+)
+def test_bad_cache_arguments(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        kvarn.KVCache(**kwargs)
