@@ -141,7 +141,8 @@ def test_batched_attend_equals_single(rng):
     out = kvarn.attend_batch(q, caches)
     for i, c in enumerate(caches):
         # Split-K layout differs between the calls, so only float reassociation separates them.
-        np.testing.assert_allclose(out[i], kvarn.attend(q[i], c), rtol=1e-5, atol=1e-5 * np.abs(out[i]).max())
+        single = kvarn.attend(q[i], c)
+        assert np.linalg.norm(out[i] - single) / np.linalg.norm(single) < 1e-5
 
 
 def test_thread_counts_agree(rng):
@@ -149,7 +150,8 @@ def test_thread_counts_agree(rng):
     q = rng.standard_normal((8, 128)).astype(np.float32)
     ref = kvarn.attend(q, cache, num_threads=1)
     for t in (2, 3, 8):
-        np.testing.assert_allclose(kvarn.attend(q, cache, num_threads=t), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        out = kvarn.attend(q, cache, num_threads=t)  # different split-K layout: reassociation only
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
 
 
 # ---- bad input ---------------------------------------------------------------------
