@@ -1,3 +1,67 @@
-"""The `kvarn` command line (placeholder, replaced below)."""
-def main(argv=None):
+"""The `kvarn` command line: `kvarn demo`, `kvarn info`, and `kvarn eval` when the eval extra is installed."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_demo(args) -> int:
+    from . import set_num_threads
+    from .demo import run_demo
+
+    if args.threads is not None:
+        set_num_threads(args.threads)
+    run_demo(preset=args.preset, synthetic=args.synthetic, max_queries=args.queries, repeats=args.repeats)
     return 0
+
+
+def _cmd_info(args) -> int:
+    import kvarn
+
+    print(f"kvarn {kvarn.__version__}")
+    print(f"ISAs available: {', '.join(kvarn.available_isas())}; active: {kvarn.active_isa()}")
+    print(f"threads: {kvarn.get_num_threads()}")
+    try:
+        from . import cuda
+
+        print(f"CUDA: {cuda.status() if hasattr(cuda, 'status') else 'module present'}")
+    except Exception as exc:  # CUDA is optional: report, don't fail
+        print(f"CUDA: unavailable ({exc})")
+    for name, p in kvarn.PRESETS.items():
+        print(f"preset {name}: k{p.kbits} v{p.vbits} G={p.group}, {p.record_bytes(128)} B/record at D=128, "
+              f"{p.bits_per_element(128):.3f} bits/element")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvarn", description="KVarN KV-cache quantisation")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="compress a KV sample and compare with fp16, KIVI and numpy attention")
+    demo.add_argument("--preset", default="k4v2_g128")
+    demo.add_argument("--synthetic", action="store_true", help="use the synthetic sample even if a real one ships")
+    demo.add_argument("--queries", type=int, default=8, help="query positions per layer for the error")
+    demo.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
+    demo.add_argument("--threads", type=int, default=None, help="native threads (default: all cores)")
+    demo.set_defaults(func=_cmd_demo)
+    info = sub.add_parser("info", help="ISAs, threads, presets, CUDA")
+    info.set_defaults(func=_cmd_info)
+    try:
+        from .eval import add_eval_parser
+    except ImportError:
+        pass
+    else:
+        add_eval_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        print(f"kvarn: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
