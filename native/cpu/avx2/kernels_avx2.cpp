@@ -1,9 +1,454 @@
-// avx2 kernels: placeholder until the SIMD work lands; returning nullptr makes
-// dispatch fall back to the next lower ISA for every kernel.
+// avx2 kernels. Assumes AVX2 + FMA + F16C (dispatch checks cpuid and XGETBV
+// before this table is ever used). Built with -mavx2 -mfma -mf16c
+// -ffp-contract=off: only this file gets those flags.
+//
+// What each kernel must match (tests/test_simd.py checks all of it):
+// - hadamard_f32: bit-identical to scalar (same butterflies, same pairing, the
+//   same final multiply by 1/sqrt(block)).
+// - quantize_tile: codes and fp16 vectors identical to scalar; see
+//   quantize_common.h (exact divisions in the spec's order, round half to even,
+//   sums in double in the scalar's order, libm expf/logf for the scales).
+// - attend_tiles / attend_dense_f16: scalar's maths reassociated (fp32 FMA,
+//   blocked sums, polynomial exp with <= 2 ulp error); ~1e-6 relative.
+//
+// Link hygiene: nothing here instantiates a header template or inline function
+// that another translation unit could also emit (no <algorithm>, no std::vector,
+// no <cmath> wrappers): the linker could otherwise keep this file's AVX2 copy
+// for the scalar code's use. Everything is in an anonymous namespace.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
 #include "kvarn/kernels.h"
 
 namespace kvarn {
+namespace {
 
-const KernelTable* avx2_kernels() { return nullptr; }
+// Pulls the next record towards L1 while this one is being worked on: records
+// of one head are a whole cache row apart, beyond the reach of the stride prefetcher.
+inline void prefetch_record(const uint8_t* rec, size_t bytes)
+{
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + off), _MM_HINT_T0);
+}
+
+// ---- vector helpers --------------------------------------------------------------
+inline float hsum(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+inline float hmax(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+// Four horizontal sums at once: lane i of the result is the sum of a_i.
+inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
+{
+    __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
+    __m256 s = _mm256_hadd_ps(s01, s23);
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// exp(x) for x <= 0 (softmax): Cephes-style range reduction x = n ln2 + r,
+// |r| <= ln2/2, degree-6 polynomial, 2^n by exponent arithmetic. Measured max
+// relative error vs double exp on [-87, 0]: < 2.5e-7 (about 2 ulp). Below
+// -87.3 (where exp < FLT_MIN) returns 0.
+inline __m256 exp_ps(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+inline void f16_to_f32(const uint16_t* src, float* dst, int n)  // n % 8 == 0
+{
+    for (int i = 0; i < n; i += 8)
+        _mm256_store_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+}
+
+// 16 codes of a packed row starting at code i0 (a multiple of 16), as floats.
+template <int B>
+inline void codes16(const uint8_t* row, int i0, __m256& c0, __m256& c1);
+
+template <>
+inline void codes16<2>(const uint8_t* row, int i0, __m256& c0, __m256& c1)
+{
+    uint32_t w;
+    memcpy(&w, row + i0 / 4, 4);
+    const __m256i x = _mm256_set1_epi32((int)w), m = _mm256_set1_epi32(3);
+    c0 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(x, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), m));
+    c1 = _mm256_cvtepi32_ps(
+        _mm256_and_si256(_mm256_srlv_epi32(x, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)), m));
+}
+
+template <>
+inline void codes16<4>(const uint8_t* row, int i0, __m256& c0, __m256& c1)
+{
+    uint32_t w[2];
+    memcpy(w, row + i0 / 2, 8);
+    const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m = _mm256_set1_epi32(15);
+    c0 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w[0]), sh), m));
+    c1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w[1]), sh), m));
+}
+
+template <>
+inline void codes16<8>(const uint8_t* row, int i0, __m256& c0, __m256& c1)
+{
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i0));
+    c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
+
+// ---- Hadamard ----------------------------------------------------------------------
+// Stages h = 1, 2, 4 inside a vector: y = x with partners swapped; lanes whose
+// index has bit h clear take x + y (= a + b), the others y - x (= a - b), the
+// same two operands the scalar butterfly adds/subtracts, so results are identical.
+inline __m256 fwht8(__m256 x)
+{
+    __m256 y = _mm256_permute_ps(x, 0xB1);  // 1 0 3 2
+    x = _mm256_blend_ps(_mm256_add_ps(x, y), _mm256_sub_ps(y, x), 0xAA);
+    y = _mm256_permute_ps(x, 0x4E);  // 2 3 0 1
+    x = _mm256_blend_ps(_mm256_add_ps(x, y), _mm256_sub_ps(y, x), 0xCC);
+    y = _mm256_permute2f128_ps(x, x, 0x01);
+    return _mm256_blend_ps(_mm256_add_ps(x, y), _mm256_sub_ps(y, x), 0xF0);
+}
+
+void hadamard_f32_avx2(float* x, int64_t rows, int head_dim)
+{
+    const int block = kvarn_hadamard_block(head_dim);  // >= 16: head_dim % 16 == 0
+    const __m256 norm = _mm256_set1_ps((float)(1.0 / sqrt((double)block)));
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = x + r * head_dim;
+        for (int b = 0; b < head_dim; b += block) {
+            float* p = row + b;
+            for (int i = 0; i < block; i += 8) _mm256_storeu_ps(p + i, fwht8(_mm256_loadu_ps(p + i)));
+            for (int h = 8; h < block; h <<= 1)
+                for (int i = 0; i < block; i += 2 * h)
+                    for (int j = i; j < i + h; j += 8) {
+                        const __m256 a = _mm256_loadu_ps(p + j), c = _mm256_loadu_ps(p + j + h);
+                        _mm256_storeu_ps(p + j, _mm256_add_ps(a, c));
+                        _mm256_storeu_ps(p + j + h, _mm256_sub_ps(a, c));
+                    }
+        }
+        for (int d = 0; d < head_dim; d += 8) _mm256_storeu_ps(row + d, _mm256_mul_ps(_mm256_loadu_ps(row + d), norm));
+    }
+}
+
+// ---- attention over quantised tiles ------------------------------------------------------
+// s[h][t] = sum_d qa[h][d] * code[d][t] for NH heads at once: the codes of a
+// 16-token block are unpacked once per channel and used by every head.
+template <int KB, int NH>
+void tile_scores(const uint8_t* kc, int D, int G, const float* qa, float* s)
+{
+    const size_t row_bytes = (size_t)G * KB / 8;
+    for (int t0 = 0; t0 < G; t0 += 16) {
+        __m256 a0[NH], a1[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
+        const uint8_t* p = kc;
+        for (int d = 0; d < D; ++d, p += row_bytes) {
+            __m256 c0, c1;
+            codes16<KB>(p, t0, c0, c1);
+            for (int h = 0; h < NH; ++h) {
+                const __m256 qb = _mm256_broadcast_ss(qa + h * D + d);
+                a0[h] = _mm256_fmadd_ps(qb, c0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(qb, c1, a1[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            _mm256_store_ps(s + h * G + t0, a0[h]);
+            _mm256_store_ps(s + h * G + t0 + 8, a1[h]);
+        }
+    }
+}
+
+// tmp[h][d] = sum_t w[h][t] * code[t][d], 16 channels at a time.
+template <int VB, int NH>
+void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp)
+{
+    const size_t row_bytes = (size_t)D * VB / 8;
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m256 a0[NH], a1[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
+        const uint8_t* p = vcodes;
+        for (int t = 0; t < G; ++t, p += row_bytes) {
+            __m256 c0, c1;
+            codes16<VB>(p, d0, c0, c1);
+            for (int h = 0; h < NH; ++h) {
+                const __m256 wb = _mm256_broadcast_ss(w + h * G + t);
+                a0[h] = _mm256_fmadd_ps(wb, c0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(wb, c1, a1[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            _mm256_store_ps(tmp + h * D + d0, a0[h]);
+            _mm256_store_ps(tmp + h * D + d0 + 8, a1[h]);
+        }
+    }
+}
+
+template <int KB>
+void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, float* s)
+{
+    switch (nh) {
+        case 1: tile_scores<KB, 1>(kc, D, G, qa, s); break;
+        case 2: tile_scores<KB, 2>(kc, D, G, qa, s); break;
+        case 3: tile_scores<KB, 3>(kc, D, G, qa, s); break;
+        default: tile_scores<KB, 4>(kc, D, G, qa, s); break;
+    }
+}
+
+template <int VB>
+void values_dispatch(int nh, const uint8_t* vcodes, int D, int G, const float* w, float* tmp)
+{
+    switch (nh) {
+        case 1: tile_values<VB, 1>(vcodes, D, G, w, tmp); break;
+        case 2: tile_values<VB, 2>(vcodes, D, G, w, tmp); break;
+        case 3: tile_values<VB, 3>(vcodes, D, G, w, tmp); break;
+        default: tile_values<VB, 4>(vcodes, D, G, w, tmp); break;
+    }
+}
+
+constexpr int kHeadGroup = 4;  // query heads sharing one pass over a tile's codes
+
+// Online-softmax step for one head over n scores (n % 8 == 0): rescales l and
+// both accumulators when the max grows, leaves p = exp(s - m) in s, returns nothing.
+inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig, float* acc_rot, int D)
+{
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int t = 0; t < n; t += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + t));
+    const float block_max = hmax(mx);
+    const float m_new = *m > block_max ? *m : block_max;
+    const float alpha = expf(*m - m_new);
+    if (alpha != 1.0f) {
+        *l *= alpha;
+        const __m256 av = _mm256_set1_ps(alpha);
+        for (int d = 0; d < D; d += 8) {
+            _mm256_storeu_ps(acc_orig + d, _mm256_mul_ps(_mm256_loadu_ps(acc_orig + d), av));
+            _mm256_storeu_ps(acc_rot + d, _mm256_mul_ps(_mm256_loadu_ps(acc_rot + d), av));
+        }
+    }
+    const __m256 mv = _mm256_set1_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    for (int t = 0; t < n; t += 8) {
+        const __m256 p = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+        _mm256_storeu_ps(s + t, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    *l += hsum(sum);
+    *m = m_new;
+}
+
+template <int KB, int VB>
+void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t* first_record,
+                       int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
+{
+    const int G = fmt.group, D = fmt.head_dim;
+    const kvarn_record_layout L = fmt.layout();
+    alignas(32) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
+    alignas(32) float kt[128], va[128], vz[128];
+    alignas(32) float qa[kHeadGroup * KVARN_MAX_HEAD_DIM], tmp[kHeadGroup * KVARN_MAX_HEAD_DIM];
+    alignas(32) float s[kHeadGroup * 128];
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+        const uint8_t* rec = first_record + tile * tile_stride;
+        if (tile + 1 < n_tiles) prefetch_record(rec + tile_stride, L.total);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.ka), ka, D);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kz), kz, D);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), vc, D);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kt), kt, G);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.va), va, G);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
+        for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
+            const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
+            float qz[kHeadGroup];
+            for (int h = 0; h < nh; ++h) {
+                const float* q = q_rot + (size_t)(h0 + h) * D;
+                __m256 z = _mm256_setzero_ps();
+                for (int d = 0; d < D; d += 8) {
+                    const __m256 qv = _mm256_loadu_ps(q + d);
+                    _mm256_store_ps(qa + h * D + d, _mm256_mul_ps(qv, _mm256_load_ps(ka + d)));
+                    z = _mm256_fmadd_ps(qv, _mm256_load_ps(kz + d), z);
+                }
+                qz[h] = hsum(z);
+            }
+            scores_dispatch<KB>(nh, rec + L.k_codes, D, G, qa, s);
+            float pz[kHeadGroup];
+            for (int h = 0; h < nh; ++h) {
+                float* sh = s + h * G;
+                const __m256 qzv = _mm256_set1_ps(qz[h]);
+                for (int t = 0; t < G; t += 8)
+                    _mm256_store_ps(sh + t, _mm256_mul_ps(_mm256_load_ps(kt + t), _mm256_add_ps(_mm256_load_ps(sh + t), qzv)));
+                const int hq = h0 + h;
+                softmax_update(sh, G, st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D, st.acc_rot + (size_t)hq * D, D);
+                // w_t = p_t va_t (in place), pz = sum_t p_t vz_t
+                __m256 z = _mm256_setzero_ps();
+                for (int t = 0; t < G; t += 8) {
+                    const __m256 p = _mm256_load_ps(sh + t);
+                    z = _mm256_fmadd_ps(p, _mm256_load_ps(vz + t), z);
+                    _mm256_store_ps(sh + t, _mm256_mul_ps(p, _mm256_load_ps(va + t)));
+                }
+                pz[h] = hsum(z);
+            }
+            values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp);
+            for (int h = 0; h < nh; ++h) {
+                float* acc = st.acc_rot + (size_t)(h0 + h) * D;
+                const __m256 pzv = _mm256_set1_ps(pz[h]);
+                for (int d = 0; d < D; d += 8) {
+                    const __m256 v = _mm256_mul_ps(_mm256_load_ps(vc + d), _mm256_add_ps(_mm256_load_ps(tmp + h * D + d), pzv));
+                    _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_loadu_ps(acc + d), v));
+                }
+            }
+        }
+    }
+}
+
+template <int KB>
+AttendTilesFn pick_v(int vbits)
+{
+    switch (vbits) {
+        case 2: return attend_tiles_impl<KB, 2>;
+        case 4: return attend_tiles_impl<KB, 4>;
+        default: return attend_tiles_impl<KB, 8>;
+    }
+}
+
+void attend_tiles_avx2(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t* first_record,
+                       int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
+{
+    AttendTilesFn fn = fmt.kbits == 2 ? pick_v<2>(fmt.vbits) : fmt.kbits == 4 ? pick_v<4>(fmt.vbits) : pick_v<8>(fmt.vbits);
+    fn(q_rot, n_q, fmt, first_record, n_tiles, tile_stride, st);
+}
+
+// ---- attention over full-precision fp16 tokens ------------------------------------------------
+constexpr int kDenseBlock = 64;
+
+// s[h][t] = q[h] . k[t] for NH heads and a block of nb tokens, two tokens per
+// pass so that 2*NH independent FMA chains hide the latency.
+template <int NH>
+void dense_scores(const float* q, int D, const uint16_t* k, int64_t nb, int64_t rs, float* s)
+{
+    int64_t t = 0;
+    for (; t + 2 <= nb; t += 2) {
+        const uint16_t* k0 = k + t * rs;
+        const uint16_t* k1 = k0 + rs;
+        __m256 a0[NH], a1[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8) {
+            const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k0 + d)));
+            const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k1 + d)));
+            for (int h = 0; h < NH; ++h) {
+                const __m256 qv = _mm256_loadu_ps(q + h * D + d);
+                a0[h] = _mm256_fmadd_ps(qv, x0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(qv, x1, a1[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            s[h * kDenseBlock + t] = hsum(a0[h]);
+            s[h * kDenseBlock + t + 1] = hsum(a1[h]);
+        }
+    }
+    for (; t < nb; ++t) {
+        const uint16_t* k0 = k + t * rs;
+        __m256 a0[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8) {
+            const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k0 + d)));
+            for (int h = 0; h < NH; ++h) a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), x0, a0[h]);
+        }
+        for (int h = 0; h < NH; ++h) s[h * kDenseBlock + t] = hsum(a0[h]);
+    }
+}
+
+// acc[h][d] += sum_t p[h][t] v[t][d], 16 channels at a time, accumulators in registers.
+template <int NH>
+void dense_values(const float* p, int D, const uint16_t* v, int64_t nb, int64_t rs, float* const* acc)
+{
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m256 a0[NH], a1[NH];
+        for (int h = 0; h < NH; ++h) {
+            a0[h] = _mm256_loadu_ps(acc[h] + d0);
+            a1[h] = _mm256_loadu_ps(acc[h] + d0 + 8);
+        }
+        const uint16_t* vr = v + d0;
+        for (int64_t t = 0; t < nb; ++t, vr += rs) {
+            const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr)));
+            const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8)));
+            for (int h = 0; h < NH; ++h) {
+                const __m256 pb = _mm256_broadcast_ss(p + h * kDenseBlock + t);
+                a0[h] = _mm256_fmadd_ps(pb, x0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(pb, x1, a1[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            _mm256_storeu_ps(acc[h] + d0, a0[h]);
+            _mm256_storeu_ps(acc[h] + d0 + 8, a1[h]);
+        }
+    }
+}
+
+void attend_dense_f16_avx2(const float* q_all, int n_q, int D, const uint16_t* k, const uint16_t* v, int64_t n,
+                           int64_t row_stride, SoftmaxState st)
+{
+    alignas(32) float s[kHeadGroup * kDenseBlock];
+    for (int64_t t0 = 0; t0 < n; t0 += kDenseBlock) {
+        const int64_t nb = n - t0 < kDenseBlock ? n - t0 : kDenseBlock;
+        const uint16_t* kb = k + t0 * row_stride;
+        const uint16_t* vb = v + t0 * row_stride;
+        for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
+            const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
+            const float* q = q_all + (size_t)h0 * D;
+            switch (nh) {
+                case 1: dense_scores<1>(q, D, kb, nb, row_stride, s); break;
+                case 2: dense_scores<2>(q, D, kb, nb, row_stride, s); break;
+                case 3: dense_scores<3>(q, D, kb, nb, row_stride, s); break;
+                default: dense_scores<4>(q, D, kb, nb, row_stride, s); break;
+            }
+            float* acc[kHeadGroup];
+            for (int h = 0; h < nh; ++h) {
+                const int hq = h0 + h;
+                float* sh = s + h * kDenseBlock;
+                // Pad the block to a multiple of 8 with -inf: exp gives 0 there.
+                for (int64_t t = nb; t < ((nb + 7) & ~int64_t(7)); ++t) sh[t] = -INFINITY;
+                softmax_update(sh, (int)((nb + 7) & ~int64_t(7)), st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D,
+                               st.acc_rot + (size_t)hq * D, D);
+                acc[h] = st.acc_orig + (size_t)hq * D;
+            }
+            switch (nh) {
+                case 1: dense_values<1>(s, D, vb, nb, row_stride, acc); break;
+                case 2: dense_values<2>(s, D, vb, nb, row_stride, acc); break;
+                case 3: dense_values<3>(s, D, vb, nb, row_stride, acc); break;
+                default: dense_values<4>(s, D, vb, nb, row_stride, acc); break;
+            }
+        }
+    }
+}
+
+const KernelTable kAvx2 = {
+    "avx2", hadamard_f32_avx2, nullptr, attend_tiles_avx2, attend_dense_f16_avx2,
+};
+
+}  // namespace
+
+const KernelTable* avx2_kernels() { return &kAvx2; }
 
 }  // namespace kvarn
