@@ -1,0 +1,112 @@
+// Native driver of the C ABI, for running under AddressSanitizer/UBSan:
+//   cmake -S . -B build-asan -DKVARN_SANITIZE=ON && cmake --build build-asan -j2 &&
+//   for isa in scalar avx2 avx512; do KVARN_ISA=$isa build-asan/native/cpu/kvarn_native_test; done
+// Exercises every kernel at sizes that break vector tails, and the argument checks.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kvarn/kvarn.h"
+
+static int failures = 0;
+#define CHECK(cond)                                                       \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            std::fprintf(stderr, "%s:%d: CHECK(%s)\n", __FILE__, __LINE__, #cond); \
+            ++failures;                                                   \
+        }                                                                 \
+    } while (0)
+
+static uint16_t to_half(float f)
+{
+    // Test inputs are small normal numbers: truncating conversion is enough here.
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    const int exp = (int)((x >> 23) & 0xff) - 127 + 15;
+    if (exp <= 0) return (uint16_t)sign;  // flush tiny values to zero
+    return (uint16_t)(sign | ((uint32_t)exp << 10) | ((x >> 13) & 0x3ff));
+}
+
+int main()
+{
+    std::printf("kvarn native test, ISA %s\n", kvarn_active_isa());
+    std::mt19937 gen(7);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    const int formats[][3] = {{4, 2, 128}, {4, 4, 64}, {2, 2, 128}, {8, 8, 64}};
+    for (int D : {16, 48, 64, 80, 128, 256}) {
+        for (auto& f : formats) {
+            const int kb = f[0], vb = f[1], G = f[2];
+            const int64_t tiles = 3;
+            std::vector<float> k(tiles * G * D), v(k.size()), k2(k.size()), v2(k.size());
+            for (auto& x : k) x = normal(gen);
+            for (auto& x : v) x = normal(gen);
+            const size_t rec = kvarn_layout(kb, vb, G, D).total;
+            std::vector<uint8_t> records(tiles * rec);
+            int64_t bad = -1;
+            CHECK(kvarn_quantize_tiles(k.data(), v.data(), tiles, kb, vb, G, D, 8, records.data(), 2, &bad) == KVARN_OK);
+            CHECK(kvarn_dequantize_tiles(records.data(), tiles, kb, vb, G, D, k2.data(), v2.data()) == KVARN_OK);
+            double err = 0, ref = 0;
+            for (size_t i = 0; i < k.size(); ++i) {
+                err += (k[i] - k2[i]) * (k[i] - k2[i]);
+                ref += k[i] * k[i];
+            }
+            CHECK(std::sqrt(err / ref) < (kb == 2 ? 0.6 : 0.15));
+
+            // Attention over sink (odd length) + tiles + tail (odd length), GQA 4.
+            const int Hk = 1, Hq = 4;
+            for (int64_t sink_len : {0, 1, 7, 33}) {
+                for (int64_t tail_len : {0, 1, 15, 17}) {
+                    if (sink_len + tail_len == 0) continue;
+                    std::vector<uint16_t> sk(sink_len * D + 1), sv(sk.size()), tk(tail_len * D + 1), tv(tk.size());
+                    for (auto& x : sk) x = to_half(normal(gen));
+                    for (auto& x : sv) x = to_half(normal(gen));
+                    for (auto& x : tk) x = to_half(normal(gen));
+                    for (auto& x : tv) x = to_half(normal(gen));
+                    kvarn_cache_view c{};
+                    c.num_kv_heads = Hk;
+                    c.head_dim = D;
+                    c.group = G;
+                    c.kbits = kb;
+                    c.vbits = vb;
+                    c.sink_k = sk.data();
+                    c.sink_v = sv.data();
+                    c.sink_len = sink_len;
+                    c.sink_head_stride = sink_len * D;
+                    c.sink_row_stride = D;
+                    c.records = records.data();
+                    c.num_tiles = tiles;
+                    c.record_tile_stride = rec;
+                    c.record_head_stride = rec;
+                    c.tail_k = tk.data();
+                    c.tail_v = tv.data();
+                    c.tail_len = tail_len;
+                    c.tail_head_stride = tail_len * D;
+                    c.tail_row_stride = D;
+                    std::vector<float> q(Hq * D), out(Hq * D, NAN);
+                    for (auto& x : q) x = normal(gen);
+                    for (int threads : {1, 3}) {
+                        CHECK(kvarn_attend(&c, 1, q.data(), Hq, 0.125f, out.data(), threads) == KVARN_OK);
+                        for (float o : out) CHECK(std::isfinite(o));
+                    }
+                }
+            }
+        }
+    }
+    // Argument checks return errors, never crash.
+    float x[16] = {0};
+    CHECK(kvarn_hadamard_f32(x, 1, 24) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_hadamard_f32(nullptr, 1, 16) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_quantize_tiles(x, x, 1, 3, 2, 128, 16, 8, nullptr, 1, nullptr) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_attend(nullptr, 1, x, 4, 1.f, x, 1) == KVARN_ERR_ARGUMENT);
+    kvarn_cache_view empty{};
+    empty.num_kv_heads = 1;
+    empty.head_dim = 16;
+    CHECK(kvarn_attend(&empty, 1, x, 1, 1.f, x, 1) == KVARN_ERR_ARGUMENT);  // no tokens
+    CHECK(kvarn_set_isa("sse9") == KVARN_ERR_ISA);
+    std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "ok", failures);
+    return failures ? 1 : 0;
+}
