@@ -84,8 +84,10 @@ def run_demo(preset: str = "k4v2_g128", synthetic: bool = False, max_queries: in
     out(f"kvarn demo — preset {p.name} ({p.bits_per_element(d):.3f} bits/element in tiles), ISA {active_isa()}, "
         f"{get_num_threads()} thread(s)")
     label = "SYNTHETIC" if meta.get("synthetic") else "real"
-    out(f"sample: {label} — {meta.get('source', '?')}; {n_layers} layer(s), {hk} kv heads, {hq} query heads, "
-        f"{n} tokens, head_dim {d}")
+    source = meta.get("source") or "; ".join(str(meta[key]) for key in ("model", "text") if key in meta) or "?"
+    layers = f" (model layers {meta['layers']})" if "layers" in meta else ""
+    out(f"sample: {label} — {source}")
+    out(f"        {n_layers} layer(s){layers}, {hk} kv heads, {hq} query heads, {n} tokens, head_dim {d}")
     out("")
     header = f"{'layer':>5} {'kvarn MB':>9} {'fp16 MB':>8} {'ratio':>6} {'kvarn err':>10} {'KIVI err':>9} {'KIVI ratio':>10} {'kvarn ms':>9} {'numpy ms':>9} {'speed-up':>8}"
     out(header)
