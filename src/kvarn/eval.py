@@ -1,0 +1,515 @@
+"""`kvarn eval`: accuracy of KVarN and baselines on a real model and real text.
+
+Pseudo-decode: one teacher-forced forward over the text in which every attention layer lets each
+query position p see exactly what a decode-time kvarn cache holds when token p is decoded:
+the sink (exact, fp16), every tile completed by then in quantised form (a tile is quantised the
+moment it fills, so a tile's last token already sees its own tile quantised), and the rest of its
+own tile exact (fp16). Keys are quantised after RoPE, as the cache stores them. Errors compound
+through the layers as they do in decoding. KVarN presets use kvarn's C++ quantiser
+(``kvarn.quantize_tile``/``dequantize_tile``); baselines come from ``kvarn.eval_quantizers``.
+
+Metrics, from position ``--eval-from`` (default 256: before it nothing is quantised) on:
+perplexity, KL(fp32 ‖ method) of the next-token distribution, and top-1 agreement with fp32.
+Also: greedy generation from real prompts (token-identical prefix vs an fp32 cache), and a check
+that the real decode path (``KVarNCache`` + ``kvarn.attend``) agrees with pseudo-decode.
+
+Needs the ``eval`` extra and the model/text packages (see ``kvarn.integrations.assets``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+PAPER_PRESETS = ("k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128")
+BASELINE_BITS = ((4, 2), (4, 4), (2, 2))
+TURBOQUANT_BITS = (3, 4)
+
+
+@dataclass
+class Method:
+    name: str
+    family: str  # kvarn | kivi | rotation-only | normalisation-only | turboquant | fp16
+    kbits: int
+    vbits: int
+    group: int
+    bits_per_element: float
+    quantize: Callable | None  # (k [N, G, D], v [N, G, D]) -> dequantised (k̂, v̂) float32
+    preset: str | None = None
+    results: dict = field(default_factory=dict)
+
+
+def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, group: int = 128) -> list:
+    import kvarn
+
+    from . import eval_quantizers as eq
+
+    methods = [Method("fp16 cache", "fp16", 16, 16, group, 16.0, None)]
+    for name in presets:
+        p = kvarn.PRESETS[name] if name in kvarn.PRESETS else None
+        if p is None:
+            raise ValueError(f"presets: unknown preset {name!r}; choose from {sorted(kvarn.PRESETS)}")
+
+        def q(k, v, _p=p):
+            return kvarn.dequantize_tile(kvarn.quantize_tile(k, v, _p))
+
+        methods.append(Method(f"KVarN {name}", "kvarn", p.kbits, p.vbits, p.group, p.bits_per_element(head_dim), q, name))
+    if baselines:
+        rtn = eq.rtn_bits_per_element
+        for kb, vb in BASELINE_BITS:
+            tag = f"k{kb}v{vb}_g{group}"
+            norm_bits = rtn(kb, vb, group, head_dim, extra_vectors=group + head_dim)  # + kt, vc
+            methods += [
+                Method(f"KIVI {tag}", "kivi", kb, vb, group, rtn(kb, vb, group, head_dim),
+                       lambda k, v, a=kb, b=vb: eq.kivi(k, v, a, b)),
+                Method(f"rotation-only {tag}", "rotation-only", kb, vb, group, rtn(kb, vb, group, head_dim),
+                       lambda k, v, a=kb, b=vb: eq.rotation_only(k, v, a, b)),
+                Method(f"normalisation-only {tag}", "normalisation-only", kb, vb, group, norm_bits,
+                       lambda k, v, a=kb, b=vb: eq.normalisation_only(k, v, a, b)),
+            ]
+        for b in TURBOQUANT_BITS:
+            methods.append(Method(f"TurboQuant-style {b}-bit", "turboquant", b, b, group, b + 16.0 / head_dim,
+                                  lambda k, v, a=b: eq.turboquant(k, v, a, a)))
+    return methods
+
+
+# ---- pseudo-decode attention -------------------------------------------------------------
+def pseudo_decode_mask(T: int, sink: int, group: int, exact_prefix: int = 0, three_copies: bool = False):
+    """Boolean [T, nT] mask over concatenated key copies [quantised | exact fp16 | (exact fp32)] that
+    gives query p what the cache holds at p (see the module doc). Queries p < exact_prefix (a
+    prefill) see all earlier keys exactly, in full precision when ``three_copies``."""
+    import torch
+
+    p = torch.arange(T)[:, None]
+    t = torch.arange(T)[None, :]
+    n_tiles = max(0, T - sink) // group
+    in_tile = (t >= sink) & (t < sink + n_tiles * group)
+    tile_end = sink + ((t - sink) // group + 1) * group - 1  # last position of t's tile
+    causal = t <= p
+    decoding = p >= exact_prefix
+    quantised = decoding & in_tile & (tile_end <= p)
+    exact = causal & decoding & ~quantised
+    prefill = causal & ~decoding
+    if three_copies:
+        return torch.cat([quantised, exact, prefill], dim=1)
+    return torch.cat([quantised, exact | prefill], dim=1)
+
+
+class PseudoDecode:
+    """An attention override (see ``kvarn.integrations.transformers.attention_override``)."""
+
+    def __init__(self, method: Method | None, sink: int, group: int, exact_prefix: int = 0):
+        self.method, self.sink, self.group, self.exact_prefix = method, sink, group, exact_prefix
+        self._mask = {}
+        self.seconds_quantising = 0.0
+
+    def __call__(self, module, query, key, value, mask, scaling):
+        import torch
+        import torch.nn.functional as F
+
+        B, Hq, T, D = query.shape
+        if B != 1:
+            raise ValueError("query: pseudo-decode runs one sequence at a time")
+        if self.method is None:  # fp32 reference: plain causal attention
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
+            return out.transpose(1, 2).contiguous()
+        k32, v32 = key[0].float(), value[0].float()
+        k16, v16 = k32.half().float(), v32.half().float()  # the cache keeps exact tokens in fp16
+        G, S = self.group, self.sink
+        n = max(0, T - S) // G
+        kq, vq = k16.clone(), v16.clone()
+        if n and self.method.quantize is not None:
+            Hk = k16.shape[0]
+
+            def tiles(x):
+                return x[:, S : S + n * G].reshape(Hk, n, G, D).transpose(0, 1).reshape(n * Hk, G, D).numpy()
+
+            t0 = time.perf_counter()
+            kh, vh = self.method.quantize(tiles(k16), tiles(v16))
+            self.seconds_quantising += time.perf_counter() - t0
+
+            def untiles(x):
+                return torch.from_numpy(np.ascontiguousarray(x, np.float32)).reshape(n, Hk, G, D).transpose(0, 1).reshape(Hk, n * G, D)
+
+            kq[:, S : S + n * G], vq[:, S : S + n * G] = untiles(kh), untiles(vh)
+        three = self.exact_prefix > 0
+        keys = [kq, k16] + ([k32] if three else [])
+        vals = [vq, v16] + ([v32] if three else [])
+        m = self._mask.get(T)
+        if m is None:
+            m = self._mask[T] = pseudo_decode_mask(T, S, G, self.exact_prefix, three)
+        out = F.scaled_dot_product_attention(
+            query, torch.cat(keys, 1)[None].to(query.dtype), torch.cat(vals, 1)[None].to(query.dtype),
+            attn_mask=m, scale=scaling, enable_gqa=True,
+        )
+        return out.transpose(1, 2).contiguous()
+
+
+def forward_logits(model, ids, attention):
+    """Logits [T, V] float32 of one teacher-forced forward with the given attention override."""
+    import torch
+
+    from .integrations.transformers import attention_override, use_kvarn_attention
+
+    use_kvarn_attention(model)
+    with torch.no_grad(), attention_override(attention):
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def compare_logits(ref_logp, logits, targets):
+    """ref_logp, logits [P, V] (positions to score), targets [P]: ppl, KL(ref ‖ method), top-1 agreement."""
+    import torch
+
+    logp = torch.log_softmax(logits.double(), -1)
+    ref = ref_logp.double()
+    kl = (ref.exp() * (ref - logp)).sum(-1)
+    nll = -logp.gather(1, targets[:, None])[:, 0]
+    return {
+        "ppl": float(nll.mean().exp()),
+        "kl": float(kl.mean()),
+        "kl_max": float(kl.max()),
+        "top1": float((logp.argmax(-1) == ref.argmax(-1)).double().mean()),
+    }
+
+
+# ---- generation ---------------------------------------------------------------------------
+def _sim_cache_class():
+    """A transformers cache that stores dequantised tiles of any Method (baselines in generation)."""
+    import torch
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    class SimQuantLayer(DynamicLayer):
+        def __init__(self, method, sink):
+            super().__init__()
+            self.method, self.sink = method, sink
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            first = not self.is_initialized or self.keys.numel() == 0
+            raw_k = key_states.half().float()
+            raw_v = value_states.half().float()
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self.raw_k, self.raw_v = raw_k, raw_v
+                self.done = 0  # quantised tiles so far
+                self.qk = self.qv = key_states.new_zeros((key_states.shape[0], key_states.shape[1], 0, key_states.shape[3]))
+            else:
+                self.raw_k = torch.cat([self.raw_k, raw_k], -2)
+                self.raw_v = torch.cat([self.raw_v, raw_v], -2)
+            G, S, T = self.method.group, self.sink, self.raw_k.shape[-2]
+            n = max(0, T - S) // G
+            if n > self.done:
+                B, H, _, D = self.raw_k.shape
+                sl = slice(S + self.done * G, S + n * G)
+                m = n - self.done
+                kt = self.raw_k[:, :, sl].reshape(B, H, m, G, D).permute(0, 2, 1, 3, 4).reshape(-1, G, D).numpy()
+                vt = self.raw_v[:, :, sl].reshape(B, H, m, G, D).permute(0, 2, 1, 3, 4).reshape(-1, G, D).numpy()
+                kh, vh = self.method.quantize(kt, vt)
+
+                def back(x):
+                    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).reshape(B, m, H, G, D).permute(0, 2, 1, 3, 4).reshape(B, H, m * G, D)
+
+                self.qk = torch.cat([self.qk, back(kh)], -2)
+                self.qv = torch.cat([self.qv, back(vh)], -2)
+                self.done = n
+            end = S + self.done * G
+            self.keys = torch.cat([self.raw_k[:, :, :S], self.qk, self.raw_k[:, :, end:]], -2).to(key_states.dtype)
+            self.values = torch.cat([self.raw_v[:, :, :S], self.qv, self.raw_v[:, :, end:]], -2).to(key_states.dtype)
+            if first:  # prefill attends over its own full-precision K/V, as KVarNCache does
+                return key_states, value_states
+            return self.keys, self.values
+
+    class SimQuantCache(Cache):
+        def __init__(self, config, method, sink):
+            super().__init__(layers=[SimQuantLayer(method, sink) for _ in range(config.num_hidden_layers)])
+
+    return SimQuantCache
+
+
+def greedy(model, prompt_ids, n_new, cache=None):
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+            past_key_values=cache, pad_token_id=model.config.eos_token_id,
+        )
+    return out[0, len(prompt_ids):].tolist()
+
+
+def identical_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# ---- real decode path vs pseudo-decode ----------------------------------------------------
+def decode_path_logits(model, ids, prefix, steps, preset, sink):
+    """Prefill ``prefix`` tokens into a KVarNCache, then teacher-force ``steps`` tokens one at a time
+    through kvarn.attend. Returns logits [steps, V] for positions prefix .. prefix+steps-1."""
+    import torch
+
+    from .integrations.transformers import KVarNCache
+
+    cache = KVarNCache(model.config, preset=preset, sink_tokens=sink)
+    rows = []
+    with torch.no_grad():
+        out = model(torch.tensor([ids[:prefix]]), past_key_values=cache, use_cache=True)
+        for i in range(prefix, prefix + steps):
+            out = model(torch.tensor([[ids[i]]]), past_key_values=cache, use_cache=True)
+            rows.append(out.logits[0, -1].float())
+    return torch.stack(rows), cache
+
+
+# ---- the command --------------------------------------------------------------------------
+def add_eval_parser(subparsers):
+    p = subparsers.add_parser(
+        "eval",
+        help="accuracy on a real model and real text (needs the eval extra)",
+        description="Pseudo-decode perplexity / KL / top-1 vs fp32 for KVarN presets and baselines, "
+        "greedy generation vs an fp32 cache, and a real-decode-path check. Writes a table, JSON and a PNG plot.",
+    )
+    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default) or gemma3-270m")
+    p.add_argument("--tokens", type=int, default=2048, help="tokens of the Verne text (default 2048)")
+    p.add_argument("--eval-from", type=int, default=256, help="first scored position (default 256)")
+    p.add_argument("--sink", type=int, default=128, help="sink tokens kept exact (default 128)")
+    p.add_argument("--presets", default=",".join(PAPER_PRESETS), help="comma-separated kvarn presets")
+    p.add_argument("--no-baselines", action="store_true", help="KVarN presets only")
+    p.add_argument("--gen-prompts", type=int, default=3, help="greedy-generation prompts (0: skip)")
+    p.add_argument("--gen-prompt-tokens", type=int, default=384, help="tokens per prompt (default 384)")
+    p.add_argument("--gen-tokens", type=int, default=48, help="new tokens per prompt (default 48)")
+    p.add_argument("--gen-methods", default="kvarn,kivi",
+                   help="families to generate with: kvarn,kivi,rotation-only,normalisation-only,turboquant,fp16 or all")
+    p.add_argument("--decode-steps", type=int, default=192,
+                   help="real decode steps (KVarNCache) compared with pseudo-decode per preset (0: skip)")
+    p.add_argument("--decode-prefix", type=int, default=1024, help="prefill length before those steps")
+    p.add_argument("--out", default="kvarn_eval", help="output folder for results.json and kl_vs_bits.png")
+    p.add_argument("--threads", type=int, default=None, help="torch and kvarn threads")
+    p.set_defaults(func=run_eval)
+    return p
+
+
+def _check_args(args):
+    for name in ("tokens", "eval_from", "gen_prompt_tokens", "gen_tokens", "decode_prefix"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
+    for name in ("sink", "gen_prompts", "decode_steps"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(args, name)}")
+    if args.eval_from >= args.tokens - 1:
+        raise ValueError(f"--eval-from: {args.eval_from} leaves nothing to score in {args.tokens} tokens")
+    if args.decode_steps == 1:
+        raise ValueError("--decode-steps: use 0 (skip) or at least 2 (one scored position needs a next token)")
+    if args.decode_steps and args.decode_prefix + args.decode_steps > args.tokens:
+        raise ValueError("--decode-prefix + --decode-steps: must not exceed --tokens")
+
+
+def run_eval(args) -> int:
+    _check_args(args)
+    try:
+        import torch
+        from tqdm.auto import tqdm
+    except ImportError as e:
+        raise RuntimeError(f"kvarn eval needs the eval extra ({e}): pip install 'kvarn[eval]'") from e
+    import kvarn
+
+    from .integrations import assets
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        kvarn.set_num_threads(args.threads)
+    presets = [p for p in args.presets.split(",") if p]
+    t_start = time.time()
+    model, tok = assets.load_model(args.model)
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    methods = build_methods(head_dim, presets, baselines=not args.no_baselines)
+    gen_families = set(m.family for m in methods) if args.gen_methods == "all" else set(args.gen_methods.split(","))
+    text_ids = assets.verne_token_ids(tok, args.tokens)
+    n_prompts = args.gen_prompts
+    all_ids = assets.verne_token_ids(tok, len(tok(assets.verne_text(), add_special_tokens=False)["input_ids"]))
+    prompts = []
+    for i in range(n_prompts):  # prompts from the text after the scored window
+        start = args.tokens + i * (args.gen_prompt_tokens + args.gen_tokens)
+        if start + args.gen_prompt_tokens > len(all_ids):
+            break
+        prompts.append(all_ids[start : start + args.gen_prompt_tokens])
+
+    gen_methods = [m for m in methods if m.family in gen_families]
+    dec_presets = [m for m in methods if m.family == "kvarn"] if args.decode_steps else []
+    bar = tqdm(total=1 + len(methods) + (1 + len(gen_methods)) * bool(prompts) + len(dec_presets), desc="kvarn eval")
+
+    # 1. fp32 reference and every method, pseudo-decode.
+    targets = torch.tensor(text_ids[args.eval_from + 1 :])
+    sl = slice(args.eval_from, args.tokens - 1)
+    bar.set_postfix_str("fp32")
+    ref_logits = forward_logits(model, text_ids, PseudoDecode(None, args.sink, 128))
+    ref_logp = torch.log_softmax(ref_logits[sl].double(), -1).float()
+    fp32 = compare_logits(ref_logp, ref_logits[sl], targets)
+    del ref_logits
+    bar.update()
+    for m in methods:
+        bar.set_postfix_str(m.name)
+        t0 = time.time()
+        att = PseudoDecode(m, args.sink, m.group)
+        logits = forward_logits(model, text_ids, att)
+        m.results["pseudo_decode"] = compare_logits(ref_logp, logits[sl], targets)
+        m.results["pseudo_decode"]["seconds"] = round(time.time() - t0, 1)
+        del logits
+        bar.update()
+
+    # 2. Greedy generation vs an fp32 cache.
+    gen = {}
+    if prompts:
+        bar.set_postfix_str("generate fp32")
+        ref_gen = [greedy(model, p, args.gen_tokens) for p in prompts]
+        bar.update()
+        SimQuantCache = _sim_cache_class()
+        from .integrations.transformers import KVarNCache
+
+        for m in gen_methods:
+            bar.set_postfix_str(f"generate {m.name}")
+            outs = []
+            for p in prompts:
+                if m.family == "kvarn":
+                    cache = KVarNCache(model.config, preset=m.preset, sink_tokens=args.sink)
+                else:
+                    cache = SimQuantCache(cfg, m, args.sink)
+                outs.append(greedy(model, p, args.gen_tokens, cache))
+            m.results["generation"] = {
+                "identical_prefix": [identical_prefix(a, b) for a, b in zip(outs, ref_gen)],
+                "cache": "KVarNCache (kvarn.attend)" if m.family == "kvarn" else "simulated (dequantised tiles)",
+            }
+            bar.update()
+        gen = {"prompts": len(prompts), "prompt_tokens": args.gen_prompt_tokens, "new_tokens": args.gen_tokens,
+               "fp32_texts": [tok.decode(g) for g in ref_gen]}
+
+    # 3. Real decode path vs pseudo-decode (same prefill, same positions).
+    if dec_presets:
+        P, S = args.decode_prefix, args.decode_steps
+        ids = text_ids[: P + S]
+        # Row j of every block below is position P + j, predicting token P + j + 1 (scored for j < S - 1).
+        ref_rows = torch.log_softmax(forward_logits(model, ids, PseudoDecode(None, args.sink, 128))[P:].double(), -1)
+        ref_rows = ref_rows.float()[:-1]
+        tg = torch.tensor(ids[P + 1 :])
+        for m in dec_presets:
+            bar.set_postfix_str(f"decode path {m.preset}")
+            t0 = time.time()
+            dec, cache = decode_path_logits(model, ids, P, S, m.preset, args.sink)
+            dec_seconds = time.time() - t0
+            pseudo = forward_logits(model, ids, PseudoDecode(m, args.sink, m.group, exact_prefix=P))[P:]
+            m.results["decode_path"] = {
+                "prefix": P,
+                "steps": S,
+                "kl_cache": compare_logits(ref_rows, dec[:-1], tg)["kl"],
+                "kl_pseudo": compare_logits(ref_rows, pseudo[:-1], tg)["kl"],
+                "max_abs_logit_diff": float((dec - pseudo).abs().max()),
+                "top1_cache_vs_pseudo": float((dec.argmax(-1) == pseudo.argmax(-1)).double().mean()),
+                "compression_ratio": cache.compression_ratio,
+                "seconds_per_step": dec_seconds / S,
+            }
+            bar.update()
+    bar.close()
+
+    result = {
+        "model": args.model,
+        "head_dim": head_dim,
+        "tokens": args.tokens,
+        "eval_from": args.eval_from,
+        "sink": args.sink,
+        "text": "Jules & Michel Verne, In the Year 2889 (reasoning-gym wheel)",
+        "fp32": fp32,
+        "generation": gen,
+        "methods": [
+            {"name": m.name, "family": m.family, "kbits": m.kbits, "vbits": m.vbits, "group": m.group,
+             "bits_per_element": m.bits_per_element, "preset": m.preset, **m.results}
+            for m in methods
+        ],
+        "torch": torch.__version__,
+        "kvarn_isa": kvarn.active_isa(),
+        "seconds": round(time.time() - t_start, 1),
+    }
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, "results.json")
+    with open(json_path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(format_table(result))
+    png = os.path.join(args.out, "kl_vs_bits.png")
+    plot_kl_vs_bits(result, png)
+    print(f"\nwrote {json_path} and {png} ({result['seconds']:.0f} s)")
+    return 0
+
+
+def format_table(result) -> str:
+    fp = result["fp32"]
+    lines = [
+        f"{result['model']}, {result['tokens']} tokens of the Verne text, scored from position "
+        f"{result['eval_from']}, sink {result['sink']}; fp32 perplexity {fp['ppl']:.3f}",
+        "",
+        "| method | bits/elem | ppl | Δppl | KL(fp32‖m) | top-1 | gen. identical prefix | decode path KL (cache / pseudo) |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for m in result["methods"]:
+        r = m.get("pseudo_decode", {})
+        g = m.get("generation")
+        d = m.get("decode_path")
+        gen = f"{np.mean(g['identical_prefix']):.1f} {g['identical_prefix']}" if g else ""
+        dec = f"{d['kl_cache']:.4f} / {d['kl_pseudo']:.4f}" if d else ""
+        lines.append(
+            f"| {m['name']} | {m['bits_per_element']:.3f} | {r['ppl']:.3f} | {100 * (r['ppl'] / fp['ppl'] - 1):+.2f} % "
+            f"| {r['kl']:.4f} | {100 * r['top1']:.1f} % | {gen} | {dec} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_kl_vs_bits(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    style = {"kvarn": ("o", "C0"), "kivi": ("s", "C3"), "rotation-only": ("^", "C2"),
+             "normalisation-only": ("v", "C4"), "turboquant": ("D", "C1"), "fp16": ("*", "k")}
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    seen = set()
+    for m in result["methods"]:
+        if m["family"] == "fp16":
+            continue
+        marker, color = style[m["family"]]
+        kl = max(m["pseudo_decode"]["kl"], 1e-6)
+        ax.scatter(m["bits_per_element"], kl, marker=marker, color=color, s=55,
+                   label=None if m["family"] in seen else m["family"])
+        seen.add(m["family"])
+        label = m["name"].replace("KVarN ", "").replace("rotation-only ", "rot ").replace("normalisation-only ", "norm ")
+        label = label.replace("TurboQuant-style ", "TQ ").replace("KIVI ", "KIVI ")
+        ax.annotate(label, (m["bits_per_element"], kl), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per element (codes + scales, per tile)")
+    ax.set_ylabel("KL(fp32 ‖ method), nats/token")
+    ax.set_title(f"{result['model']}: pseudo-decode on {result['tokens']} tokens (Verne), from pos {result['eval_from']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    """``python -m kvarn.eval`` (the same as ``kvarn eval``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="kvarn")
+    add_eval_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["eval", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return run_eval(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

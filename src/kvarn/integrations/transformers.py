@@ -1,0 +1,254 @@
+"""A Hugging Face transformers ``Cache`` backed by kvarn, with native decode attention.
+
+    from kvarn.integrations.transformers import KVarNCache
+    cache = KVarNCache(model.config, preset="k4v2_g128")
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=64)
+
+How it works
+- ``KVarNCache(config)`` registers an attention function named ``"kvarn"`` with transformers'
+  ``AttentionInterface`` (its mask builder is sdpa's) and switches ``config`` to it, so every
+  attention module that shares this config (all of them, in the Llama family) routes through it.
+  Where the cache is not a KVarN one, the function is plain sdpa: the switch is harmless to later
+  calls without a KVarNCache.
+- Prefill on an empty cache: the layer appends the prompt's post-RoPE K/V to one
+  ``kvarn.KVCache`` per batch row (full tiles get quantised at once) and hands the full-precision
+  K/V back, so the prompt attends exactly as without the cache.
+- Every later step (decode, or a continued prompt): the layer keeps the new K/V aside and tags the
+  returned key tensor; the attention function then, token by token, appends the token to the
+  kvarn cache and calls ``kvarn.attend_batch`` over the packed codes. No dequantised copy of the
+  cache is ever made (transformers' own QuantizedCache dequantises the whole cache every step).
+- Sliding-window layers (Gemma 3's local layers) keep transformers' full-precision
+  ``DynamicSlidingWindowLayer``: they hold at most ``sliding_window`` tokens, and kvarn's attention
+  has no window.
+
+Limits: no padding inside the cached part of a batch (one row per sequence, unpadded), no beam
+search (``reorder_cache``), no cropping. These raise ``NotImplementedError``.
+Needs the ``eval`` extra (torch, transformers >= 5).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+import kvarn
+
+ATTN_IMPLEMENTATION = "kvarn"
+_TAG = "_kvarn_layer"  # attribute set on a key tensor whose attention kvarn must do
+
+# An optional replacement for the whole attention computation, used by the evaluation
+# (pseudo-decode) and the sample capture: fn(module, query, key, value, mask, scaling) -> [B, q, Hq, D].
+_override = contextvars.ContextVar("kvarn_attention_override", default=None)
+
+
+def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The ``"kvarn"`` attention function (transformers' AttentionInterface signature).
+
+    query [B, Hq, q, D]; returns ([B, q, Hq, D], None) like sdpa_attention_forward.
+    """
+    layer = getattr(key, _TAG, None)
+    if layer is not None:
+        return layer.attend_pending(query, attention_mask, scaling), None
+    fn = _override.get()
+    if fn is not None:
+        return fn(module, query, key, value, attention_mask, scaling), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def register() -> str:
+    """Registers the ``"kvarn"`` attention function and mask builder (idempotent); returns the name."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, kvarn_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    return ATTN_IMPLEMENTATION
+
+
+def use_kvarn_attention(model_or_config) -> None:
+    """Routes a model's (or config's) attention through ``kvarn_attention``."""
+    register()
+    if hasattr(model_or_config, "set_attn_implementation"):
+        model_or_config.set_attn_implementation(ATTN_IMPLEMENTATION)
+    else:
+        model_or_config._attn_implementation = ATTN_IMPLEMENTATION
+
+
+@contextlib.contextmanager
+def attention_override(fn):
+    """Within the block, every non-KVarN attention call is ``fn(module, query, key, value, mask, scaling)``
+    (returning [B, q, Hq, D]) instead of sdpa. The model must use the ``"kvarn"`` implementation."""
+    token = _override.set(fn)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def _to_numpy(x: torch.Tensor) -> np.ndarray:
+    return x.detach().to("cpu", torch.float32).numpy()
+
+
+def _check_no_padding(attention_mask, n_new: int) -> None:
+    # The last query row of a causal mask without padding allows every cached position.
+    if attention_mask is None:
+        return
+    if attention_mask.dim() != 4:
+        raise NotImplementedError("KVarNCache: unsupported attention mask layout")
+    last = attention_mask[..., -1, :]
+    ok = last.all() if last.dtype == torch.bool else (last == 0).all()
+    if not bool(ok):
+        raise NotImplementedError(
+            "KVarNCache: padded batches are not supported (kvarn attention has no mask); "
+            "generate one unpadded sequence per row"
+        )
+
+
+class KVarNLayer(CacheLayerMixin):
+    """One attention layer's cache: one ``kvarn.KVCache`` per batch row."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None):
+        super().__init__()
+        # Validates preset and sink_tokens now rather than at the first forward.
+        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens).preset.name
+        self.sink_tokens = sink_tokens
+        self.caches: list[kvarn.KVCache] = []
+        self.cumulative_length = 0
+        self._pending = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        B, Hk, _, D = key_states.shape
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.caches = [kvarn.KVCache(Hk, D, self.preset, self.sink_tokens) for _ in range(B)]
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.shape[0] != len(self.caches):
+            raise ValueError(f"key_states: batch {key_states.shape[0]} differs from the cache's {len(self.caches)}")
+        n = key_states.shape[-2]
+        if self.cumulative_length == 0:
+            # Prefill: store, and let the prompt attend over its own full-precision K/V.
+            k, v = _to_numpy(key_states), _to_numpy(value_states)
+            for b, c in enumerate(self.caches):
+                c.append(k[b], v[b])
+            self.cumulative_length = n
+            return key_states, value_states
+        if self._pending is not None:
+            raise RuntimeError("KVarNCache: the previous step's attention never ran; is attn_implementation 'kvarn'?")
+        self._pending = (key_states, value_states)
+        setattr(key_states, _TAG, self)
+        return key_states, value_states
+
+    def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
+        """Appends the kept-aside tokens one at a time, each followed by kvarn decode attention."""
+        if self._pending is None:
+            raise RuntimeError("KVarNCache: attention called without new tokens")
+        key_states, value_states = self._pending
+        self._pending = None
+        B, Hq, n, D = query.shape
+        _check_no_padding(attention_mask, n)
+        k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
+        out = np.empty((B, n, Hq, D), np.float32)
+        for i in range(n):
+            for b, c in enumerate(self.caches):
+                c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
+            out[:, i] = kvarn.attend_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
+        self.cumulative_length += n
+        return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cumulative_length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.caches)
+
+    def reset(self) -> None:
+        self.caches, self.cumulative_length, self._pending = [], 0, None
+        self.is_initialized = False
+
+    def offload(self):  # the packed cache lives in host memory already
+        pass
+
+    def prefetch(self):
+        pass
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("KVarNCache does not support beam search")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("KVarNCache cannot crop: quantised tiles cannot be un-appended")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.cumulative_length:
+            raise NotImplementedError("KVarNCache: cannot expand a non-empty cache's batch")
+
+    def batch_select_indices(self, indices) -> None:
+        if self.cumulative_length:
+            raise NotImplementedError("KVarNCache: cannot select batch rows of a non-empty cache")
+
+
+class KVarNCache(Cache):
+    """A transformers ``Cache`` storing every full-attention layer's K/V as a KVarN cache.
+
+    config: the model's config (``model.config``); it is switched to the ``"kvarn"`` attention
+    implementation. preset: a kvarn preset (default k4v2_g128). sink_tokens: tokens kept in
+    fp16 at the start (default one tile).
+    """
+
+    def __init__(self, config, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None):
+        if not hasattr(config, "num_hidden_layers"):
+            raise TypeError(f"config: expected a transformers model config, got {type(config).__name__}")
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layer_types = getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers
+        layers = []
+        for t in layer_types:
+            if t == "full_attention":
+                layers.append(KVarNLayer(preset, sink_tokens))
+            elif t in ("sliding_attention", "chunked_attention"):
+                window = text_config.sliding_window if t == "sliding_attention" else text_config.attention_chunk_size
+                layers.append(DynamicSlidingWindowLayer(sliding_window=window))
+            else:
+                raise NotImplementedError(f"config: layer type {t!r} is not supported by KVarNCache")
+        super().__init__(layers=layers)
+        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens).preset.name
+        self.config = config
+        use_kvarn_attention(config)
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if self.config._attn_implementation != ATTN_IMPLEMENTATION:
+            raise RuntimeError(
+                f"KVarNCache: the model's attn_implementation is {self.config._attn_implementation!r}, "
+                f"expected {ATTN_IMPLEMENTATION!r}; do not change it while this cache is in use"
+            )
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    @property
+    def kvarn_layers(self) -> list[KVarNLayer]:
+        return [layer for layer in self.layers if isinstance(layer, KVarNLayer)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the KVarN-compressed layers (packed tiles plus fp16 sink and tail)."""
+        return sum(layer.nbytes for layer in self.kvarn_layers)
+
+    @property
+    def compression_ratio(self) -> float:
+        """fp16 bytes of the same tokens / nbytes, over the KVarN layers."""
+        fp16 = sum(len(c) * 4 * c.num_kv_heads * c.head_dim for layer in self.kvarn_layers for c in layer.caches)
+        return fp16 / self.nbytes if self.nbytes else 1.0
