@@ -143,6 +143,32 @@ const KernelTable* active_kernels()
 
 bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
 
+namespace {
+// Default: int16 where VNNI exists (extra error ~1e-5 of the float path's
+// logits, docs/simd.md); int8 is faster and coarser; float is always there.
+std::atomic<int> g_score_mode{-1};  // -1: not read from the environment yet
+std::string g_score_env_error;
+
+int score_mode_flag()
+{
+    int v = g_score_mode.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char* env = std::getenv("KVARN_SCORES");
+        v = kScoresInt16;
+        if (env && *env) {
+            if (!std::strcmp(env, "float")) v = kScoresFloat;
+            else if (!std::strcmp(env, "int16")) v = kScoresInt16;
+            else if (!std::strcmp(env, "int8")) v = kScoresInt8;
+        }
+        int expected = -1;
+        if (!g_score_mode.compare_exchange_strong(expected, v)) v = expected;
+    }
+    return v;
+}
+}  // namespace
+
+int score_mode() { return features().avx512_vnni ? score_mode_flag() : kScoresFloat; }
+
 }  // namespace kvarn
 
 extern "C" {
@@ -168,6 +194,19 @@ int kvarn_set_isa(const char* name)
     kvarn::g_active = t;
     return KVARN_OK;
 }
+
+int kvarn_set_score_mode(int32_t mode)
+{
+    if (mode < kvarn::kScoresFloat || mode > kvarn::kScoresInt8) return KVARN_ERR_ARGUMENT;
+    if (mode != kvarn::kScoresFloat && !kvarn::features().avx512_vnni) return KVARN_ERR_ISA;
+    kvarn::score_mode_flag();  // read the environment first so it cannot overwrite this choice
+    kvarn::g_score_mode = mode;
+    return KVARN_OK;
+}
+
+int kvarn_score_mode(void) { return kvarn::score_mode(); }
+
+int kvarn_cpu_has_vnni(void) { return kvarn::features().avx512_vnni ? 1 : 0; }
 
 const char* kvarn_isa_error(void)
 {

@@ -18,6 +18,9 @@ cdef extern from "kvarn/kvarn.h" nogil:
     int kvarn_isa_available(const char* name)
     int kvarn_set_isa(const char* name)
     const char* kvarn_isa_error()
+    int kvarn_set_score_mode(int32_t mode)
+    int kvarn_score_mode()
+    int kvarn_cpu_has_vnni()
 
     int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
     int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim)

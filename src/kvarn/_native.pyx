@@ -34,6 +34,24 @@ def isa_error():
     return kvarn_isa_error().decode()
 
 
+SCORE_MODES = ("float", "int16", "int8")
+
+
+def set_score_mode(str mode):
+    """0 on success; ERR_ISA without VNNI; ERR_ARGUMENT for an unknown mode."""
+    if mode not in SCORE_MODES:
+        return KVARN_ERR_ARGUMENT
+    return kvarn_set_score_mode(SCORE_MODES.index(mode))
+
+
+def score_mode():
+    return SCORE_MODES[kvarn_score_mode()]
+
+
+def cpu_has_vnni():
+    return bool(kvarn_cpu_has_vnni())
+
+
 def default_threads():
     return kvarn_default_threads()
 

@@ -27,10 +27,21 @@ namespace {
 
 // Pulls the next record towards L1 while this one is being worked on: records
 // of one head are a whole cache row apart, beyond the reach of the stride prefetcher.
-inline void prefetch_record(const uint8_t* rec, size_t bytes)
-{
-    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + off), _MM_HINT_T0);
-}
+// Pulls the next record towards L1 a line at a time from inside the compute
+// loops, so the misses overlap with arithmetic; records of one head are a whole
+// cache row apart, beyond the reach of the hardware's stride prefetcher, and a
+// burst of 200+ prefetches would only stall on the line-fill buffers.
+struct Prefetcher {
+    const char* p;
+    const char* end;
+    inline void step()
+    {
+        if (p < end) {
+            _mm_prefetch(p, _MM_HINT_T0);
+            p += 64;
+        }
+    }
+};
 
 // ---- vector helpers --------------------------------------------------------------
 inline float hsum(__m256 v)
@@ -159,7 +170,7 @@ void hadamard_f32_avx2(float* x, int64_t rows, int head_dim)
 // s[h][t] = sum_d qa[h][d] * code[d][t] for NH heads at once: the codes of a
 // 16-token block are unpacked once per channel and used by every head.
 template <int KB, int NH>
-void tile_scores(const uint8_t* kc, int D, int G, const float* qa, float* s)
+void tile_scores(const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
 {
     const size_t row_bytes = (size_t)G * KB / 8;
     for (int t0 = 0; t0 < G; t0 += 16) {
@@ -167,6 +178,7 @@ void tile_scores(const uint8_t* kc, int D, int G, const float* qa, float* s)
         for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
         const uint8_t* p = kc;
         for (int d = 0; d < D; ++d, p += row_bytes) {
+            if ((d & 3) == 0) pf.step();
             __m256 c0, c1;
             codes16<KB>(p, t0, c0, c1);
             for (int h = 0; h < NH; ++h) {
@@ -184,7 +196,7 @@ void tile_scores(const uint8_t* kc, int D, int G, const float* qa, float* s)
 
 // tmp[h][d] = sum_t w[h][t] * code[t][d], 16 channels at a time.
 template <int VB, int NH>
-void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp)
+void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp, Prefetcher& pf)
 {
     const size_t row_bytes = (size_t)D * VB / 8;
     for (int d0 = 0; d0 < D; d0 += 16) {
@@ -192,6 +204,7 @@ void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp
         for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
         const uint8_t* p = vcodes;
         for (int t = 0; t < G; ++t, p += row_bytes) {
+            if ((t & 3) == 0) pf.step();
             __m256 c0, c1;
             codes16<VB>(p, d0, c0, c1);
             for (int h = 0; h < NH; ++h) {
@@ -208,24 +221,24 @@ void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp
 }
 
 template <int KB>
-void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, float* s)
+void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
 {
     switch (nh) {
-        case 1: tile_scores<KB, 1>(kc, D, G, qa, s); break;
-        case 2: tile_scores<KB, 2>(kc, D, G, qa, s); break;
-        case 3: tile_scores<KB, 3>(kc, D, G, qa, s); break;
-        default: tile_scores<KB, 4>(kc, D, G, qa, s); break;
+        case 1: tile_scores<KB, 1>(kc, D, G, qa, s, pf); break;
+        case 2: tile_scores<KB, 2>(kc, D, G, qa, s, pf); break;
+        case 3: tile_scores<KB, 3>(kc, D, G, qa, s, pf); break;
+        default: tile_scores<KB, 4>(kc, D, G, qa, s, pf); break;
     }
 }
 
 template <int VB>
-void values_dispatch(int nh, const uint8_t* vcodes, int D, int G, const float* w, float* tmp)
+void values_dispatch(int nh, const uint8_t* vcodes, int D, int G, const float* w, float* tmp, Prefetcher& pf)
 {
     switch (nh) {
-        case 1: tile_values<VB, 1>(vcodes, D, G, w, tmp); break;
-        case 2: tile_values<VB, 2>(vcodes, D, G, w, tmp); break;
-        case 3: tile_values<VB, 3>(vcodes, D, G, w, tmp); break;
-        default: tile_values<VB, 4>(vcodes, D, G, w, tmp); break;
+        case 1: tile_values<VB, 1>(vcodes, D, G, w, tmp, pf); break;
+        case 2: tile_values<VB, 2>(vcodes, D, G, w, tmp, pf); break;
+        case 3: tile_values<VB, 3>(vcodes, D, G, w, tmp, pf); break;
+        default: tile_values<VB, 4>(vcodes, D, G, w, tmp, pf); break;
     }
 }
 
@@ -271,7 +284,11 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     alignas(32) float s[kHeadGroup * 128];
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
-        if (tile + 1 < n_tiles) prefetch_record(rec + tile_stride, L.total);
+        Prefetcher pf{nullptr, nullptr};
+        if (tile + 1 < n_tiles) {
+            pf.p = reinterpret_cast<const char*>(rec + tile_stride);
+            pf.end = pf.p + L.total;
+        }
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.ka), ka, D);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kz), kz, D);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), vc, D);
@@ -291,7 +308,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 }
                 qz[h] = hsum(z);
             }
-            scores_dispatch<KB>(nh, rec + L.k_codes, D, G, qa, s);
+            scores_dispatch<KB>(nh, rec + L.k_codes, D, G, qa, s, pf);
             float pz[kHeadGroup];
             for (int h = 0; h < nh; ++h) {
                 float* sh = s + h * G;
@@ -309,7 +326,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 }
                 pz[h] = hsum(z);
             }
-            values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp);
+            values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             for (int h = 0; h < nh; ++h) {
                 float* acc = st.acc_rot + (size_t)(h0 + h) * D;
                 const __m256 pzv = _mm256_set1_ps(pz[h]);

@@ -1,9 +1,615 @@
-// avx512 kernels: placeholder until the SIMD work lands; returning nullptr makes
-// dispatch fall back to the next lower ISA for every kernel.
+// avx512 kernels. Assumes AVX-512 F/BW/VL/DQ (+ AVX2, FMA, F16C); dispatch
+// checks cpuid and XGETBV (ZMM state) before this table is used. VNNI
+// (vpdpbusd) is used only when cpu_has_avx512_vnni() and int8 scores are on.
+// Built with -mavx512{f,bw,vl,dq,vnni} -mavx2 -mfma -mf16c -ffp-contract=off;
+// only this file gets those flags.
+//
+// What each kernel must match (tests/test_simd.py checks all of it):
+// - hadamard_f32: bit-identical to scalar (same butterflies and pairing).
+// - quantize_tile: codes and fp16 vectors identical to scalar (quantize_simd.h).
+// - attend_tiles (float scores) / attend_dense_f16: scalar's maths
+//   reassociated (fp32 FMA, blocked sums, polynomial exp, <= 2 ulp).
+// - attend_tiles with int8 scores (k4 only): q*ka is rounded to int8 per
+//   (tile, head) with a symmetric scale max|q*ka|/127, and dotted with the 4-bit
+//   codes exactly in int32 (vpdpbusd); the extra error is what that rounding
+//   costs (measured in docs/simd.md). The float path stays selectable.
+//
+// Link hygiene as in kernels_avx2.cpp: no header templates or inline library
+// functions are instantiated here, everything lives in an anonymous namespace.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dispatch.h"
 #include "kvarn/kernels.h"
 
 namespace kvarn {
+namespace {
 
-const KernelTable* avx512_kernels() { return nullptr; }
+// Pulls the next record towards L1 a line at a time from inside the compute
+// loops, so the misses overlap with arithmetic; records of one head are a whole
+// cache row apart, beyond the reach of the hardware's stride prefetcher, and a
+// burst of 200+ prefetches would only stall on the line-fill buffers.
+struct Prefetcher {
+    const char* p;
+    const char* end;
+    inline void step()
+    {
+        if (p < end) {
+            _mm_prefetch(p, _MM_HINT_T0);
+            p += 64;
+        }
+    }
+};
+
+// exp(x) for x <= 0: the same range reduction and polynomial as the avx2
+// file (<= 2 ulp on [-87, 0]); below -87.3 returns 0.
+inline __m512 exp_ps(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(ok, y, _mm512_castsi512_ps(e));
+}
+
+inline void f16_to_f32(const uint16_t* src, float* dst, int n)  // n % 16 == 0
+{
+    for (int i = 0; i < n; i += 16)
+        _mm512_store_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+}
+
+// 16 codes of a packed row starting at code i0 (a multiple of 16), as floats.
+template <int B>
+inline __m512 codes16(const uint8_t* row, int i0);
+
+// vpermps looks at the low 4 bits of each index only, so after the shift a
+// table lookup does the mask and the int->float conversion in one instruction.
+inline __m512 lut2()
+{
+    return _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+}
+inline __m512 lut4()
+{
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+template <>
+inline __m512 codes16<2>(const uint8_t* row, int i0)
+{
+    uint32_t w;
+    memcpy(&w, row + i0 / 4, 4);
+    const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w), sh), lut2());
+}
+
+template <>
+inline __m512 codes16<4>(const uint8_t* row, int i0)
+{
+    const __m512i x = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                               _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i0 / 2))));
+    const __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    return _mm512_permutexvar_ps(_mm512_srlv_epi32(x, sh), lut4());
+}
+
+template <>
+inline __m512 codes16<8>(const uint8_t* row, int i0)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i0))));
+}
+
+// ---- Hadamard ---------------------------------------------------------------------
+// In-register stages h = 1, 2, 4, 8: y = x with partners swapped; lanes with
+// bit h clear take x + y (a + b), the others y - x (a - b): the scalar's operands.
+inline __m512 fwht16(__m512 x)
+{
+    __m512 y = _mm512_permute_ps(x, 0xB1);
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xAAAA, y, x);
+    y = _mm512_permute_ps(x, 0x4E);
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xCCCC, y, x);
+    y = _mm512_shuffle_f32x4(x, x, 0xB1);  // 128-bit lanes 1 0 3 2
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xF0F0, y, x);
+    y = _mm512_shuffle_f32x4(x, x, 0x4E);  // 2 3 0 1
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xFF00, y, x);
+}
+
+void hadamard_f32_avx512(float* x, int64_t rows, int head_dim)
+{
+    const int block = kvarn_hadamard_block(head_dim);  // >= 16
+    const __m512 norm = _mm512_set1_ps((float)(1.0 / sqrt((double)block)));
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = x + r * head_dim;
+        for (int b = 0; b < head_dim; b += block) {
+            float* p = row + b;
+            for (int i = 0; i < block; i += 16) _mm512_storeu_ps(p + i, fwht16(_mm512_loadu_ps(p + i)));
+            for (int h = 16; h < block; h <<= 1)
+                for (int i = 0; i < block; i += 2 * h)
+                    for (int j = i; j < i + h; j += 16) {
+                        const __m512 a = _mm512_loadu_ps(p + j), c = _mm512_loadu_ps(p + j + h);
+                        _mm512_storeu_ps(p + j, _mm512_add_ps(a, c));
+                        _mm512_storeu_ps(p + j + h, _mm512_sub_ps(a, c));
+                    }
+        }
+        for (int d = 0; d < head_dim; d += 16) _mm512_storeu_ps(row + d, _mm512_mul_ps(_mm512_loadu_ps(row + d), norm));
+    }
+}
+
+// ---- attention over quantised tiles --------------------------------------------------------
+constexpr int kHeadGroup = 4;
+
+// Float scores: s[h][t] = sum_d qa[h][d] code[d][t], 32 tokens per pass, the
+// unpacked codes shared by NH heads.
+template <int KB, int NH>
+void tile_scores(const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)G * KB / 8;
+    for (int t0 = 0; t0 < G; t0 += 32) {
+        __m512 a0[NH], a1[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm512_setzero_ps();
+        const uint8_t* p = kc;
+        for (int d = 0; d < D; ++d, p += row_bytes) {
+            if ((d & 1) == 0) pf.step();
+            const __m512 c0 = codes16<KB>(p, t0), c1 = codes16<KB>(p, t0 + 16);
+            for (int h = 0; h < NH; ++h) {
+                const __m512 qb = _mm512_set1_ps(qa[h * D + d]);
+                a0[h] = _mm512_fmadd_ps(qb, c0, a0[h]);
+                a1[h] = _mm512_fmadd_ps(qb, c1, a1[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            _mm512_store_ps(s + h * G + t0, a0[h]);
+            _mm512_store_ps(s + h * G + t0 + 16, a1[h]);
+        }
+    }
+}
+
+// Token order of the int8 path's accumulators: within a 64-token half, byte
+// position p of a row (p < 32: low nibbles = even tokens 2p, else odd tokens
+// 2(p-32)+1) lands in accumulator j = (p % 16) / 4, lane (p / 16) * 4 + p % 4.
+// Built at compile time (constexpr): a runtime constructor here would run at
+// load time with AVX-512 instructions, before dispatch has looked at the CPU.
+struct Int8Gather {
+    alignas(64) int32_t idx[64];  // for token t: index into acc[j] stored as [4][16]
+};
+constexpr Int8Gather make_gather()
+{
+    Int8Gather g{};
+    for (int t = 0; t < 64; ++t) {
+        const int p = (t % 2 == 0) ? t / 2 : 32 + t / 2;
+        g.idx[t] = ((p % 16) / 4) * 16 + (p / 16) * 4 + p % 4;
+    }
+    return g;
+}
+constexpr Int8Gather kGather = make_gather();
+
+// Int8 scores for 4-bit keys (VNNI): for each group of 4 channels the 4 rows'
+// nibbles are interleaved so that each dword holds one token's 4 codes, then
+// vpdpbusd multiplies them by the 4 int8 query values and sums in int32.
+// qi: [NH][D] int8, s: [NH][G] float (times qscale[h]).
+template <int NH>
+void tile_scores_k4_int8(const uint8_t* kc, int D, int G, const int8_t* qi, const float* qscale, float* s,
+                         Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)G / 2;
+    const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);  // low 256: low nibbles, high: high
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    alignas(64) float buf[64];
+    for (int half = 0; half < G / 64; ++half) {
+        __m512i acc[NH][4];
+        for (int h = 0; h < NH; ++h)
+            for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_si512();
+        const uint8_t* p = kc + half * 32;
+        for (int d = 0; d < D; d += 4, p += 4 * row_bytes) {
+            pf.step();
+            pf.step();
+            __m512i n[4];
+            for (int r = 0; r < 4; ++r) {
+                const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * row_bytes)));
+                n[r] = _mm512_and_si512(_mm512_srlv_epi64(x, shift), nib);
+            }
+            const __m512i u01l = _mm512_unpacklo_epi8(n[0], n[1]), u01h = _mm512_unpackhi_epi8(n[0], n[1]);
+            const __m512i u23l = _mm512_unpacklo_epi8(n[2], n[3]), u23h = _mm512_unpackhi_epi8(n[2], n[3]);
+            const __m512i w0 = _mm512_unpacklo_epi16(u01l, u23l), w1 = _mm512_unpackhi_epi16(u01l, u23l);
+            const __m512i w2 = _mm512_unpacklo_epi16(u01h, u23h), w3 = _mm512_unpackhi_epi16(u01h, u23h);
+            for (int h = 0; h < NH; ++h) {
+                int32_t q4;
+                memcpy(&q4, qi + h * D + d, 4);
+                const __m512i qb = _mm512_set1_epi32(q4);
+                acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], w0, qb);
+                acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], w1, qb);
+                acc[h][2] = _mm512_dpbusd_epi32(acc[h][2], w2, qb);
+                acc[h][3] = _mm512_dpbusd_epi32(acc[h][3], w3, qb);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            const __m512 sc = _mm512_set1_ps(qscale[h]);
+            for (int j = 0; j < 4; ++j) _mm512_store_ps(buf + 16 * j, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][j]), sc));
+            float* out = s + h * G + half * 64;
+            for (int t = 0; t < 64; t += 16)
+                _mm512_store_ps(out + t, _mm512_i32gather_ps(_mm512_load_si512(kGather.idx + t), buf, 4));
+        }
+    }
+}
+
+// Int16 scores for 4-bit keys (VNNI vpdpwssd): rows d and d+1 are interleaved
+// so that each dword holds one token's two codes as int16, multiplied by the
+// int16 pair (q16[d], q16[d+1]) and summed exactly in int32 (|sum| <= 2*15*32767
+// per pair, D/2 pairs: fits for D <= 1024). Same token order as the int8 path.
+template <int NH>
+void tile_scores_k4_int16(const uint8_t* kc, int D, int G, const int16_t* qi, const float* qscale, float* s,
+                          Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)G / 2;
+    const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    const __m512i nib = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    alignas(64) float buf[64];
+    for (int half = 0; half < G / 64; ++half) {
+        __m512i acc[NH][4];
+        for (int h = 0; h < NH; ++h)
+            for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_si512();
+        const uint8_t* p = kc + half * 32;
+        for (int d = 0; d < D; d += 2, p += 2 * row_bytes) {
+            pf.step();
+            const __m512i n0 = _mm512_and_si512(
+                _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), shift), nib);
+            const __m512i n1 = _mm512_and_si512(
+                _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row_bytes))), shift),
+                nib);
+            const __m512i e = _mm512_unpacklo_epi8(n0, n1), f = _mm512_unpackhi_epi8(n0, n1);
+            const __m512i w0 = _mm512_unpacklo_epi8(e, zero), w1 = _mm512_unpackhi_epi8(e, zero);
+            const __m512i w2 = _mm512_unpacklo_epi8(f, zero), w3 = _mm512_unpackhi_epi8(f, zero);
+            for (int h = 0; h < NH; ++h) {
+                int32_t q2;
+                memcpy(&q2, qi + h * D + d, 4);
+                const __m512i qb = _mm512_set1_epi32(q2);
+                acc[h][0] = _mm512_dpwssd_epi32(acc[h][0], w0, qb);
+                acc[h][1] = _mm512_dpwssd_epi32(acc[h][1], w1, qb);
+                acc[h][2] = _mm512_dpwssd_epi32(acc[h][2], w2, qb);
+                acc[h][3] = _mm512_dpwssd_epi32(acc[h][3], w3, qb);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            const __m512 sc = _mm512_set1_ps(qscale[h]);
+            for (int j = 0; j < 4; ++j) _mm512_store_ps(buf + 16 * j, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][j]), sc));
+            float* out = s + h * G + half * 64;
+            for (int t = 0; t < 64; t += 16)
+                _mm512_store_ps(out + t, _mm512_i32gather_ps(_mm512_load_si512(kGather.idx + t), buf, 4));
+        }
+    }
+}
+
+// tmp[h][d] = sum_t w[h][t] code[t][d]; C 16-channel vectors per pass.
+template <int VB, int NH, int C>
+inline void values_chunk(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const float* w, float* tmp,
+                         Prefetcher& pf)
+{
+    __m512 a[NH][C];
+    for (int h = 0; h < NH; ++h)
+        for (int c = 0; c < C; ++c) a[h][c] = _mm512_setzero_ps();
+    const uint8_t* p = vcodes;
+    for (int t = 0; t < G; ++t, p += row_bytes) {
+        if ((t & 1) == 0) pf.step();
+        __m512 x[C];
+        for (int c = 0; c < C; ++c) x[c] = codes16<VB>(p, d0 + 16 * c);
+        for (int h = 0; h < NH; ++h) {
+            const __m512 wb = _mm512_set1_ps(w[h * G + t]);
+            for (int c = 0; c < C; ++c) a[h][c] = _mm512_fmadd_ps(wb, x[c], a[h][c]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int c = 0; c < C; ++c) _mm512_store_ps(tmp + h * D + d0 + 16 * c, a[h][c]);
+}
+
+template <int VB, int NH>
+void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp, Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)D * VB / 8;
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) values_chunk<VB, NH, 4>(vcodes, row_bytes, D, G, d0, w, tmp, pf);
+    for (; d0 + 32 <= D; d0 += 32) values_chunk<VB, NH, 2>(vcodes, row_bytes, D, G, d0, w, tmp, pf);
+    for (; d0 < D; d0 += 16) values_chunk<VB, NH, 1>(vcodes, row_bytes, D, G, d0, w, tmp, pf);
+}
+
+template <int KB>
+void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
+{
+    switch (nh) {
+        case 1: tile_scores<KB, 1>(kc, D, G, qa, s, pf); break;
+        case 2: tile_scores<KB, 2>(kc, D, G, qa, s, pf); break;
+        case 3: tile_scores<KB, 3>(kc, D, G, qa, s, pf); break;
+        default: tile_scores<KB, 4>(kc, D, G, qa, s, pf); break;
+    }
+}
+
+void scores_int16_dispatch(int nh, const uint8_t* kc, int D, int G, const int16_t* qi, const float* qscale, float* s,
+                           Prefetcher& pf)
+{
+    switch (nh) {
+        case 1: tile_scores_k4_int16<1>(kc, D, G, qi, qscale, s, pf); break;
+        case 2: tile_scores_k4_int16<2>(kc, D, G, qi, qscale, s, pf); break;
+        case 3: tile_scores_k4_int16<3>(kc, D, G, qi, qscale, s, pf); break;
+        default: tile_scores_k4_int16<4>(kc, D, G, qi, qscale, s, pf); break;
+    }
+}
+
+void scores_int8_dispatch(int nh, const uint8_t* kc, int D, int G, const int8_t* qi, const float* qscale, float* s,
+                          Prefetcher& pf)
+{
+    switch (nh) {
+        case 1: tile_scores_k4_int8<1>(kc, D, G, qi, qscale, s, pf); break;
+        case 2: tile_scores_k4_int8<2>(kc, D, G, qi, qscale, s, pf); break;
+        case 3: tile_scores_k4_int8<3>(kc, D, G, qi, qscale, s, pf); break;
+        default: tile_scores_k4_int8<4>(kc, D, G, qi, qscale, s, pf); break;
+    }
+}
+
+template <int VB>
+void values_dispatch(int nh, const uint8_t* vcodes, int D, int G, const float* w, float* tmp, Prefetcher& pf)
+{
+    switch (nh) {
+        case 1: tile_values<VB, 1>(vcodes, D, G, w, tmp, pf); break;
+        case 2: tile_values<VB, 2>(vcodes, D, G, w, tmp, pf); break;
+        case 3: tile_values<VB, 3>(vcodes, D, G, w, tmp, pf); break;
+        default: tile_values<VB, 4>(vcodes, D, G, w, tmp, pf); break;
+    }
+}
+
+// Online-softmax step for one head over n scores (n % 16 == 0): rescales l and
+// both accumulators when the max grows and leaves p = exp(s - m) in s.
+inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig, float* acc_rot, int D)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int t = 0; t < n; t += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + t));
+    const float block_max = _mm512_reduce_max_ps(mx);
+    const float m_new = *m > block_max ? *m : block_max;
+    const float alpha = expf(*m - m_new);
+    if (alpha != 1.0f) {
+        *l *= alpha;
+        const __m512 av = _mm512_set1_ps(alpha);
+        for (int d = 0; d < D; d += 16) {
+            _mm512_storeu_ps(acc_orig + d, _mm512_mul_ps(_mm512_loadu_ps(acc_orig + d), av));
+            _mm512_storeu_ps(acc_rot + d, _mm512_mul_ps(_mm512_loadu_ps(acc_rot + d), av));
+        }
+    }
+    const __m512 mv = _mm512_set1_ps(m_new);
+    __m512 sum = _mm512_setzero_ps();
+    for (int t = 0; t < n; t += 16) {
+        const __m512 p = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t), mv));
+        _mm512_storeu_ps(s + t, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    *l += _mm512_reduce_add_ps(sum);
+    *m = m_new;
+}
+
+template <int KB, int VB>
+void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t* first_record,
+                       int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
+{
+    const int G = fmt.group, D = fmt.head_dim;
+    const kvarn_record_layout L = fmt.layout();
+    const int mode = KB == 4 ? score_mode() : kScoresFloat;
+    alignas(64) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
+    alignas(64) float kt[128], va[128], vz[128];
+    alignas(64) float qa[kHeadGroup * KVARN_MAX_HEAD_DIM], tmp[kHeadGroup * KVARN_MAX_HEAD_DIM];
+    alignas(64) int8_t qi8[kHeadGroup * KVARN_MAX_HEAD_DIM];
+    alignas(64) int16_t qi16[kHeadGroup * KVARN_MAX_HEAD_DIM];
+    alignas(64) float s[kHeadGroup * 128];
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+        const uint8_t* rec = first_record + tile * tile_stride;
+        Prefetcher pf{nullptr, nullptr};
+        if (tile + 1 < n_tiles) {
+            pf.p = reinterpret_cast<const char*>(rec + tile_stride);
+            pf.end = pf.p + L.total;
+        }
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.ka), ka, D);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kz), kz, D);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), vc, D);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kt), kt, G);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.va), va, G);
+        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
+        for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
+            const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
+            float qz[kHeadGroup], qscale[kHeadGroup];
+            for (int h = 0; h < nh; ++h) {
+                const float* q = q_rot + (size_t)(h0 + h) * D;
+                __m512 z = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
+                for (int d = 0; d < D; d += 16) {
+                    const __m512 qv = _mm512_loadu_ps(q + d);
+                    const __m512 a = _mm512_mul_ps(qv, _mm512_load_ps(ka + d));
+                    _mm512_store_ps(qa + h * D + d, a);
+                    amax = _mm512_max_ps(amax, _mm512_abs_ps(a));
+                    z = _mm512_fmadd_ps(qv, _mm512_load_ps(kz + d), z);
+                }
+                qz[h] = _mm512_reduce_add_ps(z);
+                if (mode != kScoresFloat) {
+                    // Symmetric: q_int = round(qa * qmax / max|qa|), |q_int| <= qmax (saturating narrow).
+                    const float qmax = mode == kScoresInt8 ? 127.0f : 32767.0f;
+                    const float mx = _mm512_reduce_max_ps(amax);
+                    qscale[h] = mx > 0.0f ? mx / qmax : 0.0f;
+                    const __m512 inv = _mm512_set1_ps(mx > 0.0f ? qmax / mx : 0.0f);
+                    for (int d = 0; d < D; d += 16) {
+                        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(qa + h * D + d), inv));
+                        if (mode == kScoresInt8)
+                            _mm_storeu_si128(reinterpret_cast<__m128i*>(qi8 + h * D + d), _mm512_cvtsepi32_epi8(r));
+                        else
+                            _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi16 + h * D + d), _mm512_cvtsepi32_epi16(r));
+                    }
+                }
+            }
+            if (mode == kScoresInt16)
+                scores_int16_dispatch(nh, rec + L.k_codes, D, G, qi16, qscale, s, pf);
+            else if (mode == kScoresInt8)
+                scores_int8_dispatch(nh, rec + L.k_codes, D, G, qi8, qscale, s, pf);
+            else
+                scores_dispatch<KB>(nh, rec + L.k_codes, D, G, qa, s, pf);
+            float pz[kHeadGroup];
+            for (int h = 0; h < nh; ++h) {
+                float* sh = s + h * G;
+                const __m512 qzv = _mm512_set1_ps(qz[h]);
+                for (int t = 0; t < G; t += 16)
+                    _mm512_store_ps(sh + t, _mm512_mul_ps(_mm512_load_ps(kt + t), _mm512_add_ps(_mm512_load_ps(sh + t), qzv)));
+                const int hq = h0 + h;
+                softmax_update(sh, G, st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D, st.acc_rot + (size_t)hq * D, D);
+                __m512 z = _mm512_setzero_ps();
+                for (int t = 0; t < G; t += 16) {
+                    const __m512 p = _mm512_load_ps(sh + t);
+                    z = _mm512_fmadd_ps(p, _mm512_load_ps(vz + t), z);
+                    _mm512_store_ps(sh + t, _mm512_mul_ps(p, _mm512_load_ps(va + t)));
+                }
+                pz[h] = _mm512_reduce_add_ps(z);
+            }
+            values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
+            for (int h = 0; h < nh; ++h) {
+                float* acc = st.acc_rot + (size_t)(h0 + h) * D;
+                const __m512 pzv = _mm512_set1_ps(pz[h]);
+                for (int d = 0; d < D; d += 16) {
+                    const __m512 v = _mm512_mul_ps(_mm512_load_ps(vc + d), _mm512_add_ps(_mm512_load_ps(tmp + h * D + d), pzv));
+                    _mm512_storeu_ps(acc + d, _mm512_add_ps(_mm512_loadu_ps(acc + d), v));
+                }
+            }
+        }
+    }
+}
+
+template <int KB>
+AttendTilesFn pick_v(int vbits)
+{
+    switch (vbits) {
+        case 2: return attend_tiles_impl<KB, 2>;
+        case 4: return attend_tiles_impl<KB, 4>;
+        default: return attend_tiles_impl<KB, 8>;
+    }
+}
+
+void attend_tiles_avx512(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t* first_record,
+                         int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
+{
+    AttendTilesFn fn = fmt.kbits == 2 ? pick_v<2>(fmt.vbits) : fmt.kbits == 4 ? pick_v<4>(fmt.vbits) : pick_v<8>(fmt.vbits);
+    fn(q_rot, n_q, fmt, first_record, n_tiles, tile_stride, st);
+}
+
+// ---- attention over full-precision fp16 tokens ---------------------------------------------------
+constexpr int kDenseBlock = 64;
+
+template <int NH>
+void dense_scores(const float* q, int D, const uint16_t* k, int64_t nb, int64_t rs, float* s)
+{
+    int64_t t = 0;
+    for (; t + 2 <= nb; t += 2) {
+        const uint16_t* k0 = k + t * rs;
+        const uint16_t* k1 = k0 + rs;
+        __m512 a0[NH], a1[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 16) {
+            const __m512 x0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k0 + d)));
+            const __m512 x1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k1 + d)));
+            for (int h = 0; h < NH; ++h) {
+                const __m512 qv = _mm512_loadu_ps(q + h * D + d);
+                a0[h] = _mm512_fmadd_ps(qv, x0, a0[h]);
+                a1[h] = _mm512_fmadd_ps(qv, x1, a1[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            s[h * kDenseBlock + t] = _mm512_reduce_add_ps(a0[h]);
+            s[h * kDenseBlock + t + 1] = _mm512_reduce_add_ps(a1[h]);
+        }
+    }
+    for (; t < nb; ++t) {
+        const uint16_t* k0 = k + t * rs;
+        __m512 a0[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 16) {
+            const __m512 x0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k0 + d)));
+            for (int h = 0; h < NH; ++h) a0[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * D + d), x0, a0[h]);
+        }
+        for (int h = 0; h < NH; ++h) s[h * kDenseBlock + t] = _mm512_reduce_add_ps(a0[h]);
+    }
+}
+
+template <int NH, int C>
+inline void dense_values_chunk(const float* p, const uint16_t* v, int64_t nb, int64_t rs, int d0, float* const* acc)
+{
+    __m512 a[NH][C];
+    for (int h = 0; h < NH; ++h)
+        for (int c = 0; c < C; ++c) a[h][c] = _mm512_loadu_ps(acc[h] + d0 + 16 * c);
+    const uint16_t* vr = v + d0;
+    for (int64_t t = 0; t < nb; ++t, vr += rs) {
+        __m512 x[C];
+        for (int c = 0; c < C; ++c) x[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + 16 * c)));
+        for (int h = 0; h < NH; ++h) {
+            const __m512 pb = _mm512_set1_ps(p[h * kDenseBlock + t]);
+            for (int c = 0; c < C; ++c) a[h][c] = _mm512_fmadd_ps(pb, x[c], a[h][c]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc[h] + d0 + 16 * c, a[h][c]);
+}
+
+template <int NH>
+void dense_values(const float* p, int D, const uint16_t* v, int64_t nb, int64_t rs, float* const* acc)
+{
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) dense_values_chunk<NH, 4>(p, v, nb, rs, d0, acc);
+    for (; d0 + 32 <= D; d0 += 32) dense_values_chunk<NH, 2>(p, v, nb, rs, d0, acc);
+    for (; d0 < D; d0 += 16) dense_values_chunk<NH, 1>(p, v, nb, rs, d0, acc);
+}
+
+void attend_dense_f16_avx512(const float* q_all, int n_q, int D, const uint16_t* k, const uint16_t* v, int64_t n,
+                             int64_t row_stride, SoftmaxState st)
+{
+    alignas(64) float s[kHeadGroup * kDenseBlock];
+    for (int64_t t0 = 0; t0 < n; t0 += kDenseBlock) {
+        const int64_t nb = n - t0 < kDenseBlock ? n - t0 : kDenseBlock;
+        const int64_t padded = (nb + 15) & ~int64_t(15);
+        const uint16_t* kb = k + t0 * row_stride;
+        const uint16_t* vb = v + t0 * row_stride;
+        for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
+            const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
+            const float* q = q_all + (size_t)h0 * D;
+            switch (nh) {
+                case 1: dense_scores<1>(q, D, kb, nb, row_stride, s); break;
+                case 2: dense_scores<2>(q, D, kb, nb, row_stride, s); break;
+                case 3: dense_scores<3>(q, D, kb, nb, row_stride, s); break;
+                default: dense_scores<4>(q, D, kb, nb, row_stride, s); break;
+            }
+            float* acc[kHeadGroup];
+            for (int h = 0; h < nh; ++h) {
+                const int hq = h0 + h;
+                float* sh = s + h * kDenseBlock;
+                for (int64_t t = nb; t < padded; ++t) sh[t] = -INFINITY;  // exp gives 0 there
+                softmax_update(sh, (int)padded, st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D,
+                               st.acc_rot + (size_t)hq * D, D);
+                acc[h] = st.acc_orig + (size_t)hq * D;
+            }
+            switch (nh) {
+                case 1: dense_values<1>(s, D, vb, nb, row_stride, acc); break;
+                case 2: dense_values<2>(s, D, vb, nb, row_stride, acc); break;
+                case 3: dense_values<3>(s, D, vb, nb, row_stride, acc); break;
+                default: dense_values<4>(s, D, vb, nb, row_stride, acc); break;
+            }
+        }
+    }
+}
+
+const KernelTable kAvx512 = {
+    "avx512", hadamard_f32_avx512, nullptr, attend_tiles_avx512, attend_dense_f16_avx512,
+};
+
+}  // namespace
+
+const KernelTable* avx512_kernels() { return &kAvx512; }
 
 }  // namespace kvarn
