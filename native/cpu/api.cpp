@@ -44,12 +44,20 @@ int guarded(F&& body)
     }
 }
 
+// A sequence is cut into units for splitting: the sink in chunks of
+// kSinkChunk tokens, then one unit per tile, then the tail as one unit. An fp16
+// cache (everything in the sink) therefore splits as well as a quantised one.
+constexpr int64_t kSinkChunk = 128;
+
 // One unit of attention work: a KV head of one sequence, over a contiguous
-// range of its tiles (plus the sink for split 0 and the tail for the last split).
+// range of its units.
 struct WorkItem {
     int32_t seq, kv_head, split, n_splits;
-    int64_t tile_begin, tile_end;
+    int64_t unit_begin, unit_end;
 };
+
+int64_t sink_units(const kvarn_cache_view& c) { return (c.sink_len + kSinkChunk - 1) / kSinkChunk; }
+int64_t total_units(const kvarn_cache_view& c) { return sink_units(c) + c.num_tiles + (c.tail_len > 0 ? 1 : 0); }
 
 }  // namespace
 
@@ -181,17 +189,18 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         const int n_q = num_q_heads / Hk;
         const int threads = resolve_threads(num_threads);
 
-        // Split long caches across threads (flash-decoding): enough work items
-        // to keep every thread busy, never fewer than 4 tiles per split.
+        // Split long caches across threads (flash-decoding): about two work
+        // items per thread so dynamic scheduling can even out, never fewer than
+        // 4 units (tiles or 128-token fp16 chunks) per split.
         std::vector<WorkItem> items;
         const int64_t heads_total = (int64_t)batch * Hk;
         for (int32_t b = 0; b < batch; ++b) {
-            const int64_t T = caches[b].num_tiles;
+            const int64_t U = total_units(caches[b]);
             int64_t want = (2 * (int64_t)threads + heads_total - 1) / heads_total;
-            int64_t splits = std::max<int64_t>(1, std::min<int64_t>(want, T / 4));
+            int64_t splits = std::max<int64_t>(1, std::min<int64_t>(want, U / 4));
             for (int h = 0; h < Hk; ++h)
                 for (int64_t s = 0; s < splits; ++s)
-                    items.push_back({b, h, (int32_t)s, (int32_t)splits, T * s / splits, T * (s + 1) / splits});
+                    items.push_back({b, h, (int32_t)s, (int32_t)splits, U * s / splits, U * (s + 1) / splits});
         }
 
         // Per item: m[n_q], l[n_q], acc_orig[n_q*D], acc_rot[n_q*D]; per (seq, head): rotated queries.
@@ -214,16 +223,25 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
             std::fill(st.l, st.l + n_q, 0.0f);
             std::fill(st.acc_orig, st.acc_orig + 2 * (size_t)n_q * D, 0.0f);
             const size_t q_off = ((size_t)w.seq * num_q_heads + (size_t)w.kv_head * n_q) * D;
-            if (w.split == 0 && c.sink_len > 0)
-                kt->attend_dense_f16(q_scaled.data() + q_off, n_q, D, c.sink_k + w.kv_head * c.sink_head_stride,
-                                     c.sink_v + w.kv_head * c.sink_head_stride, c.sink_len, c.sink_row_stride, st);
-            if (w.tile_end > w.tile_begin) {
+            const int64_t su = sink_units(c);
+            // Sink chunks [unit_begin, min(unit_end, su)).
+            const int64_t s0 = std::min(w.unit_begin, su), s1 = std::min(w.unit_end, su);
+            if (s1 > s0) {
+                const int64_t t0 = s0 * kSinkChunk, t1 = std::min(s1 * kSinkChunk, c.sink_len);
+                const int64_t off = w.kv_head * c.sink_head_stride + t0 * c.sink_row_stride;
+                kt->attend_dense_f16(q_scaled.data() + q_off, n_q, D, c.sink_k + off, c.sink_v + off, t1 - t0,
+                                     c.sink_row_stride, st);
+            }
+            // Tiles [unit_begin - su, unit_end - su) clipped to [0, num_tiles).
+            const int64_t tb = std::max<int64_t>(w.unit_begin - su, 0);
+            const int64_t te = std::min<int64_t>(w.unit_end - su, c.num_tiles);
+            if (te > tb) {
                 const TileFormat fmt{c.kbits, c.vbits, c.group, c.head_dim};
                 kt->attend_tiles(q_rot.data() + q_off, n_q, fmt,
-                                 c.records + w.kv_head * c.record_head_stride + w.tile_begin * c.record_tile_stride,
-                                 w.tile_end - w.tile_begin, c.record_tile_stride, st);
+                                 c.records + w.kv_head * c.record_head_stride + tb * c.record_tile_stride, te - tb,
+                                 c.record_tile_stride, st);
             }
-            if (w.split == w.n_splits - 1 && c.tail_len > 0)
+            if (c.tail_len > 0 && w.unit_end == total_units(c))
                 kt->attend_dense_f16(q_scaled.data() + q_off, n_q, D, c.tail_k + w.kv_head * c.tail_head_stride,
                                      c.tail_v + w.kv_head * c.tail_head_stride, c.tail_len, c.tail_row_stride, st);
         }

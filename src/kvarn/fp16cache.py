@@ -1,0 +1,138 @@
+"""FP16Cache: an uncompressed fp16 KV cache served by the same native decode
+attention as KVCache (attend_dense_f16 of the active ISA, same threads, same
+flash-decoding split and merge).
+
+It exists as the fair baseline for kvarn's speed claim: "k4v2 attention beats
+attention over an uncompressed cache" is measured against this, an equally
+optimised kernel reading fp16 K/V, not against numpy.
+
+    cache = kvarn.fp16cache.FP16Cache(num_kv_heads=8, head_dim=128)
+    cache.append(k, v)                  # [Hk, n, D] float16/float32
+    out = cache.attend(q)               # q [Hq, D] -> float32 [Hq, D]
+
+Natively it is a cache whose every token is "sink" (kept in full precision),
+so it goes through kvarn_attend unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native, _ops
+from ._ops import as_float_array, check_head_dim, check_positive_int, resolve_threads
+
+
+class FP16Cache:
+    """Keys and values of one sequence, all kv heads of one layer, stored as float16."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int, capacity: int = 0):
+        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self.head_dim = check_head_dim(head_dim)
+        capacity = check_positive_int(capacity, "capacity", 0)
+        self._k = np.zeros((self.num_kv_heads, capacity, self.head_dim), np.float16)
+        self._v = np.zeros_like(self._k)
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes holding the cached tokens (K and V, fp16)."""
+        return 2 * 2 * self.num_kv_heads * self.head_dim * self._len
+
+    def append(self, k, v) -> None:
+        """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16 or float32."""
+        H, D = self.num_kv_heads, self.head_dim
+        k = as_float_array(k, "k", ndim=3, fp16_range=True)
+        v = as_float_array(v, "v", ndim=3, fp16_range=True)
+        if k.shape[0] != H or k.shape[2] != D:
+            raise ValueError(f"k: expected shape [{H}, n, {D}] (num_kv_heads, tokens, head_dim), got {k.shape}")
+        if v.shape != k.shape:
+            raise ValueError(f"v: shape {v.shape} does not match k's {k.shape}")
+        n = k.shape[1]
+        if n == 0:
+            return
+        need = self._len + n
+        if need > self._k.shape[1]:
+            cap = max(need, 2 * self._k.shape[1], 256)
+            for name in ("_k", "_v"):
+                old = getattr(self, name)
+                new = np.zeros((H, cap, D), np.float16)
+                new[:, : self._len] = old[:, : self._len]
+                setattr(self, name, new)
+        self._k[:, self._len : need] = k
+        self._v[:, self._len : need] = v
+        self._len = need
+
+    def keys_values(self):
+        """(K, V) float16 [num_kv_heads, len, head_dim] views."""
+        return self._k[:, : self._len], self._v[:, : self._len]
+
+    def _native_parts(self) -> dict:
+        H, D = self.num_kv_heads, self.head_dim
+        empty16 = np.zeros((H, 0, D), np.uint16)
+        return {
+            "num_kv_heads": H,
+            "head_dim": D,
+            # Unused while num_tiles == 0, but must be a valid format.
+            "group": 128,
+            "kbits": 4,
+            "vbits": 2,
+            # The whole capacity buffer: its row/head strides are what the view needs.
+            "sink_k": self._k.view(np.uint16),
+            "sink_v": self._v.view(np.uint16),
+            "sink_len": self._len,
+            "records": np.zeros((0, H, 1), np.uint8),
+            "num_tiles": 0,
+            "tail_k": empty16,
+            "tail_v": empty16,
+            "tail_len": 0,
+        }
+
+    def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
+        """Decode attention of q [Hq, D] over every cached token; float32 [Hq, D]."""
+        q = _check_q(q, "q", self, ndim=2)
+        return attend_fp16_batch(q[None], [self], scale, num_threads=num_threads)[0]
+
+    def __repr__(self) -> str:
+        return f"FP16Cache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, tokens={self._len})"
+
+
+def _check_q(q, name, cache, ndim):
+    q = as_float_array(q, name, ndim=ndim)
+    if q.shape[-1] != cache.head_dim:
+        raise ValueError(f"{name}: last dimension {q.shape[-1]} does not match the cache's head_dim {cache.head_dim}")
+    hq = q.shape[-2]
+    if hq == 0 or hq % cache.num_kv_heads:
+        raise ValueError(
+            f"{name}: {hq} query heads is not a positive multiple of the cache's {cache.num_kv_heads} kv heads"
+        )
+    return q
+
+
+def attend_fp16_batch(q, caches, scale=None, *, num_threads=None) -> np.ndarray:
+    """Decode attention for B sequences in one native call: q [B, Hq, D], caches a list of
+    B FP16Caches with the same kv heads and head_dim. Returns float32 [B, Hq, D]."""
+    if not isinstance(caches, (list, tuple)) or not caches:
+        raise TypeError("caches: expected a non-empty list of FP16Cache")
+    first = caches[0]
+    for i, c in enumerate(caches):
+        if not isinstance(c, FP16Cache):
+            raise TypeError(f"caches[{i}]: expected an FP16Cache, got {type(c).__name__}")
+        if c.num_kv_heads != first.num_kv_heads or c.head_dim != first.head_dim:
+            raise ValueError(f"caches[{i}]: shape does not match caches[0]")
+        if len(c) == 0:
+            raise ValueError(f"caches[{i}]: the cache is empty; append tokens before attending")
+    q = _check_q(q, "q", first, ndim=3)
+    if q.shape[0] != len(caches):
+        raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
+    if scale is None:
+        scale = 1.0 / float(np.sqrt(first.head_dim))
+    elif isinstance(scale, (bool, np.bool_)) or not np.isfinite(float(scale)):
+        raise ValueError("scale: must be a finite float")
+    q32 = np.ascontiguousarray(q, dtype=np.float32)
+    out = np.empty_like(q32)
+    parts = [c._native_parts() for c in caches]
+    rc = _native.attend(parts, q32, float(scale), out, resolve_threads(num_threads))
+    _ops.check_status(rc, "attend")
+    return out
