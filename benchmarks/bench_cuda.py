@@ -1,0 +1,258 @@
+"""Decode-attention and store benchmarks of kvarn.cuda on one GPU (run by scripts/gpu_run.sh).
+
+    python benchmarks/bench_cuda.py [--quick] [--out DIR]
+
+Per point (Hq 32, Hk 8, D 128, contexts x batches): kvarn fused decode attention
+over the paged k4v2_g128 cache, torch scaled_dot_product_attention in bf16 with
+GQA (fastest of the flash / efficient / cuDNN / math backends that run), and
+dequantise-then-SDPA (torch ops unpack the same records into a bf16 K/V, then
+SDPA). All times are medians of many CUDA-graph replays; each graph walks
+through several copies of the data (layers) so that nothing is served from L2.
+Bandwidth counts the bytes a call must read (records + fp16 sink/tail, or the
+bf16 K/V) against a device-to-device copy measured in the same run.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import kvarn
+import kvarn.cuda as kc
+
+HQ, HK, D = 32, 8, 128
+L2_ROTATE_BYTES = 512 << 20  # walk through at least this much data per graph replay
+
+
+def graph_time(fn, n_calls, reps=30):
+    """Median ms of one fn(i) over CUDA-graph replays of fn(0..n_calls-1)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(min(n_calls, 3)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(n_calls):
+            fn(i)
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / n_calls)
+    return statistics.median(times), (min(times), max(times))
+
+
+def eager_time(fn, n_calls, reps=30):
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for r in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for i in range(n_calls):
+            fn(i)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / n_calls)
+    return statistics.median(times)
+
+
+def copy_bandwidth():
+    n = 2 << 30
+    x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    x.random_(0, 255)
+    ms, _ = graph_time(lambda i: y.copy_(x), 5, reps=20)
+    del x, y
+    return 2 * n / (ms * 1e-3)  # bytes read + written per second
+
+
+def sdpa_backends():
+    from torch.nn.attention import SDPBackend
+
+    return [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+            ("cudnn", SDPBackend.CUDNN_ATTENTION), ("math", SDPBackend.MATH)]
+
+
+def bench_sdpa(ctx, batch):
+    from torch.nn.attention import sdpa_kernel
+
+    per_set = 2 * batch * HK * ctx * D * 2
+    n_sets = max(1, min(16, math.ceil(L2_ROTATE_BYTES / per_set)))
+    try:
+        ks = [torch.randn(batch, HK, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
+        vs = [torch.randn(batch, HK, ctx, D, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
+    except torch.OutOfMemoryError:
+        return None, {}
+    q = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+    res = {}
+    for name, be in sdpa_backends():
+        if name == "math" and batch * ctx > 32768 * 8:
+            continue  # materialises the scores and repeated K/V: never the fastest, can OOM
+        try:
+            with sdpa_kernel([be]):
+                fn = lambda i: F.scaled_dot_product_attention(q, ks[i % n_sets], vs[i % n_sets], enable_gqa=True)
+                fn(0)
+                torch.cuda.synchronize()
+                res[name] = graph_time(fn, 2 * n_sets)[0]
+        except Exception as exc:  # backend not available for this shape
+            res[name] = f"n/a ({type(exc).__name__})"
+        torch.cuda.synchronize()
+    del ks, vs
+    torch.cuda.empty_cache()
+    ok = {k: v for k, v in res.items() if isinstance(v, float)}
+    best = min(ok.items(), key=lambda kv: kv[1]) if ok else None
+    return best, res
+
+
+def fill_cache(ctx, batch, n_layers):
+    cache = kc.PagedKVCache(HK, D, "k4v2_g128", num_layers=n_layers, max_seqs=batch, max_seq_len=ctx)
+    ids = [cache.add_sequence() for _ in range(batch)]
+    k = (torch.randn(1, ctx, HK, D, device="cuda") * 1.0).to(torch.bfloat16)
+    v = torch.randn(1, ctx, HK, D, device="cuda", dtype=torch.bfloat16)
+    k[..., :4] *= 8  # a few outlier channels, as real keys have
+    for layer in range(n_layers):
+        for sid in ids:
+            cache.append([sid], k, v, layer=layer, validate=False)
+    torch.cuda.synchronize()
+    return cache, ids
+
+
+def dequant_sdpa_fn(cache, ids, layer, q_rot):
+    """Builds fn() = torch unpack of this layer's records into bf16 K/V (rotated frame) + SDPA."""
+    p = cache.preset
+    G = p.group
+    L = kc._cuda.record_layout(p.kbits, p.vbits, G, D)
+    pool = torch.as_tensor(cache._pool, device="cuda")  # [layers, pages, Hk, R], no copy
+    n_tiles = int(cache._tile_counts(cache._lengths[layer, ids]).min())
+    pages = torch.tensor([cache._pages[s][:n_tiles] for s in ids], device="cuda")
+    B = len(ids)
+
+    def f16(recs, off, n):
+        return recs[..., off:off + 2 * n].contiguous().view(torch.float16)
+
+    def fn():
+        recs = pool[layer][pages]  # [B, T, Hk, R]
+        kc_ = recs[..., : D * G // 2].reshape(B, n_tiles, HK, D, G // 2)
+        kcodes = torch.stack([kc_ & 15, kc_ >> 4], dim=-1).reshape(B, n_tiles, HK, D, G)
+        ka, kz, kt = f16(recs, L["ka"], D), f16(recs, L["kz"], D), f16(recs, L["kt"], G)
+        K = (kcodes.to(torch.float16) * ka[..., None] + kz[..., None]) * kt[..., None, :]  # [B,T,Hk,D,G]
+        K = K.permute(0, 2, 1, 4, 3).reshape(B, HK, n_tiles * G, D).to(torch.bfloat16)
+        vc_ = recs[..., L["v_codes"]: L["v_codes"] + G * D // 4].reshape(B, n_tiles, HK, G, D // 4)
+        vcodes = torch.stack([(vc_ >> s) & 3 for s in (0, 2, 4, 6)], dim=-1).reshape(B, n_tiles, HK, G, D)
+        vc, va, vz = f16(recs, L["vc"], D), f16(recs, L["va"], G), f16(recs, L["vz"], G)
+        V = (vcodes.to(torch.float16) * va[..., None] + vz[..., None]) * vc[..., None, :]
+        V = V.permute(0, 2, 1, 3, 4).reshape(B, HK, n_tiles * G, D).to(torch.bfloat16)
+        return F.scaled_dot_product_attention(q_rot, K, V, enable_gqa=True)
+
+    return fn
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer points (smoke run)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    dev = torch.cuda.get_device_properties(0)
+    print(f"device: {dev.name}, {dev.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
+    bw = copy_bandwidth()
+    print(f"device-to-device copy: {bw / 1e12:.3f} TB/s (read + write)", flush=True)
+    contexts = [4096, 32768] if args.quick else [4096, 32768, 131072]
+    batches = [1, 8] if args.quick else [1, 8, 32]
+    rows = []
+    R = kvarn.PRESETS["k4v2_g128"].record_bytes(D)
+    for ctx in contexts:
+        for batch in batches:
+            tiles = (ctx - 128) // 128
+            tail = ctx - 128 - tiles * 128
+            kv_bytes = batch * HK * (tiles * R + (128 + tail) * D * 2 * 2)
+            n_layers = max(1, min(64, math.ceil(L2_ROTATE_BYTES / kv_bytes)))
+            t0 = time.time()
+            cache, ids = fill_cache(ctx, batch, n_layers)
+            fill_s = time.time() - t0
+            q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty_like(q)
+            plans = [cache.plan(ids, layer=l) for l in range(n_layers)]
+            fn = lambda i: cache.attend(q, plan=plans[i % n_layers], out=out, validate=False)
+            kv_ms, (kv_min, kv_max) = graph_time(fn, 2 * n_layers)
+            kv_eager = eager_time(fn, 2 * n_layers)
+            # kvarn output sanity against the CPU path on one sequence (not timed)
+            best, sdpa_all = bench_sdpa(ctx, batch)
+            dq_ms = None
+            if batch * ctx <= 32768 * 32:
+                try:
+                    q_rot = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+                    dq = dequant_sdpa_fn(cache, ids, 0, q_rot)
+                    dq_ms = graph_time(lambda i: dq(), 3, reps=10)[0]
+                except torch.OutOfMemoryError:
+                    dq_ms = None
+                torch.cuda.empty_cache()
+            sdpa_bytes = 2 * batch * HK * ctx * D * 2
+            row = dict(ctx=ctx, batch=batch, kvarn_ms=kv_ms, kvarn_min=kv_min, kvarn_max=kv_max,
+                       kvarn_eager_ms=kv_eager, kvarn_bytes=kv_bytes, kvarn_floor_ms=kv_bytes / bw * 1e3,
+                       kvarn_bw_frac=kv_bytes / (kv_ms * 1e-3) / bw, sdpa_best=best[0] if best else None,
+                       sdpa_ms=best[1] if best else None, sdpa_all=sdpa_all, sdpa_bytes=sdpa_bytes,
+                       dequant_sdpa_ms=dq_ms, fill_s=fill_s, layers=n_layers)
+            rows.append(row)
+            sp = f"{row['sdpa_ms'] / kv_ms:.2f}x" if row["sdpa_ms"] else "n/a"
+            print(f"ctx {ctx:6d} B {batch:2d}: kvarn {kv_ms * 1e3:8.1f} us (eager {kv_eager * 1e3:7.1f}, floor "
+                  f"{row['kvarn_floor_ms'] * 1e3:6.1f}, {100 * row['kvarn_bw_frac']:4.1f}% of copy bw) | sdpa "
+                  f"{(row['sdpa_ms'] or 0) * 1e3:8.1f} us [{row['sdpa_best']}] -> {sp} | dequant+sdpa "
+                  f"{(dq_ms or 0) * 1e3:9.1f} us | {sdpa_all}", flush=True)
+            del cache, plans
+            torch.cuda.empty_cache()
+
+    # Store kernel: records (one tile x one head, K and V) per second, and its share of a decode step.
+    store = {}
+    for n in (64, 256, 8192):
+        k = torch.randn(n, 128, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(n, 128, D, device="cuda", dtype=torch.bfloat16)
+        kc.quantize_tiles(k, v, validate=False)
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(5 if n == 8192 else 20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            kc.quantize_tiles(k, v, validate=False)
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        store[n] = statistics.median(ts)
+        print(f"store {n:5d} records: {store[n]:.3f} ms, {n / store[n] * 1e3:,.0f} records/s", flush=True)
+    ref = next((r for r in rows if r["ctx"] == 32768 and r["batch"] == 8), rows[-1])
+    share = store[64] / (128 * ref["kvarn_ms"])
+    print(f"store share of a decode step at ctx {ref['ctx']} B {ref['batch']} (64 records every 128 steps): "
+          f"{100 * share:.3f}% amortised; {store[64] / ref['kvarn_ms']:.2f} decode steps on the step a tile fills",
+          flush=True)
+    res = dict(device=dev.name, sms=dev.multi_processor_count, torch=torch.__version__, copy_bw=bw, rows=rows,
+               store_ms=store, store_share=share, command=" ".join(sys.argv))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_cuda.json"), "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    print("\n| ctx | B | kvarn us | floor us | % copy bw | SDPA bf16 us (backend) | speed-up | dequant+SDPA us | eager us |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        sd = f"{r['sdpa_ms'] * 1e3:.1f} ({r['sdpa_best']})" if r["sdpa_ms"] else "n/a"
+        su = f"{r['sdpa_ms'] / r['kvarn_ms']:.2f}x" if r["sdpa_ms"] else "n/a"
+        dq = f"{r['dequant_sdpa_ms'] * 1e3:.1f}" if r["dequant_sdpa_ms"] else "n/a"
+        print(f"| {r['ctx']} | {r['batch']} | {r['kvarn_ms'] * 1e3:.1f} | {r['kvarn_floor_ms'] * 1e3:.1f} | "
+              f"{100 * r['kvarn_bw_frac']:.1f} | {sd} | {su} | {dq} | {r['kvarn_eager_ms'] * 1e3:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,541 @@
+// Fused decode attention over a paged pool of tile records (+ fp16 sink/tail).
+//
+// Work: one program (CTA) per (sequence, kv head, <=8 query heads of its GQA
+// group, split of the tiles). Its warps take whole tiles in turn; each warp
+// streams its records into its own shared-memory stages with the bulk-copy
+// engine (one contiguous record = one cp.async.bulk, completing on an
+// mbarrier), so loads of the next records overlap the current tile's maths.
+// The last split index of the grid is the full-precision program: sink + tail
+// tokens, original frame. A merge kernel combines the splits (online-softmax
+// states m, l, acc; log2 domain), rotates the tile part back with the
+// Hadamard and adds the full-precision part.
+//
+// Per tile, with codes never leaving registers (SPEC §7 algebra):
+//   score_t = kt[t] * (sum_d (q_d ka_d) code[d,t] + sum_d q_d kz_d)
+//   out_d  += vc[d] * (sum_t (p_t va_t) code[t,d] + sum_t p_t vz_t)
+// Both sums run on fp16 tensor cores (mma.m16n8k16, fp32 accumulate). Codes are
+// exact in fp16; the other operand (q*ka, or p*va) is split into hi + lo fp16
+// parts placed in rows g and g+8 of the 16-row A fragment -- rows a GQA group
+// of <= 8 heads leaves free -- so the products carry ~22 bits, and a per-tile
+// power-of-two scale keeps them inside fp16's range. Codes are unpacked with
+// byte_perm + one LOP3 into the fp16 exponent trick (0x6400 | code << shift =
+// 1024 + code * 2^shift) and one HSUB2; the 2^shift is folded into the
+// per-column epilogue.
+//
+// Fragment maps (g = lane / 4, c = lane % 4; NJ = G/8, NI = D/8):
+//   QK, k-step s: k = 2c+e+8f <-> channel 16s + 4(e+2f) + c; n-chunk j, col n <-> token NJ*n + j
+//     (so thread g reads NJ consecutive tokens of a K row: one 32/64-bit load).
+//   PV, k-step u: k = 2c+e+8f <-> token NJ(2c+e) + 2u + f, which is where the QK
+//     accumulator left p (C fragment of two n-chunks = A fragment, as in FA2);
+//     n-chunk i, col n <-> channel NI*n + i (thread g reads NI consecutive codes of a V row).
+#pragma once
+
+#include <math_constants.h>
+
+#include "common.cuh"
+
+namespace kvarn_cuda {
+
+struct AttendArgs {
+    kvarn_cuda_cache c;
+    RecordLayout L;
+    int layer;
+    const int* meta;  // [B][4]: slot, num_tiles, sink_len, tail_len
+    Strided4 q;       // [1, B, Hq, D]
+    int num_q_heads;
+    float qscale;     // softmax scale * log2(e): scores in the log2 domain
+    float* states;    // [B][Hq][splits + 1][D + 2]: m, l, acc[D]
+    int splits, tiles_per_split, q_chunks, stages_per_warp;
+};
+
+template <int KB, int VB, int G, int D>
+struct AttendCfg {
+    static constexpr int NJ = G / 8;                 // score n-chunks
+    static constexpr int NI = D / 8;                 // output n-chunks
+    static constexpr int KS = D / 16;                // QK k-steps
+    static constexpr int US = G / 16;                // PV k-steps
+    static constexpr int NIP = NI < 16 ? NI : 16;    // output chunks per PV pass (register budget)
+    static constexpr int NPASS = NI / NIP;
+    static constexpr int KROW = G * KB / 8;          // bytes of one K code row
+    static constexpr int VROW = D * VB / 8;          // bytes of one V code row
+    static constexpr int KBITS_T = NJ * KB;          // bits of a K row one thread reads
+    static constexpr int VBITS_T = NIP * VB;         // bits of a V row one thread reads per pass
+    static constexpr int QLD = D + 4;                // padded q row: conflict-free fragment reads
+};
+
+template <int BITS>
+struct Words {
+    static constexpr int N = BITS >= 32 ? BITS / 32 : 1;
+    uint32_t w[N];
+    __device__ __forceinline__ void load(const uint8_t* p)
+    {
+        if constexpr (BITS == 16) {
+            w[0] = *reinterpret_cast<const uint16_t*>(p);
+        } else if constexpr (BITS == 32) {
+            w[0] = *reinterpret_cast<const uint32_t*>(p);
+        } else if constexpr (BITS == 64) {
+            const uint2 x = *reinterpret_cast<const uint2*>(p);
+            w[0] = x.x;
+            w[1] = x.y;
+        } else {
+            static_assert(BITS == 128, "code words are 16, 32, 64 or 128 bits");
+            const uint4 x = *reinterpret_cast<const uint4*>(p);
+            w[0] = x.x;
+            w[1] = x.y;
+            w[2] = x.z;
+            w[3] = x.w;
+        }
+    }
+};
+
+// From two rows' words (same code positions), out[m] = half2(row0 code m, row1 code m) * 2^shift(m),
+// shift(m) = (m % (8/BITS)) * BITS.
+template <int BITS, int NBITS>
+__device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t* w1, uint32_t* out)
+{
+    constexpr int PER = 8 / BITS;
+    constexpr int NBYTES = NBITS / 8;
+    constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024 in both halves
+    const __half2 k1024 = __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400));
+#pragma unroll
+    for (int bp = 0; bp < NBYTES / 2; ++bp) {
+        const int wi = bp / 2;
+        // low half: row0's bytes (2p, 2p+1); high half: row1's.
+        const uint32_t y = __byte_perm(w0[wi], w1[wi], (bp % 2) == 0 ? 0x5410 : 0x7632);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const uint32_t z = b ? (y >> 8) : y;
+#pragma unroll
+            for (int f = 0; f < PER; ++f) {
+                constexpr uint32_t one = (1u << BITS) - 1u;
+                const uint32_t mask = (one << (f * BITS)) | (one << (16 + f * BITS));
+                uint32_t v = (z & mask) | kMagic;
+                __half2 h = __hsub2(*reinterpret_cast<__half2*>(&v), k1024);
+                out[(bp * 2 + b) * PER + f] = *reinterpret_cast<uint32_t*>(&h);
+            }
+        }
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void load_halves(const __half* p, float (&out)[N])
+{
+    static_assert(N % 8 == 0, "vector loads of 8 halves");
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+        const uint4 x = reinterpret_cast<const uint4*>(p)[i];
+        const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const __half2 h = *reinterpret_cast<const __half2*>(&w[k]);
+            const float2 f = __half22float2(h);
+            out[8 * i + 2 * k] = f.x;
+            out[8 * i + 2 * k + 1] = f.y;
+        }
+    }
+}
+
+// Power-of-two scale bringing amax into [2^14, 2^15): 2^sh and 2^-sh.
+__device__ __forceinline__ void pow2_scale(float amax, float& s, float& inv)
+{
+    int e = (int)((__float_as_uint(amax) >> 23) & 0xffu) - 127;
+    int sh = 14 - e;
+    sh = sh < -126 ? -126 : (sh > 126 ? 126 : sh);
+    s = exp2i(sh);
+    inv = exp2i(-sh);
+}
+
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
+}
+
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+    return x;
+}
+
+template <int KB, int VB, int G, int D>
+__global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
+{
+    using C = AttendCfg<KB, VB, G, D>;
+    const int split = blockIdx.x, b = blockIdx.z;
+    const int kvh = blockIdx.y / a.q_chunks, chunk = blockIdx.y % a.q_chunks;
+    const int Hk = a.c.num_kv_heads;
+    const int group_q = a.num_q_heads / Hk;
+    const int h0 = kvh * group_q + chunk * 8;
+    const int nq = min(8, group_q - chunk * 8);
+    const int slot = a.meta[4 * b], n_tiles = a.meta[4 * b + 1];
+    const int sink_len = a.meta[4 * b + 2], tail_len = a.meta[4 * b + 3];
+    const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const bool dense = split == a.splits;
+    const int R = (int)a.L.total;
+    const int nsw = a.stages_per_warp;
+
+    extern __shared__ __align__(128) uint8_t smem[];
+    const size_t stage_bytes = (size_t)nw * nsw * R;
+    const size_t ws_bytes = (size_t)nw * 8 * (D + 2) * sizeof(float);
+    const size_t front = stage_bytes > ws_bytes ? stage_bytes : ws_bytes;
+    float* qs = reinterpret_cast<float*>(smem + ((front + 127) & ~(size_t)127));
+    uint64_t* bars = reinterpret_cast<uint64_t*>(qs + 8 * C::QLD);
+    // Warp states, written once every warp is done with its stages (same memory).
+    float* ws_m = reinterpret_cast<float*>(smem);
+    float* ws_l = ws_m + nw * 8;
+    float* ws_acc = ws_l + nw * 8;
+
+    // q for this program's heads, pre-scaled; rows >= nq are zero.
+    for (int idx = threadIdx.x; idx < 8 * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        float x = 0.0f;
+        if (h < nq)
+            x = load_elem(a.q.ptr, a.q.dtype, b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] + d * a.q.stride[3]) *
+                a.qscale;
+        qs[h * C::QLD + d] = x;
+    }
+    if (!dense && threadIdx.x < nw * nsw) mbar_init(&bars[threadIdx.x], 1);
+    fence_proxy_async();
+    __syncthreads();
+
+    const int t_begin = split * a.tiles_per_split;
+    const int t_end = min(t_begin + a.tiles_per_split, n_tiles);
+
+    if (!dense) {
+        if (t_begin >= t_end) {
+            // Nothing to read: an empty state (the merge skips l == 0).
+            for (int idx = threadIdx.x; idx < nq * (D + 2); idx += blockDim.x) {
+                const int h = idx / (D + 2), r = idx % (D + 2);
+                float* st = a.states + (((size_t)b * a.num_q_heads + h0 + h) * (a.splits + 1) + split) * (D + 2);
+                st[r] = r == 0 ? -CUDART_INF_F : 0.0f;
+            }
+            return;
+        }
+        // Rotate q (the tiles live in the Hadamard frame).
+        const int blk = hadamard_block(D), half_blk = blk / 2;
+        for (int hh = 1; hh < blk; hh <<= 1) {
+            for (int p = threadIdx.x; p < 8 * (D / 2); p += blockDim.x) {
+                const int h = p / (D / 2), q = p % (D / 2);
+                const int j = (q / half_blk) * blk + ((q % half_blk) / hh) * 2 * hh + (q % half_blk) % hh;
+                float* row = qs + h * C::QLD;
+                const float x0 = row[j], x1 = row[j + hh];
+                row[j] = x0 + x1;
+                row[j + hh] = x0 - x1;
+            }
+            __syncthreads();
+        }
+        const float norm = rsqrtf((float)blk);
+        for (int idx = threadIdx.x; idx < 8 * D; idx += blockDim.x) qs[(idx / D) * C::QLD + idx % D] *= norm;
+        __syncthreads();
+
+        // ---- tiles ------------------------------------------------------------------
+        uint8_t* stages = smem + (size_t)warp * nsw * R;
+        uint64_t* my_bars = bars + warp * nsw;
+        const uint8_t* pool = reinterpret_cast<const uint8_t*>(a.c.pool) +
+                              (size_t)a.layer * a.c.num_pages * Hk * R + (size_t)kvh * R;
+        const int* bt = reinterpret_cast<const int*>(a.c.block_table) + (size_t)slot * a.c.max_tiles;
+        const int n_my = t_begin + warp < t_end ? (t_end - t_begin - warp + nw - 1) / nw : 0;
+        if (lane == 0) {
+            for (int s = 0; s < nsw && s < n_my; ++s) {
+                const int page = bt[t_begin + warp + s * nw];
+                mbar_expect_tx(&my_bars[s], (uint32_t)R);
+                bulk_load(stages + (size_t)s * R, pool + (size_t)page * Hk * R, (uint32_t)R, &my_bars[s]);
+            }
+        }
+
+        float m_run = -CUDART_INF_F, l_run = 0.0f;
+        float acc[C::NI][2];
+#pragma unroll
+        for (int i = 0; i < C::NI; ++i) acc[i][0] = acc[i][1] = 0.0f;
+        const float* qrow = qs + g * C::QLD;
+
+        for (int k = 0; k < n_my; ++k) {
+            const int s = k % nsw;
+            mbar_wait(&my_bars[s], (uint32_t)((k / nsw) & 1));
+            const uint8_t* rec = stages + (size_t)s * R;
+            const __half* ka = reinterpret_cast<const __half*>(rec + a.L.ka);
+            const __half* kz = reinterpret_cast<const __half*>(rec + a.L.kz);
+            const __half* kt = reinterpret_cast<const __half*>(rec + a.L.kt);
+            const __half* vc = reinterpret_cast<const __half*>(rec + a.L.vc);
+            const __half* va = reinterpret_cast<const __half*>(rec + a.L.va);
+            const __half* vz = reinterpret_cast<const __half*>(rec + a.L.vz);
+            const uint8_t* kcodes = rec + a.L.k_codes;
+            const uint8_t* vcodes = rec + a.L.v_codes;
+
+            // A = q * ka (hi/lo, scaled), qz = q . kz
+            float xa[C::KS][4];
+            float amax = 0.0f, qz = 0.0f;
+#pragma unroll
+            for (int s2 = 0; s2 < C::KS; ++s2)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int d = 16 * s2 + 4 * q + c;
+                    const float qv = qrow[d];
+                    xa[s2][q] = qv * __half2float(ka[d]);
+                    qz = fmaf(qv, __half2float(kz[d]), qz);
+                    amax = fmaxf(amax, fabsf(xa[s2][q]));
+                }
+            qz = quad_sum(qz);
+            amax = warp_max(amax);
+            float s1, inv_s1;
+            pow2_scale(amax, s1, inv_s1);
+            uint32_t A[C::KS][4];
+#pragma unroll
+            for (int s2 = 0; s2 < C::KS; ++s2) {
+                __half hi[4], lo[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) split_f16(xa[s2][q] * s1, hi[q], lo[q]);
+                A[s2][0] = pack_half2(hi[0], hi[1]);
+                A[s2][1] = pack_half2(lo[0], lo[1]);
+                A[s2][2] = pack_half2(hi[2], hi[3]);
+                A[s2][3] = pack_half2(lo[2], lo[3]);
+            }
+
+            // S = A * Kcodes
+            float sc[C::NJ][4];
+#pragma unroll
+            for (int j = 0; j < C::NJ; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+            for (int s2 = 0; s2 < C::KS; ++s2) {
+                Words<C::KBITS_T> r[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    r[q].load(kcodes + (16 * s2 + 4 * q + c) * C::KROW + g * (C::KBITS_T / 8));
+                uint32_t B0[C::NJ], B1[C::NJ];
+                unpack_pairs<KB, C::KBITS_T>(r[0].w, r[1].w, B0);
+                unpack_pairs<KB, C::KBITS_T>(r[2].w, r[3].w, B1);
+#pragma unroll
+                for (int j = 0; j < C::NJ; ++j) mma_16816(sc[j], A[s2][0], A[s2][1], A[s2][2], A[s2][3], B0[j], B1[j]);
+            }
+
+            // Scores (log2 domain) and the online softmax for head g.
+            float ktv[2][C::NJ];
+            load_halves<C::NJ>(kt + C::NJ * (2 * c), ktv[0]);
+            load_halves<C::NJ>(kt + C::NJ * (2 * c + 1), ktv[1]);
+            float p[C::NJ][2];
+            float tmax = -CUDART_INF_F;
+#pragma unroll
+            for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    constexpr int PER = 8 / KB;
+                    const float unshift = inv_s1 * (1.0f / (float)(1 << ((j % PER) * KB)));
+                    const float sv = ktv[e][j] * fmaf(sc[j][e] + sc[j][2 + e], unshift, qz);
+                    p[j][e] = sv;
+                    tmax = fmaxf(tmax, sv);
+                }
+            tmax = quad_max(tmax);
+            const float m_new = fmaxf(m_run, tmax);
+            const float alpha = exp2f(m_run - m_new);
+            m_run = m_new;
+            float vav[2][C::NJ], vzv[2][C::NJ];
+            load_halves<C::NJ>(va + C::NJ * (2 * c), vav[0]);
+            load_halves<C::NJ>(va + C::NJ * (2 * c + 1), vav[1]);
+            load_halves<C::NJ>(vz + C::NJ * (2 * c), vzv[0]);
+            load_halves<C::NJ>(vz + C::NJ * (2 * c + 1), vzv[1]);
+            float lsum = 0.0f, pz = 0.0f, vmax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    p[j][e] = exp2f(p[j][e] - m_new);
+                    lsum += p[j][e];
+                    pz = fmaf(p[j][e], vzv[e][j], pz);
+                    vmax = fmaxf(vmax, fabsf(vav[e][j]));
+                }
+            l_run = fmaf(l_run, alpha, lsum);
+            pz = quad_sum(pz);
+            vmax = quad_max(vmax);
+            float s2v, inv_s2;
+            pow2_scale(vmax, s2v, inv_s2);
+            uint32_t PA[C::US][4];
+#pragma unroll
+            for (int u = 0; u < C::US; ++u) {
+                __half hi[4], lo[4];
+                split_f16(p[2 * u][0] * vav[0][2 * u] * s2v, hi[0], lo[0]);
+                split_f16(p[2 * u][1] * vav[1][2 * u] * s2v, hi[1], lo[1]);
+                split_f16(p[2 * u + 1][0] * vav[0][2 * u + 1] * s2v, hi[2], lo[2]);
+                split_f16(p[2 * u + 1][1] * vav[1][2 * u + 1] * s2v, hi[3], lo[3]);
+                PA[u][0] = pack_half2(hi[0], hi[1]);
+                PA[u][1] = pack_half2(lo[0], lo[1]);
+                PA[u][2] = pack_half2(hi[2], hi[3]);
+                PA[u][3] = pack_half2(lo[2], lo[3]);
+            }
+
+            // out += vc * (P' * Vcodes + pz)
+#pragma unroll
+            for (int pass = 0; pass < C::NPASS; ++pass) {
+                float o[C::NIP][4];
+#pragma unroll
+                for (int i = 0; i < C::NIP; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+                const int col_byte = (C::NI * g + pass * C::NIP) * VB / 8;
+#pragma unroll
+                for (int u = 0; u < C::US; ++u) {
+                    const int rA0 = C::NJ * (2 * c) + 2 * u, rA1 = C::NJ * (2 * c + 1) + 2 * u;
+                    Words<C::VBITS_T> w[4];
+                    w[0].load(vcodes + rA0 * C::VROW + col_byte);
+                    w[1].load(vcodes + rA1 * C::VROW + col_byte);
+                    w[2].load(vcodes + (rA0 + 1) * C::VROW + col_byte);
+                    w[3].load(vcodes + (rA1 + 1) * C::VROW + col_byte);
+                    uint32_t B0[C::NIP], B1[C::NIP];
+                    unpack_pairs<VB, C::VBITS_T>(w[0].w, w[1].w, B0);
+                    unpack_pairs<VB, C::VBITS_T>(w[2].w, w[3].w, B1);
+#pragma unroll
+                    for (int i = 0; i < C::NIP; ++i) mma_16816(o[i], PA[u][0], PA[u][1], PA[u][2], PA[u][3], B0[i], B1[i]);
+                }
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float vcv[C::NIP];
+                    load_halves<C::NIP>(vc + C::NI * (2 * c + e) + pass * C::NIP, vcv);
+#pragma unroll
+                    for (int i = 0; i < C::NIP; ++i) {
+                        constexpr int PER = 8 / VB;
+                        const float unshift = inv_s2 * (1.0f / (float)(1 << ((i % PER) * VB)));
+                        const float tv = fmaf(o[i][e] + o[i][2 + e], unshift, pz);
+                        acc[pass * C::NIP + i][e] = fmaf(acc[pass * C::NIP + i][e], alpha, vcv[i] * tv);
+                    }
+                }
+            }
+
+            __syncwarp();
+            if (lane == 0 && k + nsw < n_my) {
+                fence_proxy_async();  // our generic reads of this stage before the async-proxy overwrite
+                const int page = bt[t_begin + warp + (k + nsw) * nw];
+                mbar_expect_tx(&my_bars[s], (uint32_t)R);
+                bulk_load(stages + (size_t)s * R, pool + (size_t)page * Hk * R, (uint32_t)R, &my_bars[s]);
+            }
+        }
+        l_run = quad_sum(l_run);
+        __syncthreads();  // every warp is done with the stages: reuse them for the warp states
+        if (g < nq) {
+            if (c == 0) {
+                ws_m[warp * 8 + g] = m_run;
+                ws_l[warp * 8 + g] = l_run;
+            }
+#pragma unroll
+            for (int i = 0; i < C::NI; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) ws_acc[(warp * 8 + g) * D + C::NI * (2 * c + e) + i] = acc[i][e];
+        }
+    } else {
+        // ---- full-precision sink + tail, original frame: one token per warp at a time ----
+        constexpr int DPL = D / 32;  // channels per lane
+        const int n_dense = sink_len + tail_len;
+        float m_h[8], l_h[8], acc_h[8][DPL];
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+            m_h[h] = -CUDART_INF_F;
+            l_h[h] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < DPL; ++k) acc_h[h][k] = 0.0f;
+        }
+        const int64_t head = ((int64_t)a.layer * a.c.num_slots + slot) * Hk + kvh;
+        for (int t = warp; t < n_dense; t += nw) {
+            const __half *kr, *vr;
+            if (t < sink_len) {
+                const int64_t off = (head * a.c.sink_cap + t) * D;
+                kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
+                vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
+            } else {
+                const int64_t off = (head * G + (t - sink_len)) * D;
+                kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
+                vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
+            }
+            float kv[DPL], vv[DPL];
+#pragma unroll
+            for (int k = 0; k < DPL; ++k) {
+                kv[k] = __half2float(kr[lane * DPL + k]);
+                vv[k] = __half2float(vr[lane * DPL + k]);
+            }
+#pragma unroll
+            for (int h = 0; h < 8; ++h) {
+                if (h >= nq) break;
+                float s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < DPL; ++k) s = fmaf(qs[h * C::QLD + lane * DPL + k], kv[k], s);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                const float m_new = fmaxf(m_h[h], s);
+                const float alpha = exp2f(m_h[h] - m_new);
+                const float pw = exp2f(s - m_new);
+                l_h[h] = fmaf(l_h[h], alpha, pw);
+#pragma unroll
+                for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
+                m_h[h] = m_new;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+            if (h >= nq) break;
+            if (lane == 0) {
+                ws_m[warp * 8 + h] = m_h[h];
+                ws_l[warp * 8 + h] = l_h[h];
+            }
+#pragma unroll
+            for (int k = 0; k < DPL; ++k) ws_acc[(warp * 8 + h) * D + lane * DPL + k] = acc_h[h][k];
+        }
+    }
+    __syncthreads();
+
+    // Combine the warps' states into this program's state.
+    for (int idx = threadIdx.x; idx < nq * (D + 2); idx += blockDim.x) {
+        const int h = idx / (D + 2), r = idx % (D + 2);
+        float M = -CUDART_INF_F;
+        for (int w = 0; w < nw; ++w) M = fmaxf(M, ws_m[w * 8 + h]);
+        float val;
+        if (M == -CUDART_INF_F) {
+            val = r == 0 ? -CUDART_INF_F : 0.0f;
+        } else if (r == 0) {
+            val = M;
+        } else {
+            val = 0.0f;
+            for (int w = 0; w < nw; ++w) {
+                const float wt = exp2f(ws_m[w * 8 + h] - M);  // 0 for warps that saw nothing
+                val = fmaf(wt, r == 1 ? ws_l[w * 8 + h] : ws_acc[(w * 8 + h) * D + r - 2], val);
+            }
+        }
+        float* st = a.states + (((size_t)b * a.num_q_heads + h0 + h) * (a.splits + 1) + split) * (D + 2);
+        st[r] = val;
+    }
+}
+
+template <int KB, int VB, int G, int D>
+size_t attend_smem_bytes(int nw, int nsw, int R)
+{
+    const size_t stage_bytes = (size_t)nw * nsw * R;
+    const size_t ws_bytes = (size_t)nw * 8 * (D + 2) * sizeof(float);
+    const size_t front = stage_bytes > ws_bytes ? stage_bytes : ws_bytes;
+    return ((front + 127) & ~(size_t)127) + 8 * AttendCfg<KB, VB, G, D>::QLD * sizeof(float) + (size_t)nw * nsw * 8;
+}
+
+// Per head_dim launchers (attend_d*.cu).
+int launch_attend_d64(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
+int launch_attend_d128(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
+int launch_attend_d256(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
+
+template <int KB, int VB, int G, int D>
+int launch_attend_t(const AttendArgs& args, int batch, int max_smem, cudaStream_t stream)
+{
+    AttendArgs a = args;
+    const int R = (int)a.L.total;
+    // As many warps (<= 8) and stages per warp (<= 2) as shared memory holds.
+    int nw = 8, nsw = 2;
+    while (nsw > 1 && attend_smem_bytes<KB, VB, G, D>(nw, nsw, R) > (size_t)max_smem) --nsw;
+    while (nw > 1 && attend_smem_bytes<KB, VB, G, D>(nw, nsw, R) > (size_t)max_smem) --nw;
+    const size_t smem = attend_smem_bytes<KB, VB, G, D>(nw, nsw, R);
+    if (smem > (size_t)max_smem) return KVARN_CUDA_ERR_ARGUMENT;
+    a.stages_per_warp = nsw;
+    KVARN_CUDA_TRY(cudaFuncSetAttribute(attend_kernel<KB, VB, G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem),
+                   "attend kernel shared memory");
+    dim3 grid((unsigned)(a.splits + 1), (unsigned)(a.c.num_kv_heads * a.q_chunks), (unsigned)batch);
+    attend_kernel<KB, VB, G, D><<<grid, nw * 32, smem, stream>>>(a);
+    KVARN_CUDA_TRY(cudaGetLastError(), "attend kernel launch");
+    return KVARN_CUDA_OK;
+}
+
+}  // namespace kvarn_cuda

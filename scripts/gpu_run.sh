@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds kvarn with its CUDA module, tests it (pytest + compute-sanitizer) and
+# benchmarks it, in one go, on a machine with an NVIDIA GPU and nvcc.
+#   scripts/gpu_run.sh [all|build|test|sanitize|bench|quick] ...   (default: all)
+# Logs go to $OUT (default ./gpu-logs). Needs: python3 with torch, numpy,
+# cython, scikit-build-core, pytest, hypothesis; cmake, ninja, nvcc; no network.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-logs}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+want() { for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+export PYTHONUNBUFFERED=1
+status=0
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+  nvcc --version | tail -2
+  $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, torch.cuda.get_device_name(0))'
+} 2>&1 | tee "$OUT/env.log"
+
+if want build; then
+  echo "== build" | tee "$OUT/build.log"
+  # Persistent build dir: a warm machine rebuilds only what changed.
+  build() {
+    KVARN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) $PY -m pip install --no-build-isolation --no-deps -v \
+      -C build-dir="$2" "$1" >>"$OUT/build.log" 2>&1
+  }
+  if ! build . build/gpu; then
+    # The working tree may hold someone's half-done edit: fall back to the last commit.
+    echo "working-tree build failed; building HEAD instead" | tee -a "$OUT/build.log"
+    rm -rf /tmp/kvarn-head && mkdir -p /tmp/kvarn-head && git archive HEAD | tar -x -C /tmp/kvarn-head &&
+      build /tmp/kvarn-head /tmp/kvarn-head/build ||
+      { echo "build FAILED (tail of $OUT/build.log):"; tail -40 "$OUT/build.log"; exit 1; }
+  fi
+  grep -E "CUDA module|registers|spill" "$OUT/build.log" | head -5
+  $PY -c 'import kvarn, kvarn.cuda as kc; print("kvarn.cuda available:", kc.is_available(), kc.unavailable_reason() or "")'
+fi
+
+if want test || want quick; then
+  echo "== pytest tests/test_cuda.py"
+  $PY -m pytest -q -rs -x tests/test_cuda.py 2>&1 | tee "$OUT/test_cuda.log" | tail -25 || status=1
+fi
+
+if want sanitize; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool"
+    compute-sanitizer --tool $tool --error-exitcode 9 $PY tests/test_cuda.py --sanitize >"$OUT/sanitize_$tool.log" 2>&1
+    rc=$?
+    tail -4 "$OUT/sanitize_$tool.log"
+    [ $rc -ne 0 ] && { echo "compute-sanitizer $tool: exit $rc"; status=1; }
+  done
+fi
+
+if want bench; then
+  echo "== benchmarks/bench_cuda.py"
+  $PY benchmarks/bench_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
+elif want quick; then
+  $PY benchmarks/bench_cuda.py --quick --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
+fi
+exit $status

@@ -1,0 +1,706 @@
+"""KVarN on the GPU: a paged k4v2 (and other presets) KV cache with fused decode attention.
+
+    import torch, kvarn.cuda
+    cache = kvarn.cuda.PagedKVCache(num_kv_heads=8, head_dim=128, max_seqs=32, max_seq_len=32768)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([a, b], k, v)              # k, v: [B, T, Hk, D] (or [B, Hk, D]) bf16/fp16/fp32 CUDA
+    out = cache.attend(q, [a, b])           # q: [B, Hq, D] -> [B, Hq, D], q's dtype and library
+    cache.free(a)
+
+Tensors are taken and returned without host copies: torch CUDA tensors directly,
+anything else through ``__cuda_array_interface__`` (CuPy, Numba, ...). The
+kernels live in the separate extension ``kvarn._cuda``; ``import kvarn`` works
+without it, and every GPU entry point raises a clear RuntimeError when it is
+missing or no GPU is visible. Maths and record bytes are SPEC.md's: a record
+written here decodes on the CPU path and vice versa (see ``to_cpu`` / ``load_cpu``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._ops import DEFAULT_PRESET, SINKHORN_ITERS, check_positive_int, get_preset
+
+try:  # the CUDA module is optional at build time
+    from . import _cuda
+    _IMPORT_ERROR = None
+except ImportError as exc:  # pragma: no cover - depends on the build
+    _cuda = None
+    _IMPORT_ERROR = exc
+
+__all__ = ["DeviceArray", "PagedKVCache", "is_available", "quantize_tiles", "unavailable_reason", "GPU_HEAD_DIMS"]
+
+GPU_HEAD_DIMS = (64, 128, 256)
+FP16_MAX = 65504.0
+_DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
+_DTYPE_BYTES = {0: 4, 1: 2, 2: 2}
+
+
+# ---- availability -------------------------------------------------------------
+def unavailable_reason():
+    """None when the GPU path can run here, else a sentence saying why not."""
+    if _cuda is None:
+        return (
+            f"kvarn was built without its CUDA module (kvarn._cuda: {_IMPORT_ERROR}); "
+            "rebuild on a machine with nvcc (KVARN_CUDA=ON pip install .)"
+        )
+    rc, n = _cuda.device_count()
+    if rc != _cuda.OK or n == 0:
+        return f"no CUDA device is visible ({_cuda.last_error() or 'device count 0'})"
+    return None
+
+
+def is_available() -> bool:
+    return unavailable_reason() is None
+
+
+def _require():
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"kvarn.cuda: {reason}")
+
+
+def _check(rc, what):
+    if rc == 0:
+        return
+    if rc == _cuda.ERR_ARGUMENT:
+        raise ValueError(f"{what}: the CUDA kernels rejected their arguments")
+    raise RuntimeError(f"{what}: CUDA error: {_cuda.last_error()}")
+
+
+# ---- device arrays ------------------------------------------------------------------
+class DeviceArray:
+    """A cudaMalloc'd buffer owned by kvarn, exported through ``__cuda_array_interface__``
+    (so ``torch.as_tensor(a, device='cuda')`` and ``cupy.asarray(a)`` wrap it without a copy)."""
+
+    _TYPESTR = {np.dtype(np.uint8): "|u1", np.dtype(np.int32): "<i4", np.dtype(np.float32): "<f4",
+                np.dtype(np.float16): "<f2"}
+
+    def __init__(self, shape, dtype):
+        _require()
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        rc, ptr = _cuda.malloc(self.nbytes)
+        _check(rc, f"DeviceArray: allocating {self.nbytes} bytes")
+        self.ptr = ptr
+
+    def __del__(self):
+        ptr = getattr(self, "ptr", 0)
+        if ptr and _cuda is not None:
+            _cuda.free(ptr)
+            self.ptr = 0
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self._TYPESTR[self.dtype], "data": (self.ptr, False),
+                "version": 3, "strides": None, "stream": None}
+
+    @classmethod
+    def from_numpy(cls, arr, stream=0):
+        arr = np.ascontiguousarray(arr)
+        out = cls(arr.shape, arr.dtype)
+        _check(_cuda.memcpy_htod(out.ptr, arr.reshape(-1).view(np.uint8), stream), "DeviceArray.from_numpy")
+        return out
+
+    def to_numpy(self, stream=0):
+        out = np.empty(self.shape, self.dtype)
+        _check(_cuda.memcpy_dtoh(out.reshape(-1).view(np.uint8), self.ptr, stream), "DeviceArray.to_numpy")
+        return out
+
+    def zero_(self, stream=0):
+        _check(_cuda.memset(self.ptr, 0, self.nbytes, stream), "DeviceArray.zero_")
+        return self
+
+
+class _View:
+    """What the kernels need of one strided device tensor."""
+
+    __slots__ = ("obj", "kind", "ptr", "dtype", "shape", "strides", "stream", "device")
+
+    def spec(self):
+        return (self.ptr, self.dtype, self.shape, self.strides)
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr") and hasattr(x, "is_cuda")
+
+
+def _view(x, name) -> _View:
+    """Describes a GPU tensor without copying it; TypeError naming `name` for anything else."""
+    v = _View()
+    v.obj = x
+    if _is_torch(x):
+        import torch
+
+        if not x.is_cuda:
+            raise TypeError(f"{name}: expected a CUDA tensor, got one on {x.device}")
+        codes = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+        if x.dtype not in codes:
+            raise TypeError(f"{name}: dtype {x.dtype} is not supported; use bfloat16, float16 or float32")
+        v.kind, v.ptr, v.dtype = "torch", x.data_ptr(), codes[x.dtype]
+        v.shape, v.strides = tuple(x.shape), tuple(x.stride())
+        v.stream = torch.cuda.current_stream(x.device).cuda_stream
+        v.device = x.device.index
+        return v
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(
+            f"{name}: expected a torch CUDA tensor or a GPU array with __cuda_array_interface__ (CuPy), "
+            f"got {type(x).__name__}"
+        )
+    typestr = cai["typestr"]
+    codes = {"<f4": 0, "<f2": 1}
+    if typestr not in codes:
+        raise TypeError(f"{name}: dtype {typestr} is not supported; use float16 or float32 (bfloat16 via torch)")
+    v.dtype = codes[typestr]
+    v.shape = tuple(int(s) for s in cai["shape"])
+    item = _DTYPE_BYTES[v.dtype]
+    if cai.get("strides") is None:
+        strides, acc = [], 1
+        for s in reversed(v.shape):
+            strides.append(acc)
+            acc *= s
+        v.strides = tuple(reversed(strides))
+    else:
+        if any(s % item for s in cai["strides"]):
+            raise ValueError(f"{name}: strides must be whole elements")
+        v.strides = tuple(s // item for s in cai["strides"])
+    v.ptr = int(cai["data"][0])
+    v.kind = "cupy" if type(x).__module__.startswith("cupy") else "cai"
+    if v.kind == "cupy":
+        import cupy
+
+        v.stream = cupy.cuda.get_current_stream().ptr
+        v.device = x.device.id
+    else:
+        s = cai.get("stream")
+        v.stream = 0 if s in (None, 1, 2) else int(s)
+        v.device = None
+    return v
+
+
+def _empty_like(v: _View, shape, dtype_code):
+    """A new device array of the same library as v."""
+    if v.kind == "torch":
+        import torch
+
+        dt = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}[dtype_code]
+        return torch.empty(shape, dtype=dt, device=v.obj.device)
+    if v.kind == "cupy":
+        import cupy
+
+        return cupy.empty(shape, dtype={0: cupy.float32, 1: cupy.float16}[dtype_code])
+    return DeviceArray(shape, {0: np.float32, 1: np.float16}[dtype_code])
+
+
+def _uint8_like(v: _View, shape):
+    if v.kind == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=torch.uint8, device=v.obj.device)
+    if v.kind == "cupy":
+        import cupy
+
+        return cupy.empty(shape, dtype=cupy.uint8)
+    return DeviceArray(shape, np.uint8)
+
+
+def _ptr(x):
+    if _is_torch(x):
+        return x.data_ptr()
+    return int(x.__cuda_array_interface__["data"][0])
+
+
+def _check_no_gpu_head_dim(head_dim, name="head_dim"):
+    if head_dim not in GPU_HEAD_DIMS:
+        raise ValueError(
+            f"{name}: unsupported head_dim {head_dim} for the CUDA kernels; they serve {list(GPU_HEAD_DIMS)} "
+            "(use the CPU path for others)"
+        )
+
+
+def _flag_error(flag):
+    if flag & _cuda.FLAG_K_NONFINITE:
+        return ValueError("k: contains NaN or Inf")
+    if flag & _cuda.FLAG_V_NONFINITE:
+        return ValueError("v: contains NaN or Inf")
+    if flag & _cuda.FLAG_K_RANGE:
+        return ValueError(f"k: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
+    if flag & _cuda.FLAG_V_RANGE:
+        return ValueError(f"v: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
+    if flag & _cuda.FLAG_SCALE_OVERFLOW:
+        return ValueError(
+            "k/v: a tile has values too large for its fp16 scale vectors after rotation; "
+            "keep |k|, |v| well inside the fp16 range"
+        )
+    return None
+
+
+class _Scratch:
+    """A grow-only device buffer."""
+
+    def __init__(self):
+        self.buf = None
+
+    def get(self, nbytes):
+        if self.buf is None or self.buf.nbytes < nbytes:
+            self.buf = DeviceArray((max(int(nbytes), 256),), np.uint8)
+        return self.buf.ptr
+
+
+_keepalive = []
+
+# ---- standalone store -------------------------------------------------------------
+def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, validate: bool = True):
+    """GPU twin of ``kvarn.quantize_tile`` for many tiles: k, v [n, G, D] on the GPU
+    (float32/float16/bfloat16) -> records uint8 [n, record_bytes] on the GPU, same library as k.
+    validate=False skips the NaN/Inf check and the wait for its result (for timing)."""
+    _require()
+    p = get_preset(preset)
+    vk, vv = _view(k, "k"), _view(v, "v")
+    if len(vk.shape) != 3:
+        raise ValueError(f"k: expected a 3-D array [n, G, D], got shape {vk.shape}")
+    if vv.shape != vk.shape:
+        raise ValueError(f"v: shape {vv.shape} does not match k's {vk.shape}")
+    n, G, D = vk.shape
+    if G != p.group:
+        raise ValueError(f"k: a {p.name} tile holds {p.group} tokens, got {G} (shape {vk.shape})")
+    _check_no_gpu_head_dim(D, "k.shape[-1]")
+    iters = check_positive_int(iters, "iters", minimum=0)
+    layout = _cuda.record_layout(p.kbits, p.vbits, p.group, D)
+    records = _uint8_like(vk, (n, layout["total"]))
+    if n == 0:
+        return records
+    stream = vk.stream
+    flag = DeviceArray((1,), np.int32).zero_(stream)
+    if validate:
+        for view, nf in ((vk, _cuda.FLAG_K_NONFINITE), (vv, _cuda.FLAG_V_NONFINITE)):
+            _check(_cuda.check(view.spec(), flag.ptr, nf, 0, stream), "quantize_tiles")
+    # As a cache of one head: tile i -> page i; [n, G, D] seen as [B=n, T=G, Hk=1, D].
+    jobs = np.zeros((n, 7), np.int32)
+    jobs[:, 2] = np.arange(n)
+    jobs[:, 3] = np.arange(n)
+    jobs_dev = DeviceArray.from_numpy(jobs, stream)
+    cache = dict(kbits=p.kbits, vbits=p.vbits, group=G, head_dim=D, num_kv_heads=1, num_layers=1, num_slots=1,
+                 sink_cap=0, max_tiles=0, num_pages=n, pool=_ptr(records), sink_k=0, sink_v=0, tail_k=0, tail_v=0,
+                 block_table=0)
+
+    def as4(view):
+        return (view.ptr, view.dtype, (n, G, 1, D), (view.strides[0], view.strides[1], 0, view.strides[2]))
+
+    _check(_cuda.store(cache, as4(vk), as4(vv), jobs_dev.ptr, n, iters, False, flag.ptr, stream), "quantize_tiles")
+    if not validate:
+        _keepalive.append((jobs_dev, flag))  # freed later; cudaFree waits for the kernel
+        del _keepalive[:-8]
+        return records
+    f = flag.to_numpy(stream)[0]  # synchronises: also keeps jobs_dev alive until the kernel ran
+    err = _flag_error(int(f))
+    if err is not None:
+        raise err
+    return records
+
+
+# ---- the paged cache -------------------------------------------------------------
+class AttendPlan:
+    """Device-side metadata of one attend() batch, reusable while the sequences' lengths
+    stay the same (e.g. inside a captured CUDA graph). Made by PagedKVCache.plan()."""
+
+    def __init__(self, meta_dev, batch, splits, tiles_per_split, layer, lengths):
+        self.meta_dev, self.batch, self.splits, self.tiles_per_split = meta_dev, batch, splits, tiles_per_split
+        self.layer, self.lengths = layer, lengths
+
+
+class PagedKVCache:
+    """KVarN KV cache for many sequences on one GPU, for ``num_layers`` layers.
+
+    Storage, all allocated up front with cudaMalloc:
+    - a pool of ``num_pages`` pages; a page holds one tile (``group`` tokens) of one
+      sequence for every layer and kv head, as SPEC §6 records;
+    - per sequence slot: fp16 sink (first ``sink_tokens`` tokens) and fp16 tail
+      (the unfinished tile), per layer and kv head;
+    - a block table [max_seqs, max_tiles] mapping a sequence's tile i to its page.
+    Pages are taken from a free list as tiles complete and returned by free().
+    """
+
+    def __init__(self, num_kv_heads: int, head_dim: int, preset=DEFAULT_PRESET, *, num_layers: int = 1,
+                 max_seqs: int = 16, max_seq_len: int = 32768, num_pages: int | None = None,
+                 sink_tokens: int | None = None, iters: int = SINKHORN_ITERS, device: int | None = None):
+        _require()
+        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self.head_dim = check_positive_int(head_dim, "head_dim")
+        _check_no_gpu_head_dim(self.head_dim)
+        self.preset = get_preset(preset)
+        if not _cuda.format_supported(self.preset.kbits, self.preset.vbits, self.preset.group, self.head_dim):
+            raise ValueError(f"preset: {self.preset.name} is not served by the CUDA kernels")
+        self.num_layers = check_positive_int(num_layers, "num_layers")
+        self.max_seqs = check_positive_int(max_seqs, "max_seqs")
+        self.max_seq_len = check_positive_int(max_seq_len, "max_seq_len")
+        G = self.preset.group
+        self.sink_tokens = G if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
+        self.iters = check_positive_int(iters, "iters", 0)
+        self.max_tiles = max(1, -(-max(self.max_seq_len - self.sink_tokens, 0) // G))
+        self.num_pages = (self.max_seqs * self.max_tiles if num_pages is None
+                          else check_positive_int(num_pages, "num_pages"))
+        if device is not None:
+            _check(_cuda.set_device(int(device)), "device")
+        rc, self.device = _cuda.get_device()
+        _check(rc, "device")
+        rc, props = _cuda.device_props(self.device)
+        _check(rc, "device")
+        self.num_sms = int(props["multiprocessors"])
+        self.record_bytes = int(_cuda.record_layout(self.preset.kbits, self.preset.vbits, G, self.head_dim)["total"])
+        L, S, H, D = self.num_layers, self.max_seqs, self.num_kv_heads, self.head_dim
+        self._pool = DeviceArray((L, self.num_pages, H, self.record_bytes), np.uint8)
+        self._sink_k = DeviceArray((L, S, H, max(self.sink_tokens, 1), D), np.float16)
+        self._sink_v = DeviceArray((L, S, H, max(self.sink_tokens, 1), D), np.float16)
+        self._tail_k = DeviceArray((L, S, H, G, D), np.float16)
+        self._tail_v = DeviceArray((L, S, H, G, D), np.float16)
+        self._block_table = DeviceArray((S, self.max_tiles), np.int32)
+        self._flag = DeviceArray((1,), np.int32)
+        self._append_meta = _Scratch()
+        self._attend_meta = _Scratch()
+        self._scratch = _Scratch()
+        self._lengths = np.zeros((L, S), np.int64)
+        self._pages = [[] for _ in range(S)]  # pages of each slot, tile order (shared by layers)
+        self._free_pages = list(range(self.num_pages - 1, -1, -1))
+        self._free_slots = list(range(S - 1, -1, -1))
+        self._live = set()
+        self._desc = dict(kbits=self.preset.kbits, vbits=self.preset.vbits, group=G, head_dim=D, num_kv_heads=H,
+                          num_layers=L, num_slots=S, sink_cap=self.sink_tokens, max_tiles=self.max_tiles,
+                          num_pages=self.num_pages, pool=self._pool.ptr, sink_k=self._sink_k.ptr,
+                          sink_v=self._sink_v.ptr, tail_k=self._tail_k.ptr, tail_v=self._tail_v.ptr,
+                          block_table=self._block_table.ptr)
+
+    # ---- sequences -------------------------------------------------------------
+    def add_sequence(self) -> int:
+        """Returns the id of a new, empty sequence."""
+        if not self._free_slots:
+            raise RuntimeError(f"PagedKVCache: all {self.max_seqs} sequence slots are in use; free() one first")
+        slot = self._free_slots.pop()
+        self._live.add(slot)
+        self._lengths[:, slot] = 0
+        return slot
+
+    def free(self, seq_id) -> None:
+        """Releases a sequence and its pages."""
+        slot = self._slot(seq_id, "seq_id")
+        self._free_pages.extend(reversed(self._pages[slot]))
+        self._pages[slot] = []
+        self._lengths[:, slot] = 0
+        self._live.discard(slot)
+        self._free_slots.append(slot)
+
+    def length(self, seq_id, layer: int = 0) -> int:
+        return int(self._lengths[self._layer(layer), self._slot(seq_id, "seq_id")])
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free_pages)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held by the cache's buffers."""
+        return sum(b.nbytes for b in (self._pool, self._sink_k, self._sink_v, self._tail_k, self._tail_v,
+                                      self._block_table))
+
+    def _slot(self, seq_id, name):
+        if isinstance(seq_id, (bool, np.bool_)) or not isinstance(seq_id, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int sequence id, got {type(seq_id).__name__}")
+        if int(seq_id) not in self._live:
+            raise KeyError(f"{name}: no live sequence with id {seq_id}")
+        return int(seq_id)
+
+    def _slots(self, seq_ids):
+        if isinstance(seq_ids, (int, np.integer)):
+            seq_ids = [seq_ids]
+        slots = [self._slot(s, f"seq_ids[{i}]") for i, s in enumerate(seq_ids)]
+        if not slots:
+            raise ValueError("seq_ids: expected at least one sequence")
+        if len(set(slots)) != len(slots):
+            raise ValueError("seq_ids: a sequence appears twice")
+        return slots
+
+    def _layer(self, layer):
+        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)):
+            raise TypeError(f"layer: expected an int, got {type(layer).__name__}")
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer: {layer} is outside [0, {self.num_layers})")
+        return int(layer)
+
+    def _tile_counts(self, lengths):
+        return np.maximum(lengths - self.sink_tokens, 0) // self.preset.group
+
+    # ---- append ----------------------------------------------------------------
+    def append(self, seq_ids, k, v, *, layer: int = 0, validate: bool = True) -> None:
+        """Appends T tokens to each listed sequence: k, v [B, T, Hk, D] (or [B, Hk, D] for T = 1),
+        bfloat16/float16/float32 on the GPU. Completed tiles are quantised on the GPU.
+
+        validate=True (default) checks for NaN/Inf and the fp16 range on the GPU and waits
+        for the result (one stream synchronisation), so a rejected append raises and leaves
+        the cache unchanged. validate=False skips the checks and the wait."""
+        layer = self._layer(layer)
+        slots = self._slots(seq_ids)
+        vk, vv = _view(k, "k"), _view(v, "v")
+        H, D, G = self.num_kv_heads, self.head_dim, self.preset.group
+        for name, view in (("k", vk), ("v", vv)):
+            if len(view.shape) == 3:  # [B, Hk, D]: one token each
+                view.shape = (view.shape[0], 1) + view.shape[1:]
+                view.strides = (view.strides[0], 0) + view.strides[1:]
+            if len(view.shape) != 4 or view.shape[2] != H or view.shape[3] != D:
+                raise ValueError(
+                    f"{name}: expected shape [B, T, {H}, {D}] (or [B, {H}, {D}]), got {tuple(view.obj.shape)}")
+            if view.shape[0] != len(slots):
+                raise ValueError(f"{name}: batch of {view.shape[0]} for {len(slots)} sequences")
+        if vv.shape != vk.shape:
+            raise ValueError(f"v: shape {vv.shape} does not match k's {vk.shape}")
+        B, T = vk.shape[0], vk.shape[1]
+        if T == 0:
+            return
+        lens0 = self._lengths[layer, slots]
+        lens1 = lens0 + T
+        over = np.nonzero(lens1 > self.max_seq_len)[0]
+        if over.size:
+            i = int(over[0])
+            raise ValueError(f"k: sequence {slots[i]} would hold {int(lens1[i])} tokens; "
+                             f"this cache was made for max_seq_len={self.max_seq_len}")
+        tiles0, tiles1 = self._tile_counts(lens0), self._tile_counts(lens1)
+
+        # Host bookkeeping first (pages), undone if the GPU rejects the input.
+        new_pages = []
+        jobs = []
+        try:
+            for b, slot in enumerate(slots):
+                for ti in range(int(tiles0[b]), int(tiles1[b])):
+                    if ti == len(self._pages[slot]):  # no layer has this tile yet
+                        if not self._free_pages:
+                            raise RuntimeError(
+                                f"PagedKVCache: out of pages ({self.num_pages} in the pool); free() sequences "
+                                "or make the cache with more num_pages")
+                        page = self._free_pages.pop()
+                        self._pages[slot].append(page)
+                        new_pages.append((slot, page))
+                    start = self.sink_tokens + ti * G
+                    n_old = int(min(max(lens0[b] - start, 0), G))
+                    t0 = int(start + n_old - lens0[b])
+                    jobs.append((slot, layer, self._pages[slot][ti], b, n_old, t0, ti))
+        except Exception:
+            self._undo_pages(new_pages)
+            raise
+        first_tail = self.sink_tokens + tiles1 * G
+        meta = np.stack([np.asarray(slots), lens0, first_tail], axis=1).astype(np.int32).reshape(-1)
+        jobs_arr = np.asarray(jobs, np.int32).reshape(-1)
+        host = np.concatenate([meta, jobs_arr])
+        stream = vk.stream
+        base = self._append_meta.get(host.nbytes)
+        try:
+            _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
+            _check(_cuda.memset(self._flag.ptr, 0, 4, stream), "append")
+            if validate:
+                _check(_cuda.check(vk.spec(), self._flag.ptr, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE, stream),
+                       "append")
+                _check(_cuda.check(vv.spec(), self._flag.ptr, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE, stream),
+                       "append")
+            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, B, self._flag.ptr, stream),
+                   "append")
+            if jobs:
+                _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, len(jobs), self.iters, True,
+                                   self._flag.ptr, stream), "append")
+            if validate:
+                err = _flag_error(int(self._flag.to_numpy(stream)[0]))
+                if err is not None:
+                    raise err
+        except Exception:
+            self._undo_pages(new_pages)
+            raise
+        self._lengths[layer, slots] = lens1
+
+    def _undo_pages(self, new_pages):
+        for slot, page in reversed(new_pages):
+            self._pages[slot].remove(page)
+            self._free_pages.append(page)
+
+    # ---- attention ----------------------------------------------------------------
+    def _choose_splits(self, tiles, programs_per_seq):
+        """Splits of each sequence's tiles over programs: fewest waves of ~1 program per SM,
+        then the fewest splits (each costs merge work)."""
+        nmax = int(tiles.max()) if len(tiles) else 0
+        if nmax == 0:
+            return 1, 1
+        best = None
+        for s in range(1, min(nmax, 256) + 1):
+            tps = -(-nmax // s)
+            if s > 1 and -(-nmax // tps) < s:
+                continue  # same as a smaller s
+            programs = programs_per_seq * int(np.sum(-(-tiles // tps)))
+            waves = -(-programs // self.num_sms)
+            cost = waves * (-(-tps // 8) + 1)  # 8 warps per program, ~1 tile of latency per program
+            if best is None or cost < best[0]:
+                best = (cost, s, tps)
+        return best[1], best[2]
+
+    def _plan_host(self, seq_ids, layer):
+        layer = self._layer(layer)
+        slots = self._slots(seq_ids)
+        lens = self._lengths[layer, slots]
+        empty = np.nonzero(lens == 0)[0]
+        if empty.size:
+            raise ValueError(f"seq_ids: sequence {slots[int(empty[0])]} is empty; append tokens before attending")
+        tiles = self._tile_counts(lens)
+        sink_len = np.minimum(lens, self.sink_tokens)
+        tail_len = lens - sink_len - tiles * self.preset.group
+        meta = np.stack([np.asarray(slots), tiles, sink_len, tail_len], axis=1).astype(np.int32)
+        splits, tps = self._choose_splits(tiles, self.num_kv_heads)
+        return layer, meta, splits, tps, lens.copy()
+
+    def plan(self, seq_ids, *, layer: int = 0, stream=0) -> AttendPlan:
+        """Uploads the metadata of an attend() batch into its own device buffer. Valid while those
+        sequences keep their lengths; attend(q, plan=...) then copies nothing from the host and can
+        be captured in a CUDA graph."""
+        layer, meta, splits, tps, lens = self._plan_host(seq_ids, layer)
+        return AttendPlan(DeviceArray.from_numpy(meta, stream), len(meta), splits, tps, layer, lens)
+
+    def attend(self, q, seq_ids=None, *, layer: int = 0, scale=None, out=None, plan: AttendPlan | None = None,
+               validate: bool = True):
+        """Decode attention of q [B, Hq, D] (one query token per sequence) over every cached
+        token of each sequence; Hq a multiple of num_kv_heads (GQA). Returns [B, Hq, D] in q's
+        dtype and library (or writes into out). scale defaults to 1/sqrt(D).
+
+        validate=True checks q for NaN/Inf on the GPU (one synchronisation). With a plan
+        (see plan()) nothing is copied from the host, so the call can be captured in a CUDA graph."""
+        vq = _view(q, "q")
+        H, D = self.num_kv_heads, self.head_dim
+        if len(vq.shape) != 3:
+            raise ValueError(f"q: expected a 3-D array [B, Hq, D], got shape {vq.shape}")
+        B, Hq, Dq = vq.shape
+        if Dq != D:
+            raise ValueError(f"q: last dimension {Dq} does not match the cache's head_dim {D}")
+        if Hq == 0 or Hq % H:
+            raise ValueError(f"q: {Hq} query heads is not a positive multiple of the cache's {H} kv heads")
+        if scale is None:
+            scale = 1.0 / math.sqrt(D)
+        elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+            raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
+        scale = float(scale)
+        if not math.isfinite(scale):
+            raise ValueError("scale: must be finite")
+        stream = vq.stream
+        if plan is None:
+            if seq_ids is None:
+                raise ValueError("seq_ids: required unless a plan is given")
+            layer, meta, splits, tps, _ = self._plan_host(seq_ids, layer)
+            meta_ptr = self._attend_meta.get(meta.nbytes)
+            _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "attend")
+        else:
+            if seq_ids is not None:
+                raise ValueError("plan: pass either seq_ids or a plan, not both")
+            if not isinstance(plan, AttendPlan):
+                raise TypeError(f"plan: expected an AttendPlan from PagedKVCache.plan(), got {type(plan).__name__}")
+            layer, splits, tps, meta_ptr = plan.layer, plan.splits, plan.tiles_per_split, plan.meta_dev.ptr
+            meta = np.empty((plan.batch, 4))
+        if B != len(meta):
+            raise ValueError(f"q: batch of {B} queries for {len(meta)} sequences")
+        if out is None:
+            out = _empty_like(vq, (B, Hq, D), vq.dtype)
+        vo = _view(out, "out")
+        if vo.shape != (B, Hq, D):
+            raise ValueError(f"out: expected shape {(B, Hq, D)}, got {vo.shape}")
+        if validate:
+            _check(_cuda.memset(self._flag.ptr, 0, 4, stream), "attend")
+            _check(_cuda.check(vq.spec(), self._flag.ptr, 1, 0, stream), "attend")
+            if int(self._flag.to_numpy(stream)[0]):
+                raise ValueError("q: contains NaN or Inf")
+        scratch = self._scratch.get(_cuda.attend_scratch_bytes(B, Hq, D, splits))
+        _check(_cuda.attend(self._desc, layer, meta_ptr, B, vq.spec(), Hq, scale, vo.spec(), scratch, splits, tps,
+                            stream), "attend")
+        return out
+
+    # ---- CPU interop -------------------------------------------------------------
+    def records(self, seq_id, layer: int = 0) -> np.ndarray:
+        """Host copy of a sequence's records, uint8 [num_tiles, Hk, record_bytes]."""
+        layer, slot = self._layer(layer), self._slot(seq_id, "seq_id")
+        n = int(self._tile_counts(self._lengths[layer, slot]))
+        H, R = self.num_kv_heads, self.record_bytes
+        out = np.empty((n, H, R), np.uint8)
+        page_bytes = H * R
+        for i in range(n):
+            src = self._pool.ptr + (layer * self.num_pages + self._pages[slot][i]) * page_bytes
+            _check(_cuda.memcpy_dtoh(out[i].reshape(-1), src, 0), "records")
+        return out
+
+    def _dense_host(self, buf, layer, slot, rows):
+        H, D = self.num_kv_heads, self.head_dim
+        per_head = buf.shape[3] * D
+        out = np.empty((H, per_head), np.float16)
+        base = buf.ptr + ((layer * self.max_seqs + slot) * H) * per_head * 2
+        _check(_cuda.memcpy_dtoh(out.reshape(-1).view(np.uint8), base, 0), "to_cpu")
+        return out.reshape(H, buf.shape[3], D)[:, :rows]
+
+    def to_cpu(self, seq_id, layer: int = 0):
+        """A kvarn.KVCache (CPU) holding exactly this sequence's sink, records and tail."""
+        from .cache import KVCache
+
+        layer, slot = self._layer(layer), self._slot(seq_id, "seq_id")
+        n = int(self._lengths[layer, slot])
+        c = KVCache(self.num_kv_heads, self.head_dim, self.preset, sink_tokens=self.sink_tokens, iters=self.iters)
+        tiles = int(self._tile_counts(n))
+        sink_len = min(n, self.sink_tokens)
+        tail_len = n - sink_len - tiles * self.preset.group
+        # Fills the CPU cache's storage directly: same fields its append() writes.
+        c._sink_k = np.ascontiguousarray(self._dense_host(self._sink_k, layer, slot, sink_len))
+        c._sink_v = np.ascontiguousarray(self._dense_host(self._sink_v, layer, slot, sink_len))
+        c._records = self.records(slot, layer)
+        c._num_tiles = tiles
+        c._tail_k[:, :tail_len] = self._dense_host(self._tail_k, layer, slot, tail_len)
+        c._tail_v[:, :tail_len] = self._dense_host(self._tail_v, layer, slot, tail_len)
+        c._tail_len = tail_len
+        return c
+
+    def load_cpu(self, seq_id, cpu_cache, layer: int = 0) -> None:
+        """Replaces an empty sequence's content (one layer) with a kvarn.KVCache's: its
+        CPU-written records are used as they are."""
+        layer, slot = self._layer(layer), self._slot(seq_id, "seq_id")
+        if self._lengths[layer, slot]:
+            raise ValueError(f"seq_id: sequence {seq_id} is not empty in layer {layer}")
+        c = cpu_cache
+        if (c.num_kv_heads, c.head_dim, c.preset.name, c.sink_tokens) != (
+                self.num_kv_heads, self.head_dim, self.preset.name, self.sink_tokens):
+            raise ValueError("cpu_cache: kv heads, head_dim, preset or sink_tokens differ from this cache's")
+        n = len(c)
+        if n > self.max_seq_len:
+            raise ValueError(f"cpu_cache: {n} tokens exceed max_seq_len={self.max_seq_len}")
+        H, D, G = self.num_kv_heads, self.head_dim, self.preset.group
+        while len(self._pages[slot]) < c.num_tiles:
+            if not self._free_pages:
+                raise RuntimeError("PagedKVCache: out of pages")
+            self._pages[slot].append(self._free_pages.pop())
+        recs = c.records
+        for i in range(c.num_tiles):
+            dst = self._pool.ptr + (layer * self.num_pages + self._pages[slot][i]) * H * self.record_bytes
+            _check(_cuda.memcpy_htod(dst, np.ascontiguousarray(recs[i]).reshape(-1), 0), "load_cpu")
+        bt = np.asarray(self._pages[slot][: self.max_tiles], np.int32)
+        if len(bt):
+            _check(_cuda.memcpy_htod(self._block_table.ptr + slot * self.max_tiles * 4, bt.view(np.uint8), 0),
+                   "load_cpu")
+
+        def put(buf, rows, data):
+            if rows == 0:
+                return
+            per_head = buf.shape[3] * D
+            for h in range(H):
+                dst = buf.ptr + (((layer * self.max_seqs + slot) * H) + h) * per_head * 2
+                _check(_cuda.memcpy_htod(dst, np.ascontiguousarray(data[h, :rows], np.float16).reshape(-1).view(
+                    np.uint8), 0), "load_cpu")
+
+        put(self._sink_k, c.sink_len, c._sink_k)
+        put(self._sink_v, c.sink_len, c._sink_v)
+        put(self._tail_k, c.tail_len, c._tail_k)
+        put(self._tail_v, c.tail_len, c._tail_v)
+        _check(_cuda.stream_sync(0), "load_cpu")
+        self._lengths[layer, slot] = n
+
+    def __repr__(self):
+        return (f"PagedKVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "
+                f"layers={self.num_layers}, seqs={len(self._live)}/{self.max_seqs}, "
+                f"pages free {len(self._free_pages)}/{self.num_pages}, device={self.device})")

@@ -1,0 +1,382 @@
+"""GPU path (kvarn.cuda) against the CPU path and the float64 oracle.
+
+Skips, with the reason printed, where there is no CUDA build or no GPU (CI).
+Run on a GPU machine by scripts/gpu_run.sh, which also runs the sanitizer
+workload at the bottom of this file under compute-sanitizer:
+    python tests/test_cuda.py --sanitize
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import kvarn
+import kvarn.cuda as kc
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+REASON = kc.unavailable_reason()
+if REASON is not None:
+    print(f"\n[test_cuda] GPU tests skipped: {REASON}", file=sys.stderr)
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+gpu = pytest.mark.skipif(REASON is not None, reason=f"GPU tests skipped: {REASON}")
+need_torch = pytest.mark.skipif(torch is None, reason="GPU tests need torch to make device tensors")
+PRESETS = ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128"]
+
+# Tolerance of GPU attention against the float64 oracle on the same records and
+# the same fp16 sink/tail: the GPU multiplies fp16 codes with hi+lo fp16 parts
+# of q*ka and p*va on tensor cores (fp32 accumulate) and uses exp2 in fp32, so
+# it lands near fp32 error, far under the quantisation error (~1e-1).
+REL_TOL = 2e-4
+
+
+def kv_like(rng, shape, outlier_channels=4):
+    x = rng.standard_normal(shape)
+    idx = rng.choice(shape[-1], size=min(outlier_channels, shape[-1]), replace=False)
+    x[..., idx] *= 8.0
+    return x.astype(np.float32)
+
+
+def test_clear_error_without_gpu():
+    if REASON is None:
+        pytest.skip("a GPU is present: the no-GPU error path is not reachable here")
+    with pytest.raises(RuntimeError, match="kvarn.cuda"):
+        kc.PagedKVCache(8, 128)
+
+
+def dev(x, dtype=None):
+    t = torch.from_numpy(np.ascontiguousarray(x)).cuda()
+    return t if dtype is None else t.to(dtype)
+
+
+# ---- store kernel --------------------------------------------------------------
+@gpu
+@need_torch
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_store_matches_cpu_records(preset, head_dim):
+    rng = np.random.default_rng(hash((preset, head_dim)) % 2**32)
+    p = kvarn.PRESETS[preset]
+    n = 6
+    k = kv_like(rng, (n, p.group, head_dim))
+    v = rng.standard_normal((n, p.group, head_dim)).astype(np.float32) * 0.5
+    gpu_rec = kc.quantize_tiles(dev(k), dev(v), preset).cpu().numpy()
+    cpu_rec = kvarn.quantize_tile(k, v, preset).records
+    assert gpu_rec.shape == cpu_rec.shape
+    g_tile = kvarn.Tile.from_records(gpu_rec, preset, head_dim)  # GPU records pass the CPU's validation
+    c_tile = kvarn.Tile(cpu_rec, p, head_dim)
+    gf, cf = g_tile.fields(), c_tile.fields()
+    for name in gf:
+        a, b = gf[name], cf[name]
+        if a.dtype == np.float16:
+            # Same bits, except where a last-ulp difference in a double reduction or log/exp
+            # moved a value over a rounding boundary.
+            same = np.mean(a.view(np.uint16) == b.view(np.uint16))
+            assert same > 0.99, (name, same)
+            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=2e-3, err_msg=name)
+    for codes in ("k_codes", "v_codes"):
+        a, b = getattr(g_tile, codes), getattr(c_tile, codes)
+        diff = a.astype(int) - b.astype(int)
+        assert np.abs(diff).max() <= 1, codes  # only rounding near-ties may differ, by one step
+        assert np.mean(diff != 0) < 2e-3, (codes, np.mean(diff != 0))
+    # GPU records decode on the CPU path like the CPU's own.
+    kg, vg = kvarn.dequantize_tile(g_tile)
+    kc_, vc_ = kvarn.dequantize_tile(c_tile)
+    for x, y in ((kg, kc_), (vg, vc_)):
+        assert np.linalg.norm(x - y) / np.linalg.norm(y) < 1e-2
+
+
+@gpu
+@need_torch
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_store_input_dtypes(dtype):
+    rng = np.random.default_rng(7)
+    k = kv_like(rng, (2, 128, 128))
+    v = kv_like(rng, (2, 128, 128))
+    tdt = getattr(torch, dtype)
+    rec = kc.quantize_tiles(dev(k, tdt), dev(v, tdt), "k4v2_g128").cpu().numpy()
+    k_in = dev(k, tdt).float().cpu().numpy()  # what the kernel saw
+    v_in = dev(v, tdt).float().cpu().numpy()
+    ref = kvarn.quantize_tile(k_in, v_in, "k4v2_g128").records
+    assert np.mean(rec == ref) > 0.995
+
+
+@gpu
+@need_torch
+def test_store_rejects_nan():
+    k = torch.randn(1, 128, 128, device="cuda")
+    v = torch.randn(1, 128, 128, device="cuda")
+    v[0, 3, 5] = float("nan")
+    with pytest.raises(ValueError, match="^v: contains NaN or Inf"):
+        kc.quantize_tiles(k, v)
+    with pytest.raises(ValueError, match="^k: a k4v2_g128 tile holds 128 tokens"):
+        kc.quantize_tiles(k[:, :64], v[:, :64])
+    with pytest.raises(ValueError, match="^k.shape\\[-1\\]: unsupported head_dim 80"):
+        kc.quantize_tiles(torch.randn(1, 128, 80, device="cuda"), torch.randn(1, 128, 80, device="cuda"))
+
+
+# ---- cache + attention ------------------------------------------------------------
+def oracle_attention(q, K, V, scale):
+    """float64: q [Hq, D], K/V [Hk, n, D]."""
+    Hq, Hk = q.shape[0], K.shape[0]
+    out = np.empty((Hq, q.shape[1]))
+    for h in range(Hq):
+        kv = h // (Hq // Hk)
+        s = K[kv].astype(np.float64) @ q[h].astype(np.float64) * scale
+        p = np.exp(s - s.max())
+        out[h] = p @ V[kv].astype(np.float64) / p.sum()
+    return out
+
+
+def build(preset, head_dim, hk, lengths, rng, dtype=None, decode_steps=1):
+    """GPU cache with one sequence per length: a prefill append each, then decode_steps
+    one-token appends for the whole batch. Returns (cache, ids)."""
+    cache = kc.PagedKVCache(hk, head_dim, preset, max_seqs=len(lengths) + 1, max_seq_len=max(lengths) + 8)
+    ids = [cache.add_sequence() for _ in lengths]
+    dt = dtype or torch.float32
+    for sid, n in zip(ids, lengths):
+        pre = n - decode_steps
+        if pre > 0:
+            cache.append([sid], dev(kv_like(rng, (1, pre, hk, head_dim)), dt), dev(kv_like(rng, (1, pre, hk, head_dim)), dt))
+    for _ in range(decode_steps):
+        B = len(ids)
+        cache.append(ids, dev(kv_like(rng, (B, hk, head_dim)), dt), dev(kv_like(rng, (B, hk, head_dim)), dt))
+    return cache, ids
+
+
+def check_attention(cache, ids, q_np, out_gpu, scale):
+    errs = []
+    for b, sid in enumerate(ids):
+        cpu = cache.to_cpu(sid)  # the CPU path reads the GPU's records, sink and tail
+        K, V = cpu.dequantize()
+        ref = oracle_attention(q_np[b], K, V, scale)
+        cpu_out = kvarn.attend(q_np[b], cpu, scale)
+        got = out_gpu[b].astype(np.float64)
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        cpu_err = np.linalg.norm(cpu_out - ref) / np.linalg.norm(ref)
+        errs.append(err)
+        assert np.isfinite(got).all()
+        assert err < max(REL_TOL, 4 * cpu_err), (b, cache.length(sid), err, cpu_err)
+    return max(errs)
+
+
+EDGE = [1, 127, 128, 129, 255, 256, 257, 1000]  # sink=128 and G=128: every boundary
+
+
+@gpu
+@need_torch
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+def test_attend_matches_cpu(preset, head_dim, gqa):
+    rng = np.random.default_rng(hash((preset, head_dim, gqa)) % 2**32)
+    hk = 2
+    G = kvarn.PRESETS[preset].group
+    lengths = [1, G - 1, G, G + 1, 2 * G - 1, 2 * G + 1, 3 * G, 5 * G + 3] if head_dim != 256 else [G + 1, 3 * G + 5]
+    cache, ids = build(preset, head_dim, hk, lengths, rng)
+    q = kv_like(rng, (len(ids), hk * gqa, head_dim))
+    scale = 1.0 / np.sqrt(head_dim)
+    out = cache.attend(dev(q), ids).cpu().numpy()
+    check_attention(cache, ids, q, out, scale)
+
+
+@gpu
+@need_torch
+def test_attend_long_split_k_and_ragged():
+    """Thousands of tokens (several splits per sequence) next to short ones, bf16 in and out."""
+    rng = np.random.default_rng(11)
+    lengths = [9000, 130, 4100, 129, 2]
+    cache, ids = build("k4v2_g128", 128, 8, lengths, rng, dtype=torch.bfloat16)
+    q = kv_like(rng, (len(ids), 32, 128))
+    qt = dev(q, torch.bfloat16)
+    out = cache.attend(qt, ids)
+    assert out.dtype == torch.bfloat16 and out.shape == qt.shape
+    # Reference on the bf16-rounded q the kernel saw; output rounding to bf16 is ~4e-3.
+    q_seen = qt.float().cpu().numpy()
+    out32 = cache.attend(qt.float(), ids).cpu().numpy()
+    check_attention(cache, ids, q_seen, out32, 1 / np.sqrt(128))
+    np.testing.assert_allclose(out.float().cpu().numpy(), out32, rtol=2e-2, atol=2e-2)
+
+
+@gpu
+@need_torch
+def test_cpu_records_decode_on_gpu():
+    """Vice versa: a CPU KVCache's records, loaded as they are, attended on the GPU."""
+    rng = np.random.default_rng(3)
+    for preset in PRESETS:
+        cpu = kvarn.KVCache(4, 128, preset)
+        cpu.append(kv_like(rng, (4, 700, 128)), kv_like(rng, (4, 700, 128)))
+        cache = kc.PagedKVCache(4, 128, preset, max_seqs=2, max_seq_len=1024)
+        sid = cache.add_sequence()
+        cache.load_cpu(sid, cpu)
+        np.testing.assert_array_equal(cache.records(sid), cpu.records)
+        q = kv_like(rng, (1, 16, 128))
+        out = cache.attend(dev(q), [sid]).cpu().numpy()[0]
+        K, V = cpu.dequantize()
+        ref = oracle_attention(q[0], K, V, 1 / np.sqrt(128))
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < REL_TOL, preset
+
+
+@gpu
+@need_torch
+def test_gpu_cache_records_match_cpu_cache():
+    """Same tokens through both caches: same records up to rounding near-ties."""
+    rng = np.random.default_rng(5)
+    k = kv_like(rng, (1, 600, 4, 128))
+    v = kv_like(rng, (1, 600, 4, 128))
+    cache = kc.PagedKVCache(4, 128, max_seqs=1, max_seq_len=1024)
+    sid = cache.add_sequence()
+    cache.append([sid], dev(k[:, :300]), dev(v[:, :300]))
+    for t in range(300, 600, 100):
+        cache.append([sid], dev(k[:, t:t + 100]), dev(v[:, t:t + 100]))
+    cpu = kvarn.KVCache(4, 128)
+    cpu.append(k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2))
+    g = cache.to_cpu(sid)
+    assert (g.sink_len, g.num_tiles, g.tail_len) == (cpu.sink_len, cpu.num_tiles, cpu.tail_len)
+    assert np.mean(g.records == cpu.records) > 0.995
+    np.testing.assert_array_equal(g._tail_k[:, : g.tail_len], cpu._tail_k[:, : cpu.tail_len])
+
+
+@gpu
+@need_torch
+def test_free_and_reuse_pages():
+    rng = np.random.default_rng(9)
+    cache = kc.PagedKVCache(2, 64, max_seqs=3, max_seq_len=600, num_pages=5)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([a, b], dev(kv_like(rng, (2, 400, 2, 64))), dev(kv_like(rng, (2, 400, 2, 64))))
+    assert cache.free_pages == 1
+    with pytest.raises(RuntimeError, match="out of pages"):
+        c = cache.add_sequence()
+        cache.append([c], dev(kv_like(rng, (1, 500, 2, 64))), dev(kv_like(rng, (1, 500, 2, 64))))
+    assert cache.length(c) == 0 and cache.free_pages == 1
+    cache.free(a)
+    assert cache.free_pages == 3
+    cache.append([c], dev(kv_like(rng, (1, 500, 2, 64))), dev(kv_like(rng, (1, 500, 2, 64))))
+    q = kv_like(rng, (2, 4, 64))
+    out = cache.attend(dev(q), [b, c]).cpu().numpy()
+    check_attention(cache, [b, c], q, out, 1 / 8)
+
+
+@gpu
+@need_torch
+def test_cupy_arrays():
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(2)
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=512)
+    sid = cache.add_sequence()
+    cache.append([sid], cupy.asarray(kv_like(rng, (1, 300, 2, 128))), cupy.asarray(kv_like(rng, (1, 300, 2, 128))))
+    q = kv_like(rng, (1, 8, 128))
+    out = cache.attend(cupy.asarray(q), [sid])
+    assert isinstance(out, cupy.ndarray)
+    check_attention(cache, [sid], q, cupy.asnumpy(out), 1 / np.sqrt(128))
+
+
+# ---- bad input --------------------------------------------------------------------
+@gpu
+@need_torch
+def test_bad_input_errors_and_atomic_append():
+    rng = np.random.default_rng(4)
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([a, b], dev(kv_like(rng, (2, 250, 2, 128))), dev(kv_like(rng, (2, 250, 2, 128))))
+    before = (cache.length(a), cache.length(b), cache.free_pages, cache.records(a).copy())
+
+    def unchanged():
+        assert (cache.length(a), cache.length(b), cache.free_pages) == before[:3]
+        np.testing.assert_array_equal(cache.records(a), before[3])
+
+    k = dev(kv_like(rng, (2, 10, 2, 128)))
+    v = dev(kv_like(rng, (2, 10, 2, 128)))
+    bad = k.clone()
+    bad[1, 9, 0, 3] = float("inf")  # completes a tile for both sequences: nothing may be stored
+    with pytest.raises(ValueError, match="^k: contains NaN or Inf"):
+        cache.append([a, b], bad, v)
+    unchanged()
+    bad = v.clone()
+    bad[0, 0, 1, 0] = 1e5
+    with pytest.raises(ValueError, match="^v: values beyond the fp16 range"):
+        cache.append([a, b], k, bad)
+    unchanged()
+    with pytest.raises(TypeError, match="^k: dtype torch.int32 is not supported"):
+        cache.append([a, b], k.int(), v)
+    with pytest.raises(ValueError, match="^k: expected shape \\[B, T, 2, 128\\]"):
+        cache.append([a, b], k[..., :64], v[..., :64])
+    with pytest.raises(ValueError, match="^v: shape"):
+        cache.append([a, b], k, v[:, :5])
+    with pytest.raises(TypeError, match="^k: expected a CUDA tensor"):
+        cache.append([a, b], k.cpu(), v)
+    with pytest.raises(KeyError, match="seq_ids\\[1\\]"):
+        cache.append([a, 7], k, v)
+    unchanged()
+    cache.append([a, b], k, v)  # the same good input goes in afterwards
+    assert cache.length(a) == 260
+
+    q = dev(kv_like(rng, (2, 8, 128)))
+    with pytest.raises(ValueError, match="^q: 5 query heads is not a positive multiple"):
+        cache.attend(q[:, :5], [a, b])
+    with pytest.raises(ValueError, match="^q: last dimension 64"):
+        cache.attend(q[..., :64], [a, b])
+    qn = q.clone()
+    qn[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="^q: contains NaN or Inf"):
+        cache.attend(qn, [a, b])
+    with pytest.raises(ValueError, match="^q: batch of 2 queries for 1 sequences"):
+        cache.attend(q, [a])
+    with pytest.raises(ValueError, match="^scale: must be finite"):
+        cache.attend(q, [a, b], scale=float("inf"))
+    with pytest.raises(ValueError, match="^head_dim: unsupported head_dim 80"):
+        kc.PagedKVCache(2, 80)
+    c = cache.add_sequence()
+    with pytest.raises(ValueError, match="is empty"):
+        cache.attend(q, [a, c])
+
+
+@gpu
+@need_torch
+def test_graph_capture_with_plan():
+    rng = np.random.default_rng(8)
+    cache, ids = build("k4v2_g128", 128, 8, [3000, 500], rng)
+    plan = cache.plan(ids)
+    q = dev(kv_like(rng, (2, 32, 128)))
+    out = torch.empty_like(q)
+    cache.attend(q, plan=plan, out=out, validate=False)  # warm-up (allocates scratch)
+    ref = out.clone()
+    out.zero_()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cache.attend(q, plan=plan, out=out, validate=False)
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+# ---- compute-sanitizer workload (no torch: only kvarn's own allocations) ---------
+def sanitizer_workload():
+    rng = np.random.default_rng(0)
+    for preset, D, hq in (("k4v2_g128", 128, 32), ("k4v4_g64", 64, 8), ("k2v2_g128", 256, 2)):
+        cache = kc.PagedKVCache(2, D, preset, max_seqs=3, max_seq_len=700)
+        ids = [cache.add_sequence() for _ in range(3)]
+        for sid, n in zip(ids, (650, 200, 3)):
+            x = kc.DeviceArray.from_numpy(kv_like(rng, (1, n, 2, D)))
+            y = kc.DeviceArray.from_numpy(kv_like(rng, (1, n, 2, D)))
+            cache.append([sid], x, y)
+        x = kc.DeviceArray.from_numpy(kv_like(rng, (3, 2, D)))
+        cache.append(ids, x, x)
+        q = kc.DeviceArray.from_numpy(kv_like(rng, (3, hq, D)))
+        out = cache.attend(q, ids).to_numpy()
+        assert np.isfinite(out).all()
+        rec = kc.quantize_tiles(kc.DeviceArray.from_numpy(kv_like(rng, (3, cache.preset.group, D))),
+                                kc.DeviceArray.from_numpy(kv_like(rng, (3, cache.preset.group, D))), preset)
+        assert rec.to_numpy().shape[0] == 3
+    print("sanitizer workload: ok")
+
+
+if __name__ == "__main__":
+    if "--sanitize" in sys.argv:
+        sanitizer_workload()
