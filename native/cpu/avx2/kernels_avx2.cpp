@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvarn/kernels.h"
@@ -460,8 +461,246 @@ void attend_dense_f16_avx2(const float* q_all, int n_q, int D, const uint16_t* k
     }
 }
 
+// ---- quantiser ------------------------------------------------------------------------------
+// Mirrors scalar/kernels_scalar.cpp + sinkhorn_scalar.cpp operation for
+// operation so the codes and fp16 vectors come out identical:
+// - divisions are exact IEEE divisions in the spec's order (x / c[col] / r[row]);
+// - column statistics are vectorised across columns, each lane summing its
+//   column in double in the scalar's row order; row statistics are column
+//   statistics of the transposed matrix, so they keep that order too;
+// - the O(rows + cols) log/exp/clamp steps call the same libm expf/logf;
+// - round half to even via vroundps, the scalar's nearbyint.
+struct QuantBuffers {
+    float* x;     // rows x cols input (K: transposed to channels x tokens)
+    float* cur;   // rows x cols scaled
+    float* curT;  // cols x rows scaled
+    float* rot;   // G x D rotated copy of k or v
+    float* lr; float* lc; float* er; float* ec; float* cs; float* rs; float* r; float* c;
+    uint8_t* codes;  // one row of byte codes
+};
+
+inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// out[j] = unbiased std of column j of M (R x C, row-major), sums in double, row order.
+// NB columns per pass (NB/4 independent double-add chains hide the add latency).
+template <int NB>
+inline void column_std_block(const float* M, int R, int C, int j0, float* out)
+{
+    constexpr int K = NB / 4;
+    const __m256d n = _mm256_set1_pd((double)R), n1 = _mm256_set1_pd((double)(R - 1));
+    __m256d m[K], q[K];
+    for (int k = 0; k < K; ++k) m[k] = q[k] = _mm256_setzero_pd();
+    for (int i = 0; i < R; ++i) {
+        const float* row = M + (size_t)i * C + j0;
+        for (int k = 0; k < K; ++k) m[k] = _mm256_add_pd(m[k], _mm256_cvtps_pd(_mm_loadu_ps(row + 4 * k)));
+    }
+    for (int k = 0; k < K; ++k) m[k] = _mm256_div_pd(m[k], n);
+    for (int i = 0; i < R; ++i) {
+        const float* row = M + (size_t)i * C + j0;
+        for (int k = 0; k < K; ++k) {
+            const __m256d d = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(row + 4 * k)), m[k]);
+            q[k] = _mm256_add_pd(q[k], _mm256_mul_pd(d, d));
+        }
+    }
+    for (int k = 0; k < K; ++k) _mm_storeu_ps(out + j0 + 4 * k, _mm256_cvtpd_ps(_mm256_sqrt_pd(_mm256_div_pd(q[k], n1))));
+}
+
+void column_std(const float* M, int R, int C, float* out)
+{
+    int j0 = 0;
+    for (; j0 + 32 <= C; j0 += 32) column_std_block<32>(M, R, C, j0, out);
+    for (; j0 < C; j0 += 16) column_std_block<16>(M, R, C, j0, out);
+}
+
+inline void transpose8(const float* src, size_t ss, float* dst, size_t ds)
+{
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ss);
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        r[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(dst + i * ds, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ds, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+
+// dst (C x R) = transpose of src (R x C); R, C multiples of 8.
+void transpose(const float* src, int R, int C, float* dst)
+{
+    for (int i = 0; i < R; i += 8)
+        for (int j = 0; j < C; j += 8) transpose8(src + (size_t)i * C + j, C, dst + (size_t)j * R + i, R);
+}
+
+// cur = X / ec[col] / er[row], and its transpose.
+void apply_scales(const float* X, int R, int C, const float* ec, const float* er, float* cur, float* curT)
+{
+    for (int i = 0; i < R; ++i) {
+        const __m256 ri = _mm256_set1_ps(er[i]);
+        const float* x = X + (size_t)i * C;
+        float* o = cur + (size_t)i * C;
+        for (int j = 0; j < C; j += 8)
+            _mm256_storeu_ps(o + j, _mm256_div_ps(_mm256_div_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(ec + j)), ri));
+    }
+    transpose(cur, R, C, curT);
+}
+
+float spread(const float* s, int n)
+{
+    float lo = s[0], hi = s[0];
+    for (int i = 1; i < n; ++i) {
+        lo = s[i] < lo ? s[i] : lo;
+        hi = s[i] > hi ? s[i] : hi;
+    }
+    return hi / (lo > KVARN_IMBALANCE_EPS ? lo : KVARN_IMBALANCE_EPS);
+}
+
+void sinkhorn_balance(const float* X, int R, int C, int iters, QuantBuffers& b)
+{
+    for (int i = 0; i < R; ++i) { b.lr[i] = 0.0f; b.er[i] = 1.0f; b.r[i] = 1.0f; }
+    for (int j = 0; j < C; ++j) { b.lc[j] = 0.0f; b.ec[j] = 1.0f; b.c[j] = 1.0f; }
+    transpose(X, R, C, b.curT);
+    column_std(X, R, C, b.cs);
+    column_std(b.curT, C, R, b.rs);
+    float best = spread(b.cs, C) + spread(b.rs, R);
+    for (int it = 0; it < iters; ++it) {
+        for (int j = 0; j < C; ++j) {
+            b.lc[j] = clampf(b.lc[j] + logf(clampf(b.cs[j], KVARN_STD_MIN, KVARN_STD_MAX)), KVARN_LOG_SCALE_MIN,
+                             KVARN_LOG_SCALE_MAX);
+            b.ec[j] = expf(b.lc[j]);
+        }
+        apply_scales(X, R, C, b.ec, b.er, b.cur, b.curT);
+        column_std(b.curT, C, R, b.rs);
+        for (int i = 0; i < R; ++i) {
+            b.lr[i] = clampf(b.lr[i] + logf(clampf(b.rs[i], KVARN_STD_MIN, KVARN_STD_MAX)), KVARN_LOG_SCALE_MIN,
+                             KVARN_LOG_SCALE_MAX);
+            b.er[i] = expf(b.lr[i]);
+        }
+        apply_scales(X, R, C, b.ec, b.er, b.cur, b.curT);
+        column_std(b.cur, R, C, b.cs);
+        column_std(b.curT, C, R, b.rs);
+        const float imbalance = spread(b.cs, C) + spread(b.rs, R);
+        if (imbalance <= best) {  // ties: the later candidate wins (as scalar)
+            best = imbalance;
+            memcpy(b.r, b.er, sizeof(float) * R);
+            memcpy(b.c, b.ec, sizeof(float) * C);
+        }
+    }
+}
+
+// Packs n byte codes (each < 2^bits) into n*bits/8 bytes, code i at byte i/(8/bits), shift (i%(8/bits))*bits.
+void pack_codes(const uint8_t* codes, int n, int bits, uint8_t* out)
+{
+    if (bits == 8) {
+        memcpy(out, codes, (size_t)n);
+        return;
+    }
+    for (int i = 0; i < n; i += 16) {
+        const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+        if (bits == 4) {
+            // pairs: c0 + 16 c1 -> one byte each
+            const __m128i w = _mm_maddubs_epi16(x, _mm_set1_epi16(0x1001));
+            const __m128i bytes = _mm_packus_epi16(w, w);
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2), bytes);
+        } else {
+            // quads: (c0 + 4 c1) + 16 (c2 + 4 c3)
+            const __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(x, _mm_set1_epi16(0x0401)), _mm_set1_epi32(0x00100001));
+            const __m128i h = _mm_packs_epi32(w, w);
+            const __m128i bytes = _mm_packus_epi16(h, h);
+            const uint32_t v = (uint32_t)_mm_cvtsi128_si32(bytes);
+            memcpy(out + i / 4, &v, 4);
+        }
+    }
+}
+
+bool quantize_matrix(const float* X, int R, int C, int bits, int iters, uint8_t* codes, uint16_t* a, uint16_t* z,
+                     uint16_t* colscale, QuantBuffers& b)
+{
+    sinkhorn_balance(X, R, C, iters, b);
+    const size_t row_bytes = kvarn_packed_row_bytes(C, bits);
+    const float qmax = (float)((1 << bits) - 1);
+    const __m256 qmaxv = _mm256_set1_ps(qmax), zero = _mm256_setzero_ps();
+    bool finite = true;
+    for (int i = 0; i < R; ++i) {
+        float* row = b.cur;  // one balanced row
+        const __m256 ri = _mm256_set1_ps(b.r[i]);
+        const float* x = X + (size_t)i * C;
+        __m256 lo = _mm256_set1_ps(INFINITY), hi = _mm256_set1_ps(-INFINITY);
+        for (int j = 0; j < C; j += 8) {
+            const __m256 v = _mm256_div_ps(_mm256_div_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(b.c + j)), ri);
+            _mm256_storeu_ps(row + j, v);
+            lo = _mm256_min_ps(lo, v);
+            hi = _mm256_max_ps(hi, v);
+        }
+        // min/max are exact, so the reduction order does not matter.
+        __m128 l4 = _mm_min_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1));
+        l4 = _mm_min_ps(l4, _mm_movehl_ps(l4, l4));
+        const float lo_s = _mm_cvtss_f32(_mm_min_ss(l4, _mm_movehdup_ps(l4)));
+        __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1));
+        h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
+        const float hi_s = _mm_cvtss_f32(_mm_max_ss(h4, _mm_movehdup_ps(h4)));
+        const float sc0 = (hi_s - lo_s) / qmax;
+        const float scale = sc0 > KVARN_RTN_SCALE_MIN ? sc0 : KVARN_RTN_SCALE_MIN;
+        const __m256 lov = _mm256_set1_ps(lo_s), scv = _mm256_set1_ps(scale);
+        for (int j = 0; j < C; j += 8) {
+            __m256 c = _mm256_round_ps(_mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(row + j), lov), scv),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            c = _mm256_min_ps(_mm256_max_ps(c, zero), qmaxv);
+            const __m256i ci = _mm256_cvttps_epi32(c);
+            const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(ci), _mm256_extracti128_si256(ci, 1));
+            _mm_storel_epi64(reinterpret_cast<__m128i*>(b.codes + j), _mm_packus_epi16(w, w));
+        }
+        pack_codes(b.codes, C, bits, codes + (size_t)i * row_bytes);
+        a[i] = float_to_half(b.r[i] * scale);
+        z[i] = float_to_half(b.r[i] * lo_s);
+        finite = finite && (a[i] & 0x7c00u) != 0x7c00u && (z[i] & 0x7c00u) != 0x7c00u;
+    }
+    for (int j = 0; j < C; ++j) {
+        colscale[j] = float_to_half(b.c[j]);
+        finite = finite && (colscale[j] & 0x7c00u) != 0x7c00u;
+    }
+    return finite;
+}
+
+int quantize_tile_avx2(const float* k, const float* v, const TileFormat& fmt, int iters, uint8_t* record)
+{
+    const int G = fmt.group, D = fmt.head_dim;
+    const size_t n = (size_t)G * D, vec = (size_t)(G > D ? G : D);
+    // Plain malloc: no std::vector (see link hygiene above); on failure the
+    // scalar kernel takes over (it reports allocation failure by exception).
+    float* mem = static_cast<float*>(aligned_alloc(64, sizeof(float) * (4 * n + 8 * vec) + vec));
+    if (!mem) return scalar_kernels()->quantize_tile(k, v, fmt, iters, record);
+    QuantBuffers b;
+    b.x = mem; b.cur = b.x + n; b.curT = b.cur + n; b.rot = b.curT + n;
+    float* p = b.rot + n;
+    b.lr = p; b.lc = p + vec; b.er = p + 2 * vec; b.ec = p + 3 * vec; b.cs = p + 4 * vec; b.rs = p + 5 * vec;
+    b.r = p + 6 * vec; b.c = p + 7 * vec;
+    b.codes = reinterpret_cast<uint8_t*>(p + 8 * vec);
+    const kvarn_record_layout L = fmt.layout();
+
+    memcpy(b.rot, k, sizeof(float) * n);
+    hadamard_f32_avx2(b.rot, G, D);
+    transpose(b.rot, G, D, b.x);  // rows = channels
+    bool ok = quantize_matrix(b.x, D, G, fmt.kbits, iters, record + L.k_codes, reinterpret_cast<uint16_t*>(record + L.ka),
+                              reinterpret_cast<uint16_t*>(record + L.kz), reinterpret_cast<uint16_t*>(record + L.kt), b);
+    memcpy(b.x, v, sizeof(float) * n);
+    hadamard_f32_avx2(b.x, G, D);
+    ok = quantize_matrix(b.x, G, D, fmt.vbits, iters, record + L.v_codes, reinterpret_cast<uint16_t*>(record + L.va),
+                         reinterpret_cast<uint16_t*>(record + L.vz), reinterpret_cast<uint16_t*>(record + L.vc), b) &&
+         ok;
+    free(mem);
+    return ok ? 0 : 1;
+}
+
 const KernelTable kAvx2 = {
-    "avx2", hadamard_f32_avx2, nullptr, attend_tiles_avx2, attend_dense_f16_avx2,
+    "avx2", hadamard_f32_avx2, quantize_tile_avx2, attend_tiles_avx2, attend_dense_f16_avx2,
 };
 
 }  // namespace
