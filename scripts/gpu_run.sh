@@ -55,6 +55,16 @@ if want sanitize; then
   done
 fi
 
+if [[ " ${steps[*]} " == *" profile "* ]]; then
+  echo "== ncu (attend kernel, ctx 32K, B 8) + SASS instruction mix"
+  ncu --clock-control none --kernel-name regex:attend_kernel --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --section Occupancy --section SchedulerStats --section InstructionStats \
+    $PY benchmarks/bench_cuda.py --profile >"$OUT/ncu.log" 2>&1 || echo "ncu failed"
+  grep -E "Duration|Throughput|Warp Cycles|Stall|Issued|Occupancy|Registers|Eligible|No Eligible" "$OUT/ncu.log" | head -40
+  obj=$(find build/gpu /tmp/kvarn-head/build -name 'attend_d128.cu.o' 2>/dev/null | head -1)
+  [ -n "$obj" ] && cuobjdump -sass "$obj" >"$OUT/attend_d128.sass" 2>&1
+fi
+
 if want bench; then
   echo "== benchmarks/bench_cuda.py"
   $PY benchmarks/bench_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1

@@ -81,7 +81,7 @@ def test_store_matches_cpu_records(preset, head_dim):
             assert same > 0.99, (name, same)
             np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=2e-3, err_msg=name)
     for codes in ("k_codes", "v_codes"):
-        a, b = getattr(g_tile, codes), getattr(c_tile, codes)
+        a, b = getattr(g_tile, codes)(), getattr(c_tile, codes)()
         diff = a.astype(int) - b.astype(int)
         assert np.abs(diff).max() <= 1, codes  # only rounding near-ties may differ, by one step
         assert np.mean(diff != 0) < 2e-3, (codes, np.mean(diff != 0))

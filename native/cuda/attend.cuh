@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
                     amax = fmaxf(amax, fabsf(xa[s2][q]));
                 }
             qz = quad_sum(qz);
-            amax = warp_max(amax);
+            amax = quad_max(amax);  // per head (A row): its quad holds all its channels
             float s1, inv_s1;
             pow2_scale(amax, s1, inv_s1);
             uint32_t A[C::KS][4];

@@ -4,8 +4,8 @@
 // operation in fp32 -- the same butterflies, X / c[col] / r[row] divisions in
 // that order, round-half-even -- with the std reductions accumulated in double
 // like the CPU, so records match the CPU's bit for bit except where a
-// reduction's different summation order (or a last-ulp log/exp) moves a value
-// across a rounding boundary.
+// reduction's different summation order (one pass of sums and squares in double,
+// a last-ulp log/exp) moves a value across a rounding boundary.
 #include <cmath>
 
 #include "common.cuh"
@@ -13,7 +13,7 @@
 namespace kvarn_cuda {
 namespace {
 
-constexpr int kStoreThreads = 256;
+constexpr int kStoreThreads = 1024;  // one CTA per (tile, head, K|V): many warps hide the fp64/division latency
 constexpr int kStoreWarps = kStoreThreads / 32;
 constexpr int kInputFlags = KVARN_FLAG_K_NONFINITE | KVARN_FLAG_V_NONFINITE | KVARN_FLAG_K_RANGE | KVARN_FLAG_V_RANGE;
 
@@ -112,21 +112,28 @@ struct TileMatrix {
     __device__ __forceinline__ float x(int i, int j) const { return is_k ? T[j * ld + i] : T[i * ld + j]; }
 };
 
-// Unbiased std of each column j of X / ec[col] / er[row] (over rows), two-pass in double.
+// Unbiased std of each column j of X / ec[col] / er[row] (over rows), accumulated in double.
+// One pass (sum and sum of squares): in double the cancellation costs far less than the
+// float result's last bit, and it halves the divisions of the spec's two-pass form.
+__device__ __forceinline__ float std_from_sums(double s, double ss, int n)
+{
+    const double var = (ss - s * s / n) / (n - 1);
+    return (float)sqrt(var > 0.0 ? var : 0.0);
+}
+
 __device__ void column_std(const TileMatrix& m, const float* ec, const float* er, float* out)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int j = warp; j < m.cols; j += kStoreWarps) {
-        double s = 0.0;
-        for (int i = lane; i < m.rows; i += 32) s += (double)(m.x(i, j) / ec[j] / er[i]);
-        const double mean = warp_sum_d(s) / m.rows;
-        double ss = 0.0;
+        double s = 0.0, ss = 0.0;
         for (int i = lane; i < m.rows; i += 32) {
-            const double d = (double)(m.x(i, j) / ec[j] / er[i]) - mean;
-            ss += d * d;
+            const double x = (double)(m.x(i, j) / ec[j] / er[i]);
+            s += x;
+            ss = fma(x, x, ss);
         }
+        s = warp_sum_d(s);
         ss = warp_sum_d(ss);
-        if (lane == 0) out[j] = (float)sqrt(ss / (m.rows - 1));
+        if (lane == 0) out[j] = std_from_sums(s, ss, m.rows);
     }
 }
 
@@ -135,16 +142,15 @@ __device__ void row_std(const TileMatrix& m, const float* ec, const float* er, f
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int i = warp; i < m.rows; i += kStoreWarps) {
-        double s = 0.0;
-        for (int j = lane; j < m.cols; j += 32) s += (double)(m.x(i, j) / ec[j] / er[i]);
-        const double mean = warp_sum_d(s) / m.cols;
-        double ss = 0.0;
+        double s = 0.0, ss = 0.0;
         for (int j = lane; j < m.cols; j += 32) {
-            const double d = (double)(m.x(i, j) / ec[j] / er[i]) - mean;
-            ss += d * d;
+            const double x = (double)(m.x(i, j) / ec[j] / er[i]);
+            s += x;
+            ss = fma(x, x, ss);
         }
+        s = warp_sum_d(s);
         ss = warp_sum_d(ss);
-        if (lane == 0) out[i] = (float)sqrt(ss / (m.cols - 1));
+        if (lane == 0) out[i] = std_from_sums(s, ss, m.cols);
     }
 }
 
