@@ -1,0 +1,347 @@
+"""SIMD kernels against the scalar spec, on every ISA this machine has.
+
+- Hadamard and quantised tile records must be bit-identical to scalar.
+- Attention may reassociate: its error against a float64 reference of the
+  same (dequantised) cache must stay within 2x the scalar path's own error
+  (+ a small floor), like flash-attention's rule for its kernels.
+- Lengths and head counts are chosen to break vector tails and head groups.
+- KVARN_ISA / KVARN_SCORES are checked in subprocesses (they are read once).
+"""
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import kvarn
+from kvarn import _native, _ops
+from kvarn.fp16cache import FP16Cache, attend_fp16_batch
+
+ISAS = kvarn.available_isas()
+SIMD_ISAS = [i for i in ISAS if i != "scalar"]
+ODD_LENGTHS = [1, 2, 3, 7, 15, 17, 31, 33, 127, 129, 255, 257, 300, 385]
+HAS_VNNI = _native.cpu_has_vnni() and "avx512" in ISAS
+
+
+@pytest.fixture(autouse=True)
+def restore_isa():
+    before = kvarn.active_isa()
+    mode = _native.score_mode()
+    yield
+    kvarn.set_isa(before)
+    if HAS_VNNI:
+        _native.set_score_mode(mode)
+
+
+def run_isa(isa, fn, *args, **kw):
+    kvarn.set_isa(isa)
+    return fn(*args, **kw)
+
+
+def reference(q, k, v, scale):
+    """float64 softmax(q k^T scale) v with GQA, k/v [Hk, n, D], q [Hq, D]."""
+    hq, hk = q.shape[0], k.shape[0]
+    g = hq // hk
+    out = np.zeros(q.shape)
+    for h in range(hq):
+        s = k[h // g].astype(np.float64) @ q[h].astype(np.float64) * scale
+        p = np.exp(s - s.max())
+        out[h] = (p / p.sum()) @ v[h // g].astype(np.float64)
+    return out
+
+
+def rel_err(a, ref):
+    return float(np.abs(a - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def keys(rng, shape):
+    x = rng.standard_normal(shape)
+    x[..., : min(4, shape[-1])] *= 8.0  # a few outlier channels, as real keys have
+    return x.astype(np.float32)
+
+
+# ---- dispatch -------------------------------------------------------------------------
+def test_isas_listed():
+    assert ISAS[0] == "scalar"
+    assert kvarn.active_isa() in ISAS
+    assert kvarn.active_isa() == ISAS[-1] or os.environ.get("KVARN_ISA")
+
+
+def test_set_isa_errors():
+    with pytest.raises(ValueError):
+        kvarn.set_isa("sse9")
+    for name in ("avx2", "avx512"):
+        if name not in ISAS:
+            with pytest.raises(ValueError):
+                kvarn.set_isa(name)
+
+
+def _py(code, **env):
+    e = dict(os.environ)
+    e.pop("KVARN_ISA", None)
+    e.pop("KVARN_SCORES", None)
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, cwd="/")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_env_forces_isa(isa):
+    r = _py("import kvarn; print(kvarn.active_isa())", KVARN_ISA=isa)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == isa
+
+
+def test_env_unknown_isa_is_error():
+    r = _py("import kvarn", KVARN_ISA="sse9")
+    assert r.returncode != 0
+    assert "not a known ISA" in r.stderr
+
+
+@pytest.mark.parametrize("isa", [i for i in ("avx2", "avx512") if i not in ISAS])
+def test_env_unsupported_isa_is_error(isa):
+    r = _py("import kvarn", KVARN_ISA=isa)
+    assert r.returncode != 0
+    assert "not supported" in r.stderr
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="needs AVX-512 VNNI")
+@pytest.mark.parametrize("mode", ["float", "int16", "int8"])
+def test_env_score_mode(mode):
+    r = _py("from kvarn import _native; print(_native.score_mode())", KVARN_SCORES=mode)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == mode
+
+
+def test_score_mode_api():
+    assert _native.set_score_mode("bogus") == _native.ERR_ARGUMENT
+    if HAS_VNNI:
+        assert _native.set_score_mode("int8") == _native.OK
+        assert _native.score_mode() == "int8"
+    else:
+        assert _native.set_score_mode("int16") == _native.ERR_ISA
+        assert _native.score_mode() == "float"
+    assert _native.set_score_mode("float") == _native.OK
+    assert _native.score_mode() == "float"
+
+
+# ---- Hadamard: bit-identical ----------------------------------------------------------------
+@pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256, 1024])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 33])
+def test_hadamard_identical(head_dim, rows, rng):
+    x = rng.standard_normal((rows, head_dim)).astype(np.float32) * 10
+    ref = run_isa("scalar", kvarn.hadamard, x)
+    for isa in SIMD_ISAS:
+        out = run_isa(isa, kvarn.hadamard, x)
+        assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), isa
+
+
+# ---- quantiser: bit-identical records -----------------------------------------------------
+def _tiles(rng, kind, n, G, D):
+    if kind == "gauss":
+        k, v = keys(rng, (n, G, D)), rng.standard_normal((n, G, D)).astype(np.float32)
+    elif kind == "scaled":  # channel and token scales spanning 4 decades
+        k = rng.standard_normal((n, G, D)) * 10 ** rng.uniform(-2, 2, (n, 1, D)) * 10 ** rng.uniform(-1, 1, (n, G, 1))
+        v = rng.standard_normal((n, G, D)) * 10 ** rng.uniform(-2, 2, (n, G, 1))
+        k, v = k.astype(np.float32), v.astype(np.float32)
+    elif kind == "fp16grid":  # values on the fp16 grid with many exact ties in rounding
+        k = np.round(rng.standard_normal((n, G, D)) * 4).astype(np.float32)
+        v = np.round(rng.standard_normal((n, G, D)) * 2).astype(np.float32)
+    else:  # degenerate: constant rows/columns and zeros (RTN scale floor, zero std)
+        k = np.zeros((n, G, D), np.float32)
+        k[:, :, ::3] = 1.5
+        v = np.ones((n, G, D), np.float32)
+        v[:, ::2] = 0
+    return k, v
+
+
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k2v2_g128", "k8v8_g128"])
+@pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
+@pytest.mark.parametrize("kind", ["gauss", "scaled", "fp16grid", "degenerate"])
+def test_quantize_records_identical(preset, head_dim, kind, rng):
+    p = _ops.get_preset(preset)
+    k, v = _tiles(rng, kind, 3, p.group, head_dim)
+    ref = run_isa("scalar", _ops.quantize_tiles_native, k, v, p, _ops.SINKHORN_ITERS, 1)
+    for isa in SIMD_ISAS:
+        rec = run_isa(isa, _ops.quantize_tiles_native, k, v, p, _ops.SINKHORN_ITERS, 1)
+        diff = np.flatnonzero((rec != ref).any(axis=0))
+        assert diff.size == 0, f"{isa}: {diff.size} record bytes differ, first at {diff[:5]}"
+
+
+@pytest.mark.parametrize("iters", [0, 1, 3])
+def test_quantize_identical_iters(iters, rng):
+    p = _ops.get_preset("k4v2_g128")
+    k, v = _tiles(rng, "scaled", 2, 128, 128)
+    ref = run_isa("scalar", _ops.quantize_tiles_native, k, v, p, iters, 1)
+    for isa in SIMD_ISAS:
+        assert np.array_equal(run_isa(isa, _ops.quantize_tiles_native, k, v, p, iters, 2), ref), isa
+
+
+def test_quantize_overflow_reported_on_every_isa(rng):
+    p = _ops.get_preset("k4v2_g128")
+    k = np.full((1, 128, 128), 60000.0, np.float32)
+    k[0, :, 0] = -60000.0
+    k[0, 0, :] = 0.0
+    v = k.copy()
+    outcomes = set()
+    for isa in ISAS:
+        kvarn.set_isa(isa)
+        try:
+            _ops.quantize_tiles_native(k, v, p, 8, 1)
+            outcomes.add("ok")
+        except ValueError:
+            outcomes.add("overflow")
+    assert len(outcomes) == 1  # every ISA agrees
+
+
+# ---- attention ------------------------------------------------------------------------------
+def _cache(rng, preset, Hk, D, n):
+    c = kvarn.KVCache(Hk, D, preset=preset)
+    c.append(keys(rng, (Hk, n, D)), rng.standard_normal((Hk, n, D)).astype(np.float32))
+    return c
+
+
+def _check_attend(cache, q, tol_floor=2e-5, modes=("float",)):
+    K, V = cache.dequantize()
+    scale = 1.0 / np.sqrt(cache.head_dim)
+    ref = reference(q, K, V, scale)
+    base = rel_err(run_isa("scalar", kvarn.attend, q, cache), ref)
+    for isa in SIMD_ISAS:
+        for mode in modes:
+            if mode != "float" and (isa != "avx512" or not HAS_VNNI):
+                continue
+            if HAS_VNNI:
+                _native.set_score_mode(mode)
+            err = rel_err(run_isa(isa, kvarn.attend, q, cache), ref)
+            # int modes: the query's rounding is a stated, bounded extra error.
+            limit = {"float": max(2 * base, tol_floor), "int16": max(2 * base, 2e-3), "int8": 0.2}[mode]
+            assert err <= limit, f"{isa}/{mode}: {err:.3g} > {limit:.3g} (scalar {base:.3g})"
+    if HAS_VNNI:
+        _native.set_score_mode("int16")
+
+
+@pytest.mark.parametrize("n", ODD_LENGTHS)
+def test_attend_odd_lengths(n, rng):
+    c = _cache(rng, "k4v2_g128", 2, 128, n)
+    q = rng.standard_normal((8, 128)).astype(np.float32)
+    _check_attend(c, q, modes=("float", "int16", "int8"))
+
+
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k2v2_g128", "k8v8_g128"])
+@pytest.mark.parametrize("head_dim", [16, 48, 64, 80, 128, 256])
+@pytest.mark.parametrize("groups", [1, 3, 4, 5, 9])
+def test_attend_formats(preset, head_dim, groups, rng):
+    c = _cache(rng, preset, 2, head_dim, 128 + 3 * _ops.get_preset(preset).group + 37)
+    q = rng.standard_normal((2 * groups, head_dim)).astype(np.float32)
+    _check_attend(c, q, modes=("float", "int16"))
+
+
+def test_attend_sink_variants(rng):
+    for sink in (0, 1, 17, 300):
+        c = kvarn.KVCache(2, 64, sink_tokens=sink)
+        n = 700
+        c.append(keys(rng, (2, n, 64)), rng.standard_normal((2, n, 64)))
+        _check_attend(c, rng.standard_normal((6, 64)).astype(np.float32))
+
+
+def test_attend_large_scores(rng):
+    # Peaked softmax: scores in the hundreds; exp underflow paths and rescaling.
+    c = _cache(rng, "k4v2_g128", 1, 128, 1000)
+    q = (rng.standard_normal((4, 128)) * 30).astype(np.float32)
+    _check_attend(c, q, tol_floor=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_attend_threads_and_splits(threads, rng):
+    c = _cache(rng, "k4v2_g128", 3, 64, 128 * 37 + 5)
+    q = rng.standard_normal((9, 64)).astype(np.float32)
+    K, V = c.dequantize()
+    ref = reference(q, K, V, 1 / 8)
+    for isa in ISAS:
+        out = run_isa(isa, kvarn.attend, q, c, num_threads=threads)
+        assert rel_err(out, ref) < 5e-4, isa
+
+
+def test_attend_batch_matches_single(rng):
+    caches = [_cache(rng, "k4v2_g128", 2, 64, n) for n in (1, 129, 700, 2000)]
+    q = rng.standard_normal((len(caches), 8, 64)).astype(np.float32)
+    for isa in ISAS:
+        kvarn.set_isa(isa)
+        batched = kvarn.attend_batch(q, caches)
+        for b, c in enumerate(caches):
+            np.testing.assert_allclose(batched[b], kvarn.attend(q[b], c), rtol=0, atol=1e-5 * np.abs(batched[b]).max())
+
+
+def test_attend_concurrent_python_threads(rng):
+    # The GIL is released; concurrent calls must not share scratch state.
+    caches = [_cache(rng, "k4v2_g128", 2, 128, 900 + 128 * i) for i in range(4)]
+    qs = [rng.standard_normal((8, 128)).astype(np.float32) for _ in caches]
+    want = [kvarn.attend(q, c, num_threads=1) for q, c in zip(qs, caches)]
+    got = [None] * 4
+
+    def work(i):
+        for _ in range(5):
+            got[i] = kvarn.attend(qs[i], caches[i], num_threads=2)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5 * np.abs(w).max())
+
+
+# ---- fp16 cache (attend_dense_f16) ------------------------------------------------------------
+@pytest.mark.parametrize("n", ODD_LENGTHS)
+@pytest.mark.parametrize("head_dim,groups", [(128, 4), (64, 3), (16, 1), (80, 5)])
+def test_fp16_cache(n, head_dim, groups, rng):
+    Hk = 2
+    f = FP16Cache(Hk, head_dim)
+    k = keys(rng, (Hk, n, head_dim)).astype(np.float16)
+    v = rng.standard_normal((Hk, n, head_dim)).astype(np.float16)
+    f.append(k[:, : n // 2], v[:, : n // 2])
+    f.append(k[:, n // 2 :], v[:, n // 2 :])
+    q = rng.standard_normal((Hk * groups, head_dim)).astype(np.float32)
+    ref = reference(q, k, v, 1 / np.sqrt(head_dim))
+    base = rel_err(run_isa("scalar", f.attend, q), ref)
+    for isa in SIMD_ISAS:
+        err = rel_err(run_isa(isa, f.attend, q), ref)
+        assert err <= max(2 * base, 2e-5), (isa, err, base)
+
+
+def test_fp16_cache_batch_and_errors(rng):
+    fs = []
+    for n in (5, 300):
+        f = FP16Cache(2, 64)
+        f.append(rng.standard_normal((2, n, 64)), rng.standard_normal((2, n, 64)))
+        fs.append(f)
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    out = attend_fp16_batch(q, fs)
+    for b in range(2):
+        np.testing.assert_allclose(out[b], fs[b].attend(q[b]), atol=1e-6)
+    with pytest.raises(ValueError):
+        FP16Cache(2, 64).attend(q[0])
+    with pytest.raises(ValueError):
+        fs[0].attend(q[0][:3])
+    with pytest.raises(ValueError):
+        fs[0].append(np.zeros((3, 1, 64)), np.zeros((3, 1, 64)))
+
+
+def test_int_score_error_measured(rng):
+    """Reports (and bounds) the extra error of the integer score modes vs the float path."""
+    if not HAS_VNNI:
+        pytest.skip("needs AVX-512 VNNI")
+    c = _cache(rng, "k4v2_g128", 8, 128, 4096 + 77)
+    q = rng.standard_normal((32, 128)).astype(np.float32)
+    kvarn.set_isa("avx512")
+    outs = {}
+    for mode in ("float", "int16", "int8"):
+        _native.set_score_mode(mode)
+        outs[mode] = kvarn.attend(q, c)
+    K, V = c.dequantize()
+    ref = reference(q, K, V, 1 / np.sqrt(128))
+    e = {m: np.linalg.norm(o - ref) / np.linalg.norm(ref) for m, o in outs.items()}
+    print("relative L2 error vs float64 on the dequantised cache:", e)
+    assert e["float"] < 1e-5 and e["int16"] < 1e-3 and e["int8"] < 0.1
