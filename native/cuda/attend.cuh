@@ -109,7 +109,8 @@ __device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t*
             for (int f = 0; f < PER; ++f) {
                 constexpr uint32_t one = (1u << BITS) - 1u;
                 const uint32_t mask = (one << (f * BITS)) | (one << (16 + f * BITS));
-                uint32_t v = (z & mask) | kMagic;
+                uint32_t v;  // (z & mask) | magic in one LOP3 (ptxas left it as two)
+                asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(z), "r"(mask), "r"(kMagic));
                 __half2 h = __hsub2(*reinterpret_cast<__half2*>(&v), k1024);
                 out[(bp * 2 + b) * PER + f] = *reinterpret_cast<uint32_t*>(&h);
             }

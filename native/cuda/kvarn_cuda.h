@@ -85,7 +85,8 @@ int kvarn_cuda_check(const kvarn_cuda_tensor* x, uintptr_t flag, int32_t bit_non
 /* Appends T tokens to each of B sequences of one layer, k and v [B, T, Hk, D]:
  * tokens at positions < sink go to the sink, those at positions >= first_tail go to
  * the tail, the others only reach tiles through kvarn_cuda_store. meta: device int32
- * [B][3] = {slot, length before, first_tail}. Does nothing when *flag != 0. */
+ * [B][3] = {slot, length before, first_tail}. Does nothing when *flag != 0.
+ * Call it after kvarn_cuda_store: completed tiles read their old rows from the tail. */
 int kvarn_cuda_write_tokens(const kvarn_cuda_cache* c, int32_t layer, const kvarn_cuda_tensor* k,
                             const kvarn_cuda_tensor* v, uintptr_t meta, int32_t batch, uintptr_t flag,
                             uintptr_t stream);

@@ -52,9 +52,11 @@ struct WriteArgs {
 };
 
 // One block per (b, t, head); threads over channels.
+// Runs after the store kernel: the tail rows a completed tile reads must not be
+// overwritten first, and a rejected append (any flag) must leave sink and tail as they were.
 __global__ void write_tokens_kernel(WriteArgs a)
 {
-    if (*a.flag & kInputFlags) return;
+    if (*a.flag) return;
     const int Hk = a.c.num_kv_heads, D = a.c.head_dim, G = a.c.group;
     const int64_t T = a.k.shape[1];
     const int h = blockIdx.x % Hk;

@@ -502,11 +502,13 @@ class PagedKVCache:
                        "append")
                 _check(_cuda.check(vv.spec(), self._flag.ptr, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE, stream),
                        "append")
-            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, B, self._flag.ptr, stream),
-                   "append")
+            # Store first: completed tiles read their older rows from the tail, which
+            # write_tokens then reuses for the newest tokens (and skips if anything was flagged).
             if jobs:
                 _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, len(jobs), self.iters, True,
                                    self._flag.ptr, stream), "append")
+            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, B, self._flag.ptr, stream),
+                   "append")
             if validate:
                 err = _flag_error(int(self._flag.to_numpy(stream)[0]))
                 if err is not None:
