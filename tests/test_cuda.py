@@ -282,7 +282,7 @@ def test_cupy_arrays():
 @need_torch
 def test_bad_input_errors_and_atomic_append():
     rng = np.random.default_rng(4)
-    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    cache = kc.PagedKVCache(2, 128, max_seqs=3, max_seq_len=1024)
     a, b = cache.add_sequence(), cache.add_sequence()
     cache.append([a, b], dev(kv_like(rng, (2, 250, 2, 128))), dev(kv_like(rng, (2, 250, 2, 128))))
     before = (cache.length(a), cache.length(b), cache.free_pages, cache.records(a).copy())
