@@ -114,6 +114,11 @@ def test_env_score_mode(mode):
     assert r.stdout.strip() == mode
 
 
+def test_score_mode_default_is_float():
+    r = _py("from kvarn import _native; print(_native.score_mode())")
+    assert r.stdout.strip() == "float"
+
+
 def test_score_mode_api():
     assert _native.set_score_mode("bogus") == _native.ERR_ARGUMENT
     if HAS_VNNI:
@@ -218,7 +223,7 @@ def _check_attend(cache, q, tol_floor=2e-5, modes=("float",)):
             limit = {"float": max(2 * base, tol_floor), "int16": max(2 * base, 2e-3), "int8": 0.2}[mode]
             assert err <= limit, f"{isa}/{mode}: {err:.3g} > {limit:.3g} (scalar {base:.3g})"
     if HAS_VNNI:
-        _native.set_score_mode("int16")
+        _native.set_score_mode("float")
 
 
 @pytest.mark.parametrize("n", ODD_LENGTHS)

@@ -35,8 +35,8 @@ int kvarn_set_isa(const char* name);
 const char* kvarn_isa_error(void);
 
 /* How the avx512 attention computes q.k on 4-bit keys: 0 float FMA,
- * 1 query rounded to int16 per (tile, head) and dotted exactly in int32 with
- * the codes (VNNI vpdpwssd; the default where VNNI exists), 2 the same in int8
+ * the default; 1 query rounded to int16 per (tile, head) and dotted exactly in
+ * int32 with the codes (VNNI vpdpwssd), 2 the same in int8
  * (vpdpbusd; faster, coarser). Environment: KVARN_SCORES=float|int16|int8.
  * Integer modes without VNNI: KVARN_ERR_ISA. kvarn_score_mode: mode in effect. */
 int kvarn_set_score_mode(int32_t mode);
