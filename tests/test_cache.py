@@ -236,3 +236,39 @@ def test_bad_attend_input(rng):
 def test_bad_cache_arguments(kwargs, exc, msg):
     with pytest.raises(exc, match=msg):
         kvarn.KVCache(**kwargs)
+
+
+def test_concurrent_appends_and_attends_lose_nothing(rng):
+    """The GIL is released in native code: appends from many threads must not lose tokens, and
+    attend during appends must see a consistent prefix."""
+    import threading
+
+    cache = kvarn.KVCache(2, 64, sink_tokens=32)
+    chunks = [rng.standard_normal((2, 37, 64)).astype(np.float32) for _ in range(24)]
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    errors = []
+
+    def writer(part):
+        try:
+            for c in part:
+                cache.append(c, c)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def reader():
+        try:
+            for _ in range(20):
+                if len(cache):
+                    assert np.isfinite(kvarn.attend(q, cache)).all()
+        except Exception as exc:  # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(chunks[i::4],)) for i in range(4)]
+    threads.append(threading.Thread(target=reader))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(cache) == 24 * 37
+    assert cache.sink_len + cache.num_tiles * 128 + cache.tail_len == 24 * 37

@@ -110,6 +110,19 @@ cdef int fill_view(kvarn_cache_view* c, dict parts) except -1:
     cdef const uint8_t[:, :, ::1] rec = parts["records"]
     cdef const uint16_t[:, :, ::1] tk = parts["tail_k"]
     cdef const uint16_t[:, :, ::1] tv = parts["tail_v"]
+    # Bounds of every length against its buffer: a wrong view must raise, never read out of bounds.
+    if not (0 <= parts["sink_len"] <= sk.shape[1] and 0 <= parts["tail_len"] <= tk.shape[1]
+            and 0 <= parts["num_tiles"] <= rec.shape[0]):
+        raise ValueError("cache view: a length exceeds its buffer")
+    if sv.shape[0] != sk.shape[0] or sv.shape[1] != sk.shape[1] or sv.shape[2] != sk.shape[2] \
+            or tv.shape[0] != tk.shape[0] or tv.shape[1] != tk.shape[1] or tv.shape[2] != tk.shape[2]:
+        raise ValueError("cache view: K and V buffers differ in shape")
+    if sk.shape[0] != parts["num_kv_heads"] or tk.shape[0] != parts["num_kv_heads"] \
+            or rec.shape[1] != parts["num_kv_heads"] or sk.shape[2] != parts["head_dim"] \
+            or tk.shape[2] != parts["head_dim"]:
+        raise ValueError("cache view: buffer shapes do not match heads/head_dim")
+    if rec.shape[0] and rec.shape[2] != record_layout(parts["kbits"], parts["vbits"], parts["group"], parts["head_dim"])["total"]:
+        raise ValueError("cache view: record size does not match the format")
     c.num_kv_heads = parts["num_kv_heads"]
     c.head_dim = parts["head_dim"]
     c.group = parts["group"]

@@ -10,6 +10,8 @@ cache; inputs beyond the fp16 range are rejected.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ._ops import (
@@ -44,13 +46,26 @@ class KVCache:
         self.iters = check_positive_int(iters, "iters", 0)
         self._record_bytes = self.preset.record_bytes(self.head_dim)
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
-        self._sink_k = np.zeros((H, 0, D), np.float16)
-        self._sink_v = np.zeros((H, 0, D), np.float16)
-        self._records = np.zeros((0, H, self._record_bytes), np.uint8)  # [capacity, H, bytes]
-        self._num_tiles = 0
-        self._tail_k = np.zeros((H, G, D), np.float16)
-        self._tail_v = np.zeros((H, G, D), np.float16)
-        self._tail_len = 0
+        empty = np.zeros((H, 0, D), np.float16)
+        self._publish(
+            empty, empty,
+            np.zeros((0, H, self._record_bytes), np.uint8),  # records [capacity, H, bytes]
+            0,
+            np.zeros((H, G, D), np.float16), np.zeros((H, G, D), np.float16),  # tail [H, G, D]
+            0,
+        )
+        # Serialises appends (the native quantiser runs without the GIL). attend() needs no lock:
+        # it reads a snapshot, and append only writes records past that snapshot's tile count.
+        self._append_lock = threading.Lock()
+
+    # ---- state ---------------------------------------------------------------
+    _sink_k = property(lambda self: self._state[0])
+    _sink_v = property(lambda self: self._state[1])
+    _records = property(lambda self: self._state[2])
+    _num_tiles = property(lambda self: self._state[3])
+    _tail_k = property(lambda self: self._state[4])
+    _tail_v = property(lambda self: self._state[5])
+    _tail_len = property(lambda self: self._state[6])
 
     # ---- sizes ---------------------------------------------------------------
     @property
@@ -94,6 +109,10 @@ class KVCache:
         Validates everything and quantises completed tiles before changing any
         state, so a rejected append leaves the cache exactly as it was.
         """
+        with self._append_lock:
+            self._append(k, v, num_threads)
+
+    def _append(self, k, v, num_threads) -> None:
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
         k = as_float_array(k, "k", ndim=3, fp16_range=True)
         v = as_float_array(v, "v", ndim=3, fp16_range=True)
@@ -138,31 +157,38 @@ class KVCache:
         tail_k[:, :left] = rest_k[:, n_full * G :]
         tail_v[:, :left] = rest_v[:, n_full * G :]
 
-        # 3. Commit (no exceptions past this point).
-        if new_sink_k is not None:
-            self._sink_k, self._sink_v = new_sink_k, new_sink_v
+        # 3. Commit (no exceptions past this point). Records past the current tile count are
+        # invisible to readers, so they can be written in place before the new state is published.
         if n_full:
             records[self._num_tiles : self._num_tiles + n_full] = new_records
-            self._records = records
-            self._num_tiles += n_full
-        self._tail_k, self._tail_v, self._tail_len = tail_k, tail_v, left
+        self._publish(
+            new_sink_k if new_sink_k is not None else self._sink_k,
+            new_sink_v if new_sink_v is not None else self._sink_v,
+            records, self._num_tiles + n_full, tail_k, tail_v, left,
+        )
+
+    def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:
+        # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
+        # from self._state and never see new records with an old count or the reverse.
+        self._state = (sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len)
 
     # ---- reading -------------------------------------------------------------
     def _native_parts(self) -> dict:
+        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
         return {
             "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
             "group": self.preset.group,
             "kbits": self.preset.kbits,
             "vbits": self.preset.vbits,
-            "sink_k": self._sink_k.view(np.uint16),
-            "sink_v": self._sink_v.view(np.uint16),
-            "sink_len": self.sink_len,
-            "records": self._records,
-            "num_tiles": self._num_tiles,
-            "tail_k": self._tail_k.view(np.uint16),
-            "tail_v": self._tail_v.view(np.uint16),
-            "tail_len": self._tail_len,
+            "sink_k": sink_k.view(np.uint16),
+            "sink_v": sink_v.view(np.uint16),
+            "sink_len": sink_k.shape[1],
+            "records": records,
+            "num_tiles": num_tiles,
+            "tail_k": tail_k.view(np.uint16),
+            "tail_v": tail_v.view(np.uint16),
+            "tail_len": tail_len,
         }
 
     def dequantize(self):
