@@ -649,14 +649,14 @@ class PagedKVCache:
         tiles = int(self._tile_counts(n))
         sink_len = min(n, self.sink_tokens)
         tail_len = n - sink_len - tiles * self.preset.group
-        # Fills the CPU cache's storage directly: same fields its append() writes.
-        c._sink_k = np.ascontiguousarray(self._dense_host(self._sink_k, layer, slot, sink_len))
-        c._sink_v = np.ascontiguousarray(self._dense_host(self._sink_v, layer, slot, sink_len))
-        c._records = self.records(slot, layer)
-        c._num_tiles = tiles
-        c._tail_k[:, :tail_len] = self._dense_host(self._tail_k, layer, slot, tail_len)
-        c._tail_v[:, :tail_len] = self._dense_host(self._tail_v, layer, slot, tail_len)
-        c._tail_len = tail_len
+        # Fills the CPU cache's storage directly: the state its append() publishes.
+        sink_k = np.ascontiguousarray(self._dense_host(self._sink_k, layer, slot, sink_len))
+        sink_v = np.ascontiguousarray(self._dense_host(self._sink_v, layer, slot, sink_len))
+        tail_k = np.zeros((self.num_kv_heads, self.preset.group, self.head_dim), np.float16)
+        tail_v = np.zeros_like(tail_k)
+        tail_k[:, :tail_len] = self._dense_host(self._tail_k, layer, slot, tail_len)
+        tail_v[:, :tail_len] = self._dense_host(self._tail_v, layer, slot, tail_len)
+        c._publish(sink_k, sink_v, self.records(slot, layer), tiles, tail_k, tail_v, tail_len)
         return c
 
     def load_cpu(self, seq_id, cpu_cache, layer: int = 0) -> None:
