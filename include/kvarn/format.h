@@ -49,7 +49,7 @@ typedef struct kvarn_record_layout {
 } kvarn_record_layout;
 
 #if defined(__CUDACC__)
-__host__ __device__ inline
+__host__ __device__ constexpr inline
 #elif defined(__cplusplus)
 constexpr inline
 #else
