@@ -675,7 +675,8 @@ int quantize_tile_avx2(const float* k, const float* v, const TileFormat& fmt, in
     const size_t n = (size_t)G * D, vec = (size_t)(G > D ? G : D);
     // Plain malloc: no std::vector (see link hygiene above); on failure the
     // scalar kernel takes over (it reports allocation failure by exception).
-    float* mem = static_cast<float*>(aligned_alloc(64, sizeof(float) * (4 * n + 8 * vec) + vec));
+    const size_t bytes = (sizeof(float) * (4 * n + 8 * vec) + vec + 63) & ~size_t(63);  // aligned_alloc: multiple of 64
+    float* mem = static_cast<float*>(aligned_alloc(64, bytes));
     if (!mem) return scalar_kernels()->quantize_tile(k, v, fmt, iters, record);
     QuantBuffers b;
     b.x = mem; b.cur = b.x + n; b.curT = b.cur + n; b.rot = b.curT + n;

@@ -1,0 +1,204 @@
+"""Decode attention, side by side in one run with one thread count:
+
+- kvarn over a k4v2_g128 cache (every ISA; on VNNI CPUs also the int16/int8 score modes),
+- kvarn's equally optimised kernel over an fp16 cache (FP16Cache -> attend_dense_f16),
+- numpy fp32 attention (BLAS matmuls) and torch SDPA fp32 with GQA, over the same tokens,
+- a large memory copy, the bandwidth floor these are measured against.
+
+One group per (shape, context, batch). Bytes moved = cache bytes read per call
+(packed records + fp16 sink/tail for kvarn; K and V for the dense rows).
+
+    pytest benchmarks/bench_attend.py --benchmark-columns=min,median,rounds
+"""
+import copy
+import os
+import time
+
+import numpy as np
+import pytest
+
+import kvarn
+from kvarn import _native
+from kvarn.fp16cache import FP16Cache, attend_fp16_batch
+
+from conftest import COPY_GBPS, QUICK, THREADS, record
+
+try:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    HAVE_TORCH = True
+except Exception:  # torch is optional
+    HAVE_TORCH = False
+
+SHAPES = {"hq32-hk8-d128": (32, 8, 128), "smollm2-hq9-hk3-d64": (9, 3, 64)}
+CONTEXTS = [1024, 4096] if QUICK else [1024, 4096, 32768, 131072]
+BATCHES = [1] if QUICK else [1, 16]
+ISAS = kvarn.available_isas()
+VNNI = _native.cpu_has_vnni() and "avx512" in ISAS
+
+IMPLS = [f"kvarn-{i}" for i in ISAS]
+if VNNI:
+    IMPLS += ["kvarn-avx512-int16", "kvarn-avx512-int8"]
+IMPLS += [f"fp16-{i}" for i in ISAS if i != "scalar"] + ["numpy", "torch"]
+
+_DATA = {}
+
+
+def _avail_bytes():
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+def data(shape, ctx):
+    key = (shape, ctx)
+    if key not in _DATA:
+        _DATA.clear()  # one context at a time: keeps memory bounded
+        hq, hk, d = SHAPES[shape]
+        rng = np.random.default_rng(ctx)
+        k = rng.standard_normal((hk, ctx, d), dtype=np.float32)
+        k[..., :4] *= 8.0
+        k = k.astype(np.float16)
+        v = rng.standard_normal((hk, ctx, d), dtype=np.float32).astype(np.float16)
+        cache = kvarn.KVCache(hk, d)
+        t = time.perf_counter()
+        cache.append(k, v)
+        quant_s = time.perf_counter() - t
+        f16 = FP16Cache(hk, d, capacity=ctx)
+        f16.append(k, v)
+        q = rng.standard_normal((16, hq, d), dtype=np.float32)
+        _DATA[key] = dict(k=k, v=v, cache=cache, f16=f16, q=q, quant_s=quant_s, batched={}, dense32=None)
+    return _DATA[key]
+
+
+def batched(dd, what, batch):
+    """batch independent copies (own memory, so bandwidth is real) of the cache."""
+    key = (what, batch)
+    if key not in dd["batched"]:
+        base = dd[what]
+        dd["batched"][key] = [base] + [copy.deepcopy(base) for _ in range(batch - 1)]
+    return dd["batched"][key]
+
+
+def dense32(dd, batch):
+    if dd["dense32"] is None or dd["dense32"][0].shape[0] != batch:
+        k = np.ascontiguousarray(np.broadcast_to(dd["k"].astype(np.float32), (batch,) + dd["k"].shape))
+        v = np.ascontiguousarray(np.broadcast_to(dd["v"].astype(np.float32), (batch,) + dd["v"].shape))
+        dd["dense32"] = (k, v)
+    return dd["dense32"]
+
+
+def numpy_attend(q, k, v, scale):
+    """fp32 GQA decode attention with numpy: q [B,Hq,D], k/v [B,Hk,n,D]."""
+    b, hq, d = q.shape
+    hk = k.shape[1]
+    qg = q.reshape(b, hk, hq // hk, d)
+    s = np.matmul(qg, k.transpose(0, 1, 3, 2)) * scale
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return np.matmul(s, v).reshape(b, hq, d)
+
+
+def rounds_for(fn):
+    t = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t
+    budget = 0.4 if QUICK else 1.0
+    return max(3, min(50, int(budget / max(dt, 1e-6))))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def restore():
+    isa, mode = kvarn.active_isa(), _native.score_mode()
+    yield
+    kvarn.set_isa(isa)
+    if VNNI:
+        _native.set_score_mode(mode)
+
+
+def test_copy_bandwidth(benchmark):
+    """Large copy (256 MiB -> 256 MiB): bytes counted = read + write."""
+    benchmark.group = "membw"
+    n = 256 << 20
+    src = np.ones(n, np.uint8)
+    dst = np.empty_like(src)
+    impl = "numpy-copy-1thread"
+    fn = lambda: np.copyto(dst, src)  # noqa: E731
+    if HAVE_TORCH and THREADS > 1:
+        ts, td = torch.from_numpy(src), torch.from_numpy(dst)
+        fn = lambda: td.copy_(ts)  # noqa: E731
+        impl = f"torch-copy-{THREADS}threads"
+    benchmark.pedantic(fn, rounds=rounds_for(fn), iterations=1, warmup_rounds=1)
+    record(benchmark, 2 * n, impl=impl)
+    COPY_GBPS[impl] = 2 * n / benchmark.stats.stats.min / 1e9
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("ctx", CONTEXTS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_attend(benchmark, shape, ctx, batch, impl):
+    hq, hk, d = SHAPES[shape]
+    if impl == "kvarn-scalar" and ctx * batch > 4096:
+        pytest.skip("scalar reference only up to 4K tokens (it is the readable spec, not a fast path)")
+    if impl in ("numpy", "torch") and batch > 1 and ctx > 4096:
+        pytest.skip("fp32 copies of 16 long caches: too much memory for this comparison")
+    if impl == "torch" and not HAVE_TORCH:
+        pytest.skip("torch not installed")
+    dense_bytes = 2 * hk * ctx * d * 2 * batch
+    if batch > 1 and ctx >= 131072 and dense_bytes * 1.5 > _avail_bytes():
+        pytest.skip("not enough memory for 16 fp16 copies of a 128K cache")
+    if batch > 1 and ctx >= 131072 and impl.startswith("kvarn-avx512-int"):
+        pytest.skip("score modes: batch 1 suffices at 128K")
+
+    dd = data(shape, ctx)
+    q = np.ascontiguousarray(dd["q"][:batch])
+    scale = 1.0 / np.sqrt(d)
+    benchmark.group = f"attend {shape} ctx={ctx} batch={batch}"
+    if impl.startswith("kvarn-"):
+        parts = impl.split("-")
+        kvarn.set_isa(parts[1])
+        if VNNI:
+            _native.set_score_mode(parts[2] if len(parts) > 2 else "float")
+        caches = batched(dd, "cache", batch)
+        fn = lambda: kvarn.attend_batch(q, caches, num_threads=THREADS)  # noqa: E731
+        nbytes = sum(c.nbytes for c in caches)
+    elif impl.startswith("fp16-"):
+        kvarn.set_isa(impl.split("-")[1])
+        caches = batched(dd, "f16", batch)
+        fn = lambda: attend_fp16_batch(q, caches, num_threads=THREADS)  # noqa: E731
+        nbytes = sum(c.nbytes for c in caches)
+    elif impl == "numpy":
+        k, v = dense32(dd, batch)
+        fn = lambda: numpy_attend(q, k, v, scale)  # noqa: E731
+        nbytes = 2 * k.nbytes
+    else:
+        k, v = dense32(dd, batch)
+        tk, tv = torch.from_numpy(k), torch.from_numpy(v)
+        tq = torch.from_numpy(q)[:, :, None, :]
+
+        def fn():
+            with torch.inference_mode():
+                return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, scale=scale, enable_gqa=True)
+
+        nbytes = 2 * k.nbytes
+    out = benchmark.pedantic(fn, rounds=rounds_for(fn), iterations=1, warmup_rounds=1)
+    record(benchmark, nbytes, impl=impl, tokens=ctx * batch)
+
+    # Correctness after timing: dense rows agree with each other, kvarn rows with kvarn float.
+    out = np.asarray(out, dtype=np.float32).reshape(batch, hq, d)
+    if impl.startswith("kvarn-"):
+        kvarn.set_isa(ISAS[-1])
+        if VNNI:
+            _native.set_score_mode("float")
+        want = kvarn.attend_batch(q, caches[:1], num_threads=THREADS)[0]
+        tol = 0.2 if impl.endswith("int8") else 2e-3
+    else:
+        kvarn.set_isa(ISAS[-1])
+        want = dd["f16"].attend(q[0], num_threads=THREADS)
+        tol = 1e-3
+    err = np.abs(out[0] - want).max() / np.abs(want).max()
+    assert err < tol, f"{impl}: {err:.3g}"

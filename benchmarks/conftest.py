@@ -1,0 +1,104 @@
+"""Shared setup for the kvarn benchmarks (pytest-benchmark, never timed tests).
+
+Threads: KVARN_BENCH_THREADS (default: all cores) is used by kvarn, torch and
+the BLAS under numpy alike, so every row of a group runs with the same count.
+KVARN_BENCH_QUICK=1 trims the size lists (CI smoke runs).
+
+At the end a summary table is printed (and written to $KVARN_BENCH_TABLE if
+set): per group, every implementation's min / median time, bytes moved, GB/s,
+the fraction of the measured copy bandwidth, and speed-ups against the
+group's fp16, numpy and torch rows.
+"""
+import os
+
+THREADS = int(os.environ.get("KVARN_BENCH_THREADS", "0")) or os.cpu_count()
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, str(THREADS))
+QUICK = os.environ.get("KVARN_BENCH_QUICK") == "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import kvarn  # noqa: E402
+
+kvarn.set_num_threads(THREADS)
+
+RESULTS = []  # (group, name, min_s, median_s, bytes, extra)
+COPY_GBPS = {}  # name -> GB/s of the large copy
+
+
+def record(benchmark, bytes_moved, **extra):
+    """Call after benchmark(...): stores bytes and GB/s in extra_info and the summary."""
+    st = benchmark.stats.stats
+    benchmark.extra_info["bytes"] = int(bytes_moved)
+    benchmark.extra_info["GB/s"] = round(bytes_moved / st.min / 1e9, 3)
+    benchmark.extra_info["threads"] = THREADS
+    benchmark.extra_info.update(extra)
+    RESULTS.append((benchmark.group, benchmark.name, st.min, st.median, bytes_moved, extra))
+
+
+def pytest_report_header(config):
+    import platform
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (
+        f"kvarn bench: cpu={cpu!r} cores={os.cpu_count()} threads={THREADS} "
+        f"isas={kvarn.available_isas()} active={kvarn.active_isa()} quick={QUICK}"
+    )
+
+
+def _table():
+    if not RESULTS:
+        return ""
+    copy = max(COPY_GBPS.values()) if COPY_GBPS else None
+    lines = []
+    if COPY_GBPS:
+        lines.append("copy bandwidth (GB/s, read+write bytes / time): " + ", ".join(f"{k} {v:.1f}" for k, v in COPY_GBPS.items()))
+    groups = {}
+    for r in RESULTS:
+        groups.setdefault(r[0], []).append(r)
+    for g, rows in groups.items():
+        lines.append("")
+        lines.append(f"## {g}")
+        lines.append("| impl | min ms | median ms | MB moved | GB/s | % of copy bw | vs fp16 | vs numpy | vs torch |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+
+        def find(prefix):
+            c = [r for r in rows if r[5].get("impl", "").startswith(prefix)]
+            return min((r[2] for r in c), default=None)
+
+        ref = {k: find(k) for k in ("fp16", "numpy", "torch")}
+        for _, name, mn, med, nbytes, extra in sorted(rows, key=lambda r: r[2]):
+            gbps = nbytes / mn / 1e9
+            frac = f"{100 * gbps / copy:.0f}%" if copy else "-"
+            ratios = [f"{ref[k] / mn:.2f}x" if ref[k] else "-" for k in ("fp16", "numpy", "torch")]
+            label = extra.get("impl", name)
+            lines.append(
+                f"| {label} | {mn * 1e3:.3f} | {med * 1e3:.3f} | {nbytes / 1e6:.2f} | {gbps:.2f} | {frac} | " + " | ".join(ratios) + " |"
+            )
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter):
+    text = _table()
+    if not text:
+        return
+    terminalreporter.write_sep("=", "kvarn benchmark summary")
+    terminalreporter.write_line(text)
+    path = os.environ.get("KVARN_BENCH_TABLE")
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+@pytest.fixture(scope="session")
+def rng():
+    return np.random.default_rng(0)
