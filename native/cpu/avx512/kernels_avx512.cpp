@@ -175,6 +175,38 @@ void tile_scores(const uint8_t* kc, int D, int G, const float* qa, float* s, Pre
     }
 }
 
+// 4-bit keys, float: 16 bytes of a row hold 32 tokens; zero-extend to dwords
+// once, then one table lookup per nibble gives the even and the odd tokens
+// (2 ops per 16 codes instead of 3); interleaved back to token order at the end.
+template <int NH>
+void tile_scores_k4(const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)G / 2;
+    const __m512 lut = lut4();
+    const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int t0 = 0; t0 < G; t0 += 32) {
+        __m512 a0[NH], a1[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm512_setzero_ps();
+        const uint8_t* p = kc + t0 / 2;
+        for (int d = 0; d < D; ++d, p += row_bytes) {
+            if ((d & 1) == 0) pf.step();
+            const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+            const __m512 c0 = _mm512_permutexvar_ps(x, lut);                         // even tokens
+            const __m512 c1 = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), lut);   // odd tokens
+            for (int h = 0; h < NH; ++h) {
+                const __m512 qb = _mm512_set1_ps(qa[h * D + d]);
+                a0[h] = _mm512_fmadd_ps(qb, c0, a0[h]);
+                a1[h] = _mm512_fmadd_ps(qb, c1, a1[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            _mm512_store_ps(s + h * G + t0, _mm512_permutex2var_ps(a0[h], lo_idx, a1[h]));
+            _mm512_store_ps(s + h * G + t0 + 16, _mm512_permutex2var_ps(a0[h], hi_idx, a1[h]));
+        }
+    }
+}
+
 // Token order of the int8 path's accumulators: within a 64-token half, byte
 // position p of a row (p < 32: low nibbles = even tokens 2p, else odd tokens
 // 2(p-32)+1) lands in accumulator j = (p % 16) / 4, lane (p / 16) * 4 + p % 4.
@@ -325,6 +357,14 @@ void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp
 template <int KB>
 void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
 {
+    if (KB == 4) {
+        switch (nh) {
+            case 1: tile_scores_k4<1>(kc, D, G, qa, s, pf); return;
+            case 2: tile_scores_k4<2>(kc, D, G, qa, s, pf); return;
+            case 3: tile_scores_k4<3>(kc, D, G, qa, s, pf); return;
+            default: tile_scores_k4<4>(kc, D, G, qa, s, pf); return;
+        }
+    }
     switch (nh) {
         case 1: tile_scores<KB, 1>(kc, D, G, qa, s, pf); break;
         case 2: tile_scores<KB, 2>(kc, D, G, qa, s, pf); break;
