@@ -2,7 +2,8 @@
 
 Threads: KVARN_BENCH_THREADS (default: all cores) is used by kvarn, torch and
 the BLAS under numpy alike, so every row of a group runs with the same count.
-KVARN_BENCH_QUICK=1 trims the size lists (CI smoke runs).
+KVARN_BENCH_QUICK=1 trims the size lists (CI smoke runs); KVARN_BENCH_BUDGET is
+the seconds of timing per attention row (default 1.0).
 
 At the end a summary table is printed (and written to $KVARN_BENCH_TABLE if
 set): per group, every implementation's min / median time, bytes moved, GB/s,
