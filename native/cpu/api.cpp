@@ -8,8 +8,16 @@
 #include <new>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <sched.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>  // _mm_pause (SSE2: baseline x86-64)
 #endif
 
 #include "dispatch.h"
@@ -30,6 +38,160 @@ bool format_ok(int kbits, int vbits, int group, int head_dim)
 int resolve_threads(int32_t requested)
 {
     return requested > 0 ? requested : kvarn_default_threads();
+}
+
+
+// ---- thread pool ----------------------------------------------------------------
+// Runs fn(i) for i in [0, n) on up to `threads` threads, the caller included,
+// taking items dynamically. Completion waits for the *items*, not for every
+// thread to arrive (an OpenMP parallel-for ends in a barrier): a worker that
+// the OS has not scheduled yet simply finds no items left, which keeps a call
+// from losing a scheduler tick (~4 ms) when the machine is oversubscribed.
+// Workers spin for ~200 us after a job (decode calls come back to back, one per
+// layer), then sleep on a condition variable.
+// One job at a time: a concurrent caller (another Python thread; the GIL is
+// released) that finds the pool busy runs its items itself.
+class ThreadPool {
+public:
+    template <typename F>
+    void run(int64_t n, int threads, F& fn)
+    {
+        if (n <= 0) return;
+        if (threads <= 1 || n == 1) {
+            for (int64_t i = 0; i < n; ++i) fn(i);
+            return;
+        }
+        std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+        if (!busy.owns_lock()) {
+            for (int64_t i = 0; i < n; ++i) fn(i);
+            return;
+        }
+        after_fork_check();
+        const int helpers = (int)std::min<int64_t>(threads - 1, n - 1);
+        if (!grow(helpers)) {
+            for (int64_t i = 0; i < n; ++i) fn(i);
+            return;
+        }
+        // Seqlock-style publish: odd generation = being written. A worker
+        // registers (active_++) and then re-reads the generation; the writer
+        // makes it odd and then waits for active_ == 0 (both seq_cst), so a
+        // worker never works on half-written fields.
+        const uint64_t g = gen_.load(std::memory_order_relaxed);
+        gen_.store(g + 1);
+        while (active_.load() != 0) pause();
+        call_ = &invoke<F>;
+        ctx_ = &fn;
+        n_ = n;
+        max_workers_ = helpers;
+        next_.store(0);
+        done_.store(0);
+        gen_.store(g + 2);
+        if (sleeping_.load() > 0) {
+            std::lock_guard<std::mutex> lk(mu_);
+            cv_.notify_all();
+        }
+        work();
+        while (done_.load(std::memory_order_acquire) < n) pause();
+    }
+
+private:
+    template <typename F>
+    static void invoke(void* ctx, int64_t i)
+    {
+        (*static_cast<F*>(ctx))(i);
+    }
+
+    static void pause()
+    {
+#if defined(__x86_64__) || defined(__i386__)
+        _mm_pause();
+#else
+        std::this_thread::yield();
+#endif
+    }
+
+    void work()
+    {
+        for (;;) {
+            const int64_t i = next_.fetch_add(1);
+            if (i >= n_) return;
+            call_(ctx_, i);
+            done_.fetch_add(1, std::memory_order_release);
+        }
+    }
+
+    bool grow(int helpers)
+    {
+        try {
+            while ((int)workers_.size() < helpers) {
+                const int idx = (int)workers_.size();
+                workers_.emplace_back([this, idx] { worker(idx); });
+            }
+        } catch (...) {
+            return false;  // could not start a thread: the caller runs the items itself
+        }
+        return true;
+    }
+
+    void worker(int idx)
+    {
+        uint64_t seen = gen_.load();
+        for (;;) {
+            uint64_t g;
+            auto t0 = std::chrono::steady_clock::now();
+            int spins = 0;
+            while ((g = gen_.load(std::memory_order_acquire)) == seen || (g & 1)) {
+                if (++spins % 256 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(200)) {
+                    std::unique_lock<std::mutex> lk(mu_);
+                    sleeping_.fetch_add(1);
+                    cv_.wait_for(lk, std::chrono::milliseconds(100), [&] {
+                        const uint64_t x = gen_.load();
+                        return x != seen && !(x & 1);
+                    });
+                    sleeping_.fetch_sub(1);
+                    t0 = std::chrono::steady_clock::now();
+                } else {
+                    pause();
+                }
+            }
+            seen = g;
+            active_.fetch_add(1);
+            if (gen_.load() == g && idx < max_workers_) work();
+            active_.fetch_sub(1);
+        }
+    }
+
+    // After fork() the child has none of the parent's workers: forget them
+    // (their std::thread objects are leaked on purpose, never joined).
+    void after_fork_check()
+    {
+        const pid_t pid = getpid();
+        if (pid == pid_) return;
+        if (pid_ != 0 && !workers_.empty()) new std::vector<std::thread>(std::move(workers_));
+        workers_.clear();
+        active_.store(0);
+        sleeping_.store(0);
+        pid_ = pid;
+    }
+
+    std::mutex run_mu_, mu_;
+    std::condition_variable cv_;
+    std::vector<std::thread> workers_;
+    std::atomic<uint64_t> gen_{0};
+    std::atomic<int> active_{0}, sleeping_{0};
+    std::atomic<int64_t> next_{0}, done_{0};
+    void (*call_)(void*, int64_t) = nullptr;
+    void* ctx_ = nullptr;
+    int64_t n_ = 0;
+    int max_workers_ = 0;
+    pid_t pid_ = 0;
+};
+
+// Never destroyed: workers blocked in a wait at process exit are simply ended.
+ThreadPool& pool()
+{
+    static ThreadPool* p = new ThreadPool;
+    return *p;
 }
 
 template <typename F>
@@ -65,11 +227,14 @@ extern "C" {
 
 int32_t kvarn_default_threads(void)
 {
-#ifdef _OPENMP
-    return omp_get_num_procs();
-#else
-    return 1;
-#endif
+    // CPUs this process may run on (respects taskset/cgroup affinity).
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        const int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    const unsigned h = std::thread::hardware_concurrency();
+    return h ? (int32_t)h : 1;
 }
 
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
@@ -99,22 +264,23 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
     const TileFormat fmt{kbits, vbits, group, head_dim};
     const size_t rec_bytes = fmt.layout().total;
     const size_t tile_elems = (size_t)group * head_dim;
-    int64_t first_bad = std::numeric_limits<int64_t>::max();
-    bool failed_internal = false;
-    const int threads = (int)std::min<int64_t>(resolve_threads(num_threads), std::max<int64_t>(n_tiles, 1));
-#pragma omp parallel for schedule(dynamic) num_threads(threads) reduction(min : first_bad)
-    for (int64_t i = 0; i < n_tiles; ++i) {
+    std::atomic<int64_t> first_bad{std::numeric_limits<int64_t>::max()};
+    std::atomic<bool> failed_internal{false};
+    auto body = [&](int64_t i) {
         try {
-            if (kt->quantize_tile(k + i * tile_elems, v + i * tile_elems, fmt, iters, records + i * rec_bytes))
-                first_bad = std::min(first_bad, i);
+            if (kt->quantize_tile(k + i * tile_elems, v + i * tile_elems, fmt, iters, records + i * rec_bytes)) {
+                int64_t cur = first_bad.load();
+                while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
+                }
+            }
         } catch (...) {
-#pragma omp atomic write
             failed_internal = true;
         }
-    }
+    };
+    pool().run(n_tiles, resolve_threads(num_threads), body);
     if (failed_internal) return KVARN_ERR_INTERNAL;
-    if (first_bad != std::numeric_limits<int64_t>::max()) {
-        if (bad_tile) *bad_tile = first_bad;
+    if (first_bad.load() != std::numeric_limits<int64_t>::max()) {
+        if (bad_tile) *bad_tile = first_bad.load();
         return KVARN_ERR_OVERFLOW;
     }
     return KVARN_OK;
@@ -212,9 +378,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         kt->hadamard_f32(q_rot.data(), (int64_t)batch * num_q_heads, D);
 
         const int64_t n_items = (int64_t)items.size();
-        const int team = (int)std::min<int64_t>(threads, n_items);
-#pragma omp parallel for schedule(dynamic) num_threads(team)
-        for (int64_t i = 0; i < n_items; ++i) {
+        auto body = [&](int64_t i) {
             const WorkItem& w = items[i];
             const kvarn_cache_view& c = caches[w.seq];
             float* base = states.data() + i * state_floats;
@@ -244,7 +408,8 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
             if (c.tail_len > 0 && w.unit_end == total_units(c))
                 kt->attend_dense_f16(q_scaled.data() + q_off, n_q, D, c.tail_k + w.kv_head * c.tail_head_stride,
                                      c.tail_v + w.kv_head * c.tail_head_stride, c.tail_len, c.tail_row_stride, st);
-        }
+        };
+        pool().run(n_items, threads, body);
 
         // Merge the splits of each (seq, kv head) and rotate the tile part back.
         std::vector<float> rot_sum((size_t)batch * num_q_heads * D, 0.0f);
