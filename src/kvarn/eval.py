@@ -44,7 +44,8 @@ class Method:
     results: dict = field(default_factory=dict)
 
 
-def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, group: int = 128) -> list:
+def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, group: int = 128,
+                  reference: bool = False) -> list:
     import kvarn
 
     from . import eval_quantizers as eq
@@ -59,6 +60,10 @@ def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, 
             return kvarn.dequantize_tile(kvarn.quantize_tile(k, v, _p))
 
         methods.append(Method(f"KVarN {name}", "kvarn", p.kbits, p.vbits, p.group, p.bits_per_element(head_dim), q, name))
+        if reference:  # the same algorithm in float64 numpy, to check the native quantiser end to end
+            methods.append(Method(f"KVarN float64 ref {name}", "kvarn-ref", p.kbits, p.vbits, p.group,
+                                  p.bits_per_element(head_dim),
+                                  lambda k, v, a=p.kbits, b=p.vbits: eq.kvarn_ref(k, v, a, b)))
     if baselines:
         rtn = eq.rtn_bits_per_element
         for kb, vb in BASELINE_BITS:
@@ -79,7 +84,8 @@ def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, 
 
 
 # ---- pseudo-decode attention -------------------------------------------------------------
-def pseudo_decode_mask(T: int, sink: int, group: int, exact_prefix: int = 0, three_copies: bool = False):
+def pseudo_decode_mask(T: int, sink: int, group: int, exact_prefix: int = 0, three_copies: bool = False,
+                       own_tile_exact: bool = False):
     """Boolean [T, nT] mask over concatenated key copies [quantised | exact fp16 | (exact fp32)] that
     gives query p what the cache holds at p (see the module doc). Queries p < exact_prefix (a
     prefill) see all earlier keys exactly, in full precision when ``three_copies``."""
@@ -92,7 +98,9 @@ def pseudo_decode_mask(T: int, sink: int, group: int, exact_prefix: int = 0, thr
     tile_end = sink + ((t - sink) // group + 1) * group - 1  # last position of t's tile
     causal = t <= p
     decoding = p >= exact_prefix
-    quantised = decoding & in_tile & (tile_end <= p)
+    # The cache quantises a tile the moment it fills, so its last token already reads it quantised;
+    # own_tile_exact keeps a token's whole own tile exact instead (the looser textbook rule).
+    quantised = decoding & in_tile & ((tile_end < p) if own_tile_exact else (tile_end <= p))
     exact = causal & decoding & ~quantised
     prefill = causal & ~decoding
     if three_copies:
@@ -103,8 +111,9 @@ def pseudo_decode_mask(T: int, sink: int, group: int, exact_prefix: int = 0, thr
 class PseudoDecode:
     """An attention override (see ``kvarn.integrations.transformers.attention_override``)."""
 
-    def __init__(self, method: Method | None, sink: int, group: int, exact_prefix: int = 0):
+    def __init__(self, method: Method | None, sink: int, group: int, exact_prefix: int = 0, own_tile_exact=False):
         self.method, self.sink, self.group, self.exact_prefix = method, sink, group, exact_prefix
+        self.own_tile_exact = own_tile_exact
         self._mask = {}
         self.seconds_quantising = 0.0
 
@@ -147,7 +156,7 @@ class PseudoDecode:
         vals = [vq, v16] + ([v32] if three else [])
         m = self._mask.get(T)
         if m is None:
-            m = self._mask[T] = pseudo_decode_mask(T, S, G, self.exact_prefix, three)
+            m = self._mask[T] = pseudo_decode_mask(T, S, G, self.exact_prefix, three, self.own_tile_exact)
         out = F.scaled_dot_product_attention(
             query, torch.cat(keys, 1)[None].to(query.dtype), torch.cat(vals, 1)[None].to(query.dtype),
             attn_mask=m, scale=scaling, enable_gqa=True,
@@ -242,7 +251,12 @@ def _sim_cache_class():
 def greedy(model, prompt_ids, n_new, cache=None):
     import torch
 
-    with torch.no_grad():
+    import warnings
+
+    with torch.no_grad(), warnings.catch_warnings():
+        # transformers >= 5.x renames past_key_values to cache (until 6.0 the old name works, with a
+        # FutureWarning); the old name is the one every 4.x/5.x version accepts.
+        warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
         out = model.generate(
             torch.tensor([prompt_ids]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
             past_key_values=cache, pad_token_id=model.config.eos_token_id,
@@ -291,6 +305,10 @@ def add_eval_parser(subparsers):
     p.add_argument("--sink", type=int, default=128, help="sink tokens kept exact (default 128)")
     p.add_argument("--presets", default=",".join(PAPER_PRESETS), help="comma-separated kvarn presets")
     p.add_argument("--no-baselines", action="store_true", help="KVarN presets only")
+    p.add_argument("--reference", action="store_true",
+                   help="also run each preset through the float64 numpy implementation of SPEC.md")
+    p.add_argument("--own-tile-exact", action="store_true",
+                   help="a tile's last token reads its own tile exact (default: quantised, as the cache does)")
     p.add_argument("--gen-prompts", type=int, default=3, help="greedy-generation prompts (0: skip)")
     p.add_argument("--gen-prompt-tokens", type=int, default=384, help="tokens per prompt (default 384)")
     p.add_argument("--gen-tokens", type=int, default=48, help="new tokens per prompt (default 48)")
@@ -339,7 +357,7 @@ def run_eval(args) -> int:
     model, tok = assets.load_model(args.model)
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    methods = build_methods(head_dim, presets, baselines=not args.no_baselines)
+    methods = build_methods(head_dim, presets, baselines=not args.no_baselines, reference=args.reference)
     gen_families = set(m.family for m in methods) if args.gen_methods == "all" else set(args.gen_methods.split(","))
     text_ids = assets.verne_token_ids(tok, args.tokens)
     n_prompts = args.gen_prompts
@@ -368,7 +386,7 @@ def run_eval(args) -> int:
     for m in methods:
         bar.set_postfix_str(m.name)
         t0 = time.time()
-        att = PseudoDecode(m, args.sink, m.group)
+        att = PseudoDecode(m, args.sink, m.group, own_tile_exact=args.own_tile_exact)
         logits = forward_logits(model, text_ids, att)
         m.results["pseudo_decode"] = compare_logits(ref_logp, logits[sl], targets)
         m.results["pseudo_decode"]["seconds"] = round(time.time() - t0, 1)
@@ -434,6 +452,7 @@ def run_eval(args) -> int:
         "tokens": args.tokens,
         "eval_from": args.eval_from,
         "sink": args.sink,
+        "own_tile_exact": args.own_tile_exact,
         "text": "Jules & Michel Verne, In the Year 2889 (reasoning-gym wheel)",
         "fp32": fp32,
         "generation": gen,
@@ -485,7 +504,7 @@ def plot_kl_vs_bits(result, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    style = {"kvarn": ("o", "C0"), "kivi": ("s", "C3"), "rotation-only": ("^", "C2"),
+    style = {"kvarn": ("o", "C0"), "kvarn-ref": ("x", "C9"), "kivi": ("s", "C3"), "rotation-only": ("^", "C2"),
              "normalisation-only": ("v", "C4"), "turboquant": ("D", "C1"), "fp16": ("*", "k")}
     fig, ax = plt.subplots(figsize=(7.5, 5))
     seen = set()
@@ -499,7 +518,9 @@ def plot_kl_vs_bits(result, path):
         seen.add(m["family"])
         label = m["name"].replace("KVarN ", "").replace("rotation-only ", "rot ").replace("normalisation-only ", "norm ")
         label = label.replace("TurboQuant-style ", "TQ ").replace("KIVI ", "KIVI ")
-        ax.annotate(label, (m["bits_per_element"], kl), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        below = m["family"] in ("kvarn", "kvarn-ref")  # keeps labels of methods at equal bits apart
+        ax.annotate(label, (m["bits_per_element"], kl), fontsize=7, xytext=(5, -10 if below else 4),
+                    textcoords="offset points")
     ax.set_yscale("log")
     ax.set_xlabel("bits per element (codes + scales, per tile)")
     ax.set_ylabel("KL(fp32 ‖ method), nats/token")
