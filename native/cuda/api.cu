@@ -27,12 +27,13 @@ struct MergeArgs {
 };
 
 // One block per (query head, sequence), one thread per channel: weights of the
-// splits, tile part rotated back with the Hadamard, plus the full-precision part.
+// programs' two states each, tile part rotated back with the Hadamard, plus the
+// full-precision (sink + tail) part.
 __global__ void merge_kernel(MergeArgs a)
 {
     extern __shared__ float rot[];
     const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x, D = a.head_dim;
-    const int n = a.splits + 1;
+    const int n = 2 * a.splits;  // slots [0, splits): tiles (Hadamard frame); [splits, 2 splits): sink/tail
     const float* st = a.states + ((size_t)b * a.num_q_heads + hq) * n * (D + 2);
     float M = -CUDART_INF_F;
     for (int s = 0; s < n; ++s)
@@ -183,7 +184,7 @@ int kvarn_cuda_stream_sync(uintptr_t stream)
 
 size_t kvarn_cuda_attend_scratch(int32_t batch, int32_t num_q_heads, int32_t head_dim, int32_t splits)
 {
-    return sizeof(float) * (size_t)batch * num_q_heads * (size_t)(splits + 1) * (head_dim + 2);
+    return sizeof(float) * (size_t)batch * num_q_heads * (size_t)(2 * splits) * (head_dim + 2);
 }
 
 int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, int32_t batch,

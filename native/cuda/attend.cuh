@@ -5,10 +5,12 @@
 // streams its records into its own shared-memory stages with the bulk-copy
 // engine (one contiguous record = one cp.async.bulk, completing on an
 // mbarrier), so loads of the next records overlap the current tile's maths.
-// The last split index of the grid is the full-precision program: sink + tail
-// tokens, original frame. A merge kernel combines the splits (online-softmax
-// states m, l, acc; log2 domain), rotates the tile part back with the
-// Hadamard and adds the full-precision part.
+// Every program also takes an equal share of the full-precision sink + tail
+// tokens (original frame) after its tiles, so no program is left with only
+// that (serial, latency-bound) work and the grid is splits x heads x B: one
+// wave where the split count was chosen for one. A merge kernel combines the
+// programs' two states each (online-softmax m, l, acc; log2 domain), rotates
+// the tile part back with the Hadamard and adds the full-precision part.
 //
 // Per tile, with codes never leaving registers (SPEC §7 algebra):
 //   score_t = kt[t] * (sum_d (q_d ka_d) code[d,t] + sum_d q_d kz_d)
@@ -17,10 +19,11 @@
 // exact in fp16; the other operand (q*ka, or p*va) is split into hi + lo fp16
 // parts placed in rows g and g+8 of the 16-row A fragment -- rows a GQA group
 // of <= 8 heads leaves free -- so the products carry ~22 bits, and a per-tile
-// power-of-two scale keeps them inside fp16's range. Codes are unpacked with
-// byte_perm + one LOP3 into the fp16 exponent trick (0x6400 | code << shift =
-// 1024 + code * 2^shift) and one HSUB2; the 2^shift is folded into the
-// per-column epilogue.
+// power-of-two scale keeps them inside fp16's range (lo is stored 2^11 up, at
+// hi's magnitude). Codes are unpacked with byte_perm + one LOP3 into the fp16
+// exponent trick (0x6400 | code << shift = 1024 + code * 2^shift) and one
+// HSUB2; the 2^shift is folded into the per-column epilogue (KVARN_SUBNORMAL_CODES
+// below: the cheaper subnormal variant, and why it is off).
 //
 // Fragment maps (g = lane / 4, c = lane % 4; NJ = G/8, NI = D/8):
 //   QK, k-step s: k = 2c+e+8f <-> channel 16s + 4(e+2f) + c; n-chunk j, col n <-> token NJ*n + j
@@ -44,7 +47,7 @@ struct AttendArgs {
     Strided4 q;       // [1, B, Hq, D]
     int num_q_heads;
     float qscale;     // softmax scale * log2(e): scores in the log2 domain
-    float* states;    // [B][Hq][splits + 1][D + 2]: m, l, acc[D]
+    float* states;    // [B][Hq][2 * splits][D + 2]: m, l, acc[D] (tiles, then sink/tail, per split)
     int splits, tiles_per_split, q_chunks, stages_per_warp;
 };
 
@@ -88,15 +91,29 @@ struct Words {
     }
 };
 
-// From two rows' words (same code positions), out[m] = half2(row0 code m, row1 code m) * 2^shift(m),
-// shift(m) = (m % (8/BITS)) * BITS.
+// Codes through the 1024 magic number (0, default: LOP3 + HSUB2 per half2) or as fp16 subnormals
+// (1: one LOP3 per half2, ~15 % faster at 32K x 8 on an H200). The subnormal path is exact in
+// principle but fails the 2e-4 tolerance on the H200 (relative errors 2.3e-4 at 643 tokens,
+// 3.9e-4 at 9,000 tokens, fp16-level, where the magic path passes; also with lo kept at hi's
+// magnitude): the tensor cores evidently lose precision on subnormal operands. Kept for study.
+#ifndef KVARN_SUBNORMAL_CODES
+#define KVARN_SUBNORMAL_CODES 0
+#endif
+
+// From two rows' words (same code positions), out[m] = half2(row0 code m, row1 code m) * 2^shift(m) * u,
+// shift(m) = (m % (8/BITS)) * BITS. Subnormal codes: the masked bits read as fp16 with exponent
+// field 0, value = mantissa * 2^-24 (u = 2^-24), so one LOP3 per half2 and no subtraction; the
+// tensor cores take fp16 subnormal inputs. Magic: (0x6400 | bits) - 1024 (u = 1). The factor
+// 1 / (2^shift u) is applied per output column in the epilogues (code_unshift).
 template <int BITS, int NBITS>
 __device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t* w1, uint32_t* out)
 {
     constexpr int PER = 8 / BITS;
     constexpr int NBYTES = NBITS / 8;
+#if !KVARN_SUBNORMAL_CODES
     constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024 in both halves
     const __half2 k1024 = __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400));
+#endif
 #pragma unroll
     for (int bp = 0; bp < NBYTES / 2; ++bp) {
         const int wi = bp / 2;
@@ -109,13 +126,37 @@ __device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t*
             for (int f = 0; f < PER; ++f) {
                 constexpr uint32_t one = (1u << BITS) - 1u;
                 const uint32_t mask = (one << (f * BITS)) | (one << (16 + f * BITS));
+#if KVARN_SUBNORMAL_CODES
+                out[(bp * 2 + b) * PER + f] = z & mask;
+#else
                 uint32_t v;  // (z & mask) | magic in one LOP3 (ptxas left it as two)
                 asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(z), "r"(mask), "r"(kMagic));
                 __half2 h = __hsub2(*reinterpret_cast<__half2*>(&v), k1024);
                 out[(bp * 2 + b) * PER + f] = *reinterpret_cast<uint32_t*>(&h);
+#endif
             }
         }
     }
+}
+
+// 1 / (2^shift(m) u): turns column m of a product with unpacked codes back into code units.
+template <int BITS>
+__device__ __forceinline__ constexpr float code_unshift(int m)
+{
+#if KVARN_SUBNORMAL_CODES
+    return (float)(1 << 24) / (float)(1 << ((m % (8 / BITS)) * BITS));
+#else
+    return 1.0f / (float)(1 << ((m % (8 / BITS)) * BITS));
+#endif
+}
+
+// x (fp32, |x| < 2^15) as hi + lo * 2^-11 with hi, lo fp16: ~22 bits of x. lo is kept 2^11 up,
+// at hi's magnitude, so its products with (subnormal) codes stay as large as hi's.
+constexpr float kLoScale = 2048.0f, kLoUnscale = 1.0f / 2048.0f;
+__device__ __forceinline__ void split_hi_lo(float x, __half& hi, __half& lo)
+{
+    hi = __float2half_rn(x);
+    lo = __float2half_rn((x - __half2float(hi)) * kLoScale);
 }
 
 template <int N>
@@ -141,9 +182,18 @@ __device__ __forceinline__ void pow2_scale(float amax, float& s, float& inv)
 {
     int e = (int)((__float_as_uint(amax) >> 23) & 0xffu) - 127;
     int sh = 14 - e;
-    sh = sh < -126 ? -126 : (sh > 126 ? 126 : sh);
+    sh = sh < -103 ? -103 : (sh > 126 ? 126 : sh);  // 2^-sh * 2^24 (code_unshift) stays finite
     s = exp2i(sh);
     inv = exp2i(-sh);
+}
+
+// 2^x for x <= 0 (softmax weights): the bare MUFU.EX2 (~2 ulp, subnormal results flushed to 0),
+// without exp2f's range fix-up around it.
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ float quad_sum(float x)
@@ -160,6 +210,78 @@ __device__ __forceinline__ float quad_max(float x)
     return x;
 }
 
+// Loads of n halves (2, 4 or 8) at once.
+template <int N>
+struct HalfVec;
+template <>
+struct HalfVec<2> {
+    using T = uint32_t;
+};
+template <>
+struct HalfVec<4> {
+    using T = uint2;
+};
+template <>
+struct HalfVec<8> {
+    using T = uint4;
+};
+
+template <int N>
+__device__ __forceinline__ void halves_to_float(const typename HalfVec<N>::T& v, float (&out)[N])
+{
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+        out[2 * k] = f.x;
+        out[2 * k + 1] = f.y;
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void load_q(const AttendArgs& a, float* qs, int qld, int b, int h0, int nq)
+{
+    for (int idx = threadIdx.x; idx < 8 * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        float x = 0.0f;
+        if (h < nq)
+            x = load_elem(a.q.ptr, a.q.dtype, b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] + d * a.q.stride[3]) *
+                a.qscale;
+        qs[h * qld + d] = x;
+    }
+}
+
+// Every warp has written ws_m/ws_l/ws_acc (rows of warps that saw nothing: m = -inf);
+// the block combines them into state slot `slot_idx` of its heads.
+template <int D>
+__device__ __forceinline__ void store_program_state(const AttendArgs& a, const float* ws_m, const float* ws_l,
+                                                    const float* ws_acc, int nw, int b, int h0, int nq, int slot_idx)
+{
+    const int nslots = 2 * a.splits;
+    for (int idx = threadIdx.x; idx < nq * (D + 2); idx += blockDim.x) {
+        const int h = idx / (D + 2), r = idx % (D + 2);
+        float M = -CUDART_INF_F;
+        for (int w = 0; w < nw; ++w) M = fmaxf(M, ws_m[w * 8 + h]);
+        float val;
+        if (M == -CUDART_INF_F) {
+            val = r == 0 ? -CUDART_INF_F : 0.0f;
+        } else if (r == 0) {
+            val = M;
+        } else {
+            val = 0.0f;
+            for (int w = 0; w < nw; ++w) {
+                const float wt = exp2f(ws_m[w * 8 + h] - M);  // 0 for warps that saw nothing
+                val = fmaf(wt, r == 1 ? ws_l[w * 8 + h] : ws_acc[(w * 8 + h) * D + r - 2], val);
+            }
+        }
+        float* st = a.states + (((size_t)b * a.num_q_heads + h0 + h) * nslots + slot_idx) * (D + 2);
+        st[r] = val;
+    }
+}
+
+// Grid (splits, Hk * q_chunks, B). Program `split` reads tiles [split * tps, ...) and its
+// share of the full-precision sink + tail tokens; it writes two states: slot `split`
+// (tiles, Hadamard frame) and slot `splits + split` (sink/tail, original frame).
 template <int KB, int VB, int G, int D>
 __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
 {
@@ -174,7 +296,6 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
     const int sink_len = a.meta[4 * b + 2], tail_len = a.meta[4 * b + 3];
     const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3;
-    const bool dense = split == a.splits;
     const int R = (int)a.L.total;
     const int nsw = a.stages_per_warp;
 
@@ -189,32 +310,39 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
     float* ws_l = ws_m + nw * 8;
     float* ws_acc = ws_l + nw * 8;
 
+    const int t_begin = split * a.tiles_per_split;
+    const int t_end = min(t_begin + a.tiles_per_split, n_tiles);
+    const bool has_tiles = t_begin < t_end;
+
     // q for this program's heads, pre-scaled; rows >= nq are zero.
-    for (int idx = threadIdx.x; idx < 8 * D; idx += blockDim.x) {
-        const int h = idx / D, d = idx % D;
-        float x = 0.0f;
-        if (h < nq)
-            x = load_elem(a.q.ptr, a.q.dtype, b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] + d * a.q.stride[3]) *
-                a.qscale;
-        qs[h * C::QLD + d] = x;
-    }
-    if (!dense && threadIdx.x < nw * nsw) mbar_init(&bars[threadIdx.x], 1);
+    load_q<D>(a, qs, C::QLD, b, h0, nq);
+    if (has_tiles && threadIdx.x < nw * nsw) mbar_init(&bars[threadIdx.x], 1);
     fence_proxy_async();
     __syncthreads();
 
-    const int t_begin = split * a.tiles_per_split;
-    const int t_end = min(t_begin + a.tiles_per_split, n_tiles);
-
-    if (!dense) {
-        if (t_begin >= t_end) {
-            // Nothing to read: an empty state (the merge skips l == 0).
-            for (int idx = threadIdx.x; idx < nq * (D + 2); idx += blockDim.x) {
-                const int h = idx / (D + 2), r = idx % (D + 2);
-                float* st = a.states + (((size_t)b * a.num_q_heads + h0 + h) * (a.splits + 1) + split) * (D + 2);
-                st[r] = r == 0 ? -CUDART_INF_F : 0.0f;
-            }
-            return;
+    if (!has_tiles) {
+        // Nothing to read: an empty state (the merge skips l == 0).
+        for (int idx = threadIdx.x; idx < nq * (D + 2); idx += blockDim.x) {
+            const int h = idx / (D + 2), r = idx % (D + 2);
+            float* st = a.states + (((size_t)b * a.num_q_heads + h0 + h) * (2 * a.splits) + split) * (D + 2);
+            st[r] = r == 0 ? -CUDART_INF_F : 0.0f;
         }
+    } else {
+        // ---- tiles: the first records' loads go out before the q rotation ----------------
+        uint8_t* stages = smem + (size_t)warp * nsw * R;
+        uint64_t* my_bars = bars + warp * nsw;
+        const uint8_t* pool = reinterpret_cast<const uint8_t*>(a.c.pool) +
+                              (size_t)a.layer * a.c.num_pages * Hk * R + (size_t)kvh * R;
+        const int* bt = reinterpret_cast<const int*>(a.c.block_table) + (size_t)slot * a.c.max_tiles;
+        const int n_my = t_begin + warp < t_end ? (t_end - t_begin - warp + nw - 1) / nw : 0;
+        if (lane == 0) {
+            for (int s = 0; s < nsw && s < n_my; ++s) {
+                const int page = bt[t_begin + warp + s * nw];
+                mbar_expect_tx(&my_bars[s], (uint32_t)R);
+                bulk_load(stages + (size_t)s * R, pool + (size_t)page * Hk * R, (uint32_t)R, &my_bars[s]);
+            }
+        }
+
         // Rotate q (the tiles live in the Hadamard frame).
         const int blk = hadamard_block(D), half_blk = blk / 2;
         for (int hh = 1; hh < blk; hh <<= 1) {
@@ -232,20 +360,6 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
         for (int idx = threadIdx.x; idx < 8 * D; idx += blockDim.x) qs[(idx / D) * C::QLD + idx % D] *= norm;
         __syncthreads();
 
-        // ---- tiles ------------------------------------------------------------------
-        uint8_t* stages = smem + (size_t)warp * nsw * R;
-        uint64_t* my_bars = bars + warp * nsw;
-        const uint8_t* pool = reinterpret_cast<const uint8_t*>(a.c.pool) +
-                              (size_t)a.layer * a.c.num_pages * Hk * R + (size_t)kvh * R;
-        const int* bt = reinterpret_cast<const int*>(a.c.block_table) + (size_t)slot * a.c.max_tiles;
-        const int n_my = t_begin + warp < t_end ? (t_end - t_begin - warp + nw - 1) / nw : 0;
-        if (lane == 0) {
-            for (int s = 0; s < nsw && s < n_my; ++s) {
-                const int page = bt[t_begin + warp + s * nw];
-                mbar_expect_tx(&my_bars[s], (uint32_t)R);
-                bulk_load(stages + (size_t)s * R, pool + (size_t)page * Hk * R, (uint32_t)R, &my_bars[s]);
-            }
-        }
 
         float m_run = -CUDART_INF_F, l_run = 0.0f;
         float acc[C::NI][2];
@@ -268,7 +382,8 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
 
             // A = q * ka (hi/lo, scaled), qz = q . kz
             float xa[C::KS][4];
-            float amax = 0.0f, qz = 0.0f;
+            // four partial chains each for amax and qz, not one 32-deep chain
+            float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int s2 = 0; s2 < C::KS; ++s2)
 #pragma unroll
@@ -276,11 +391,12 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
                     const int d = 16 * s2 + 4 * q + c;
                     const float qv = qrow[d];
                     xa[s2][q] = qv * __half2float(ka[d]);
-                    qz = fmaf(qv, __half2float(kz[d]), qz);
-                    amax = fmaxf(amax, fabsf(xa[s2][q]));
+                    qzp[q] = fmaf(qv, __half2float(kz[d]), qzp[q]);
+                    amp[q] = fmaxf(amp[q], fabsf(xa[s2][q]));
                 }
-            qz = quad_sum(qz);
-            amax = quad_max(amax);  // per head (A row): its quad holds all its channels
+            float qz = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
+            // per head (A row): its quad holds all its channels
+            const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
             float s1, inv_s1;
             pow2_scale(amax, s1, inv_s1);
             uint32_t A[C::KS][4];
@@ -288,7 +404,7 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             for (int s2 = 0; s2 < C::KS; ++s2) {
                 __half hi[4], lo[4];
 #pragma unroll
-                for (int q = 0; q < 4; ++q) split_f16(xa[s2][q] * s1, hi[q], lo[q]);
+                for (int q = 0; q < 4; ++q) split_hi_lo(xa[s2][q] * s1, hi[q], lo[q]);
                 A[s2][0] = pack_half2(hi[0], hi[1]);
                 A[s2][1] = pack_half2(lo[0], lo[1]);
                 A[s2][2] = pack_half2(hi[2], hi[3]);
@@ -317,20 +433,19 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             load_halves<C::NJ>(kt + C::NJ * (2 * c), ktv[0]);
             load_halves<C::NJ>(kt + C::NJ * (2 * c + 1), ktv[1]);
             float p[C::NJ][2];
-            float tmax = -CUDART_INF_F;
+            float tmp[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
             for (int j = 0; j < C::NJ; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    constexpr int PER = 8 / KB;
-                    const float unshift = inv_s1 * (1.0f / (float)(1 << ((j % PER) * KB)));
-                    const float sv = ktv[e][j] * fmaf(sc[j][e] + sc[j][2 + e], unshift, qz);
+                    const float unshift = inv_s1 * code_unshift<KB>(j);
+                    const float sv = ktv[e][j] * fmaf(fmaf(sc[j][2 + e], kLoUnscale, sc[j][e]), unshift, qz);
                     p[j][e] = sv;
-                    tmax = fmaxf(tmax, sv);
+                    tmp[(j % 2) * 2 + e] = fmaxf(tmp[(j % 2) * 2 + e], sv);
                 }
-            tmax = quad_max(tmax);
+            const float tmax = quad_max(fmaxf(fmaxf(tmp[0], tmp[1]), fmaxf(tmp[2], tmp[3])));
             const float m_new = fmaxf(m_run, tmax);
-            const float alpha = exp2f(m_run - m_new);
+            const float alpha = fast_exp2(m_run - m_new);
             m_run = m_new;
             float vav[2][C::NJ], vzv[2][C::NJ];
             load_halves<C::NJ>(va + C::NJ * (2 * c), vav[0]);
@@ -342,7 +457,7 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             for (int j = 0; j < C::NJ; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    p[j][e] = exp2f(p[j][e] - m_new);
+                    p[j][e] = fast_exp2(p[j][e] - m_new);
                     lsum += p[j][e];
                     pz = fmaf(p[j][e], vzv[e][j], pz);
                     vmax = fmaxf(vmax, fabsf(vav[e][j]));
@@ -356,10 +471,10 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
 #pragma unroll
             for (int u = 0; u < C::US; ++u) {
                 __half hi[4], lo[4];
-                split_f16(p[2 * u][0] * vav[0][2 * u] * s2v, hi[0], lo[0]);
-                split_f16(p[2 * u][1] * vav[1][2 * u] * s2v, hi[1], lo[1]);
-                split_f16(p[2 * u + 1][0] * vav[0][2 * u + 1] * s2v, hi[2], lo[2]);
-                split_f16(p[2 * u + 1][1] * vav[1][2 * u + 1] * s2v, hi[3], lo[3]);
+                split_hi_lo(p[2 * u][0] * vav[0][2 * u] * s2v, hi[0], lo[0]);
+                split_hi_lo(p[2 * u][1] * vav[1][2 * u] * s2v, hi[1], lo[1]);
+                split_hi_lo(p[2 * u + 1][0] * vav[0][2 * u + 1] * s2v, hi[2], lo[2]);
+                split_hi_lo(p[2 * u + 1][1] * vav[1][2 * u + 1] * s2v, hi[3], lo[3]);
                 PA[u][0] = pack_half2(hi[0], hi[1]);
                 PA[u][1] = pack_half2(lo[0], lo[1]);
                 PA[u][2] = pack_half2(hi[2], hi[3]);
@@ -393,9 +508,8 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
                     load_halves<C::NIP>(vc + C::NI * (2 * c + e) + pass * C::NIP, vcv);
 #pragma unroll
                     for (int i = 0; i < C::NIP; ++i) {
-                        constexpr int PER = 8 / VB;
-                        const float unshift = inv_s2 * (1.0f / (float)(1 << ((i % PER) * VB)));
-                        const float tv = fmaf(o[i][e] + o[i][2 + e], unshift, pz);
+                        const float unshift = inv_s2 * code_unshift<VB>(i);
+                        const float tv = fmaf(fmaf(o[i][2 + e], kLoUnscale, o[i][e]), unshift, pz);
                         acc[pass * C::NIP + i][e] = fmaf(acc[pass * C::NIP + i][e], alpha, vcv[i] * tv);
                     }
                 }
@@ -421,10 +535,22 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) ws_acc[(warp * 8 + g) * D + C::NI * (2 * c + e) + i] = acc[i][e];
         }
-    } else {
-        // ---- full-precision sink + tail, original frame: one token per warp at a time ----
+        __syncthreads();
+        store_program_state<D>(a, ws_m, ws_l, ws_acc, nw, b, h0, nq, split);
+        __syncthreads();  // the state is read out of ws before the sink/tail part reuses it
+        load_q<D>(a, qs, C::QLD, b, h0, nq);  // the original frame again
+        __syncthreads();
+    }
+
+    // ---- full-precision sink + tail, original frame: this program's share of the tokens,
+    // one token per warp at a time, U tokens' loads in flight per warp ----
+    {
         constexpr int DPL = D / 32;  // channels per lane
+        constexpr int U = 4;
+        using Vec = typename HalfVec<DPL>::T;
         const int n_dense = sink_len + tail_len;
+        const int per = (n_dense + a.splits - 1) / a.splits;
+        const int d_begin = min(n_dense, split * per), d_end = min(n_dense, d_begin + per);
         float m_h[8], l_h[8], acc_h[8][DPL];
 #pragma unroll
         for (int h = 0; h < 8; ++h) {
@@ -434,41 +560,50 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             for (int k = 0; k < DPL; ++k) acc_h[h][k] = 0.0f;
         }
         const int64_t head = ((int64_t)a.layer * a.c.num_slots + slot) * Hk + kvh;
-        for (int t = warp; t < n_dense; t += nw) {
-            const __half *kr, *vr;
-            if (t < sink_len) {
-                const int64_t off = (head * a.c.sink_cap + t) * D;
-                kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
-                vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
-            } else {
-                const int64_t off = (head * G + (t - sink_len)) * D;
-                kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
-                vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
+        for (int t0 = d_begin + warp; t0 < d_end; t0 += U * nw) {
+            Vec kraw[U], vraw[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int t = t0 + u * nw;
+                if (t < d_end) {
+                    const __half *kr, *vr;
+                    if (t < sink_len) {
+                        const int64_t off = (head * a.c.sink_cap + t) * D;
+                        kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
+                        vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
+                    } else {
+                        const int64_t off = (head * G + (t - sink_len)) * D;
+                        kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
+                        vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
+                    }
+                    kraw[u] = *reinterpret_cast<const Vec*>(kr + lane * DPL);
+                    vraw[u] = *reinterpret_cast<const Vec*>(vr + lane * DPL);
+                }
             }
-            float kv[DPL], vv[DPL];
 #pragma unroll
-            for (int k = 0; k < DPL; ++k) {
-                kv[k] = __half2float(kr[lane * DPL + k]);
-                vv[k] = __half2float(vr[lane * DPL + k]);
-            }
+            for (int u = 0; u < U; ++u) {
+                if (t0 + u * nw >= d_end) break;
+                float kv[DPL], vv[DPL];
+                halves_to_float<DPL>(kraw[u], kv);
+                halves_to_float<DPL>(vraw[u], vv);
 #pragma unroll
-            for (int h = 0; h < 8; ++h) {
-                if (h >= nq) break;
-                float s = 0.0f;
+                for (int h = 0; h < 8; ++h) {
+                    if (h >= nq) break;
+                    float s = 0.0f;
 #pragma unroll
-                for (int k = 0; k < DPL; ++k) s = fmaf(qs[h * C::QLD + lane * DPL + k], kv[k], s);
+                    for (int k = 0; k < DPL; ++k) s = fmaf(qs[h * C::QLD + lane * DPL + k], kv[k], s);
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                const float m_new = fmaxf(m_h[h], s);
-                const float alpha = exp2f(m_h[h] - m_new);
-                const float pw = exp2f(s - m_new);
-                l_h[h] = fmaf(l_h[h], alpha, pw);
+                    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                    const float m_new = fmaxf(m_h[h], s);
+                    const float alpha = exp2f(m_h[h] - m_new);
+                    const float pw = exp2f(s - m_new);
+                    l_h[h] = fmaf(l_h[h], alpha, pw);
 #pragma unroll
-                for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
-                m_h[h] = m_new;
+                    for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
+                    m_h[h] = m_new;
+                }
             }
         }
-        __syncthreads();
 #pragma unroll
         for (int h = 0; h < 8; ++h) {
             if (h >= nq) break;
@@ -481,27 +616,7 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
         }
     }
     __syncthreads();
-
-    // Combine the warps' states into this program's state.
-    for (int idx = threadIdx.x; idx < nq * (D + 2); idx += blockDim.x) {
-        const int h = idx / (D + 2), r = idx % (D + 2);
-        float M = -CUDART_INF_F;
-        for (int w = 0; w < nw; ++w) M = fmaxf(M, ws_m[w * 8 + h]);
-        float val;
-        if (M == -CUDART_INF_F) {
-            val = r == 0 ? -CUDART_INF_F : 0.0f;
-        } else if (r == 0) {
-            val = M;
-        } else {
-            val = 0.0f;
-            for (int w = 0; w < nw; ++w) {
-                const float wt = exp2f(ws_m[w * 8 + h] - M);  // 0 for warps that saw nothing
-                val = fmaf(wt, r == 1 ? ws_l[w * 8 + h] : ws_acc[(w * 8 + h) * D + r - 2], val);
-            }
-        }
-        float* st = a.states + (((size_t)b * a.num_q_heads + h0 + h) * (a.splits + 1) + split) * (D + 2);
-        st[r] = val;
-    }
+    store_program_state<D>(a, ws_m, ws_l, ws_acc, nw, b, h0, nq, a.splits + split);
 }
 
 template <int KB, int VB, int G, int D>
@@ -533,7 +648,7 @@ int launch_attend_t(const AttendArgs& args, int batch, int max_smem, cudaStream_
     KVARN_CUDA_TRY(cudaFuncSetAttribute(attend_kernel<KB, VB, G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem),
                    "attend kernel shared memory");
-    dim3 grid((unsigned)(a.splits + 1), (unsigned)(a.c.num_kv_heads * a.q_chunks), (unsigned)batch);
+    dim3 grid((unsigned)a.splits, (unsigned)(a.c.num_kv_heads * a.q_chunks), (unsigned)batch);
     attend_kernel<KB, VB, G, D><<<grid, nw * 32, smem, stream>>>(a);
     KVARN_CUDA_TRY(cudaGetLastError(), "attend kernel launch");
     return KVARN_CUDA_OK;
