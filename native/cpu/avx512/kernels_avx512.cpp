@@ -354,6 +354,68 @@ void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp
     for (; d0 < D; d0 += 16) values_chunk<VB, NH, 1>(vcodes, row_bytes, D, G, d0, w, tmp, pf);
 }
 
+// Integer value aggregation for 2-bit values (integer score modes only):
+// w = p*va >= 0 rounded to int16 per (tile, head) against max w, and each dword
+// lane holds the codes of tokens t and t+1 for one channel as two int16, so
+// vpdpwssd does two tokens x 16 channels per instruction with exact int32 sums
+// (<= 2*3*32767 per pair, G/2 pairs).
+template <int NH, int C>
+inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const int16_t* w16,
+                                  const float* wscale, float* tmp, Prefetcher& pf)
+{
+    __m512i a[NH][C];
+    for (int h = 0; h < NH; ++h)
+        for (int c = 0; c < C; ++c) a[h][c] = _mm512_setzero_si512();
+    const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i m = _mm512_set1_epi32(0x00030003);
+    const uint8_t* p = vcodes + d0 / 4;
+    for (int t = 0; t < G; t += 2, p += 2 * row_bytes) {
+        pf.step();
+        __m512i x[C];
+        for (int c = 0; c < C; ++c) {
+            uint32_t r0, r1;
+            memcpy(&r0, p + 4 * c, 4);
+            memcpy(&r1, p + row_bytes + 4 * c, 4);
+            const __m512i x0 = _mm512_srlv_epi32(_mm512_set1_epi32((int)r0), sh);
+            const __m512i x1 = _mm512_slli_epi32(_mm512_srlv_epi32(_mm512_set1_epi32((int)r1), sh), 16);
+            x[c] = _mm512_and_si512(_mm512_mask_blend_epi16(0xAAAAAAAAu, x0, x1), m);
+        }
+        for (int h = 0; h < NH; ++h) {
+            int32_t wp;
+            memcpy(&wp, w16 + h * G + t, 4);
+            const __m512i wb = _mm512_set1_epi32(wp);
+            for (int c = 0; c < C; ++c) a[h][c] = _mm512_dpwssd_epi32(a[h][c], x[c], wb);
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        const __m512 sc = _mm512_set1_ps(wscale[h]);
+        for (int c = 0; c < C; ++c)
+            _mm512_store_ps(tmp + h * D + d0 + 16 * c, _mm512_mul_ps(_mm512_cvtepi32_ps(a[h][c]), sc));
+    }
+}
+
+template <int NH>
+void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const float* wscale, float* tmp,
+                          Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)D / 4;
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) values_chunk_v2_int16<NH, 4>(vcodes, row_bytes, D, G, d0, w16, wscale, tmp, pf);
+    for (; d0 + 32 <= D; d0 += 32) values_chunk_v2_int16<NH, 2>(vcodes, row_bytes, D, G, d0, w16, wscale, tmp, pf);
+    for (; d0 < D; d0 += 16) values_chunk_v2_int16<NH, 1>(vcodes, row_bytes, D, G, d0, w16, wscale, tmp, pf);
+}
+
+void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const float* wscale,
+                              float* tmp, Prefetcher& pf)
+{
+    switch (nh) {
+        case 1: tile_values_v2_int16<1>(vcodes, D, G, w16, wscale, tmp, pf); break;
+        case 2: tile_values_v2_int16<2>(vcodes, D, G, w16, wscale, tmp, pf); break;
+        case 3: tile_values_v2_int16<3>(vcodes, D, G, w16, wscale, tmp, pf); break;
+        default: tile_values_v2_int16<4>(vcodes, D, G, w16, wscale, tmp, pf); break;
+    }
+}
+
 template <int KB>
 void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
 {
@@ -447,6 +509,8 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     alignas(64) int8_t qi8[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(64) int16_t qi16[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(64) float s[kHeadGroup * 128];
+    alignas(64) int16_t w16[kHeadGroup * 128];
+    const bool int_values = VB == 2 && score_mode() != kScoresFloat;
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
         Prefetcher pf{nullptr, nullptr};
@@ -511,7 +575,23 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 }
                 pz[h] = _mm512_reduce_add_ps(z);
             }
-            values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
+            if (int_values) {
+                float wscale[kHeadGroup];
+                for (int h = 0; h < nh; ++h) {
+                    const float* sh = s + h * G;
+                    __m512 mx = _mm512_setzero_ps();
+                    for (int t = 0; t < G; t += 16) mx = _mm512_max_ps(mx, _mm512_load_ps(sh + t));
+                    const float wmax = _mm512_reduce_max_ps(mx);
+                    wscale[h] = wmax > 0.0f ? wmax / 32767.0f : 0.0f;
+                    const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
+                    for (int t = 0; t < G; t += 16)
+                        _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t),
+                                           _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sh + t), inv))));
+                }
+                values_v2_int16_dispatch(nh, rec + L.v_codes, D, G, w16, wscale, tmp, pf);
+            } else {
+                values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
+            }
             for (int h = 0; h < nh; ++h) {
                 float* acc = st.acc_rot + (size_t)(h0 + h) * D;
                 const __m512 pzv = _mm512_set1_ps(pz[h]);
