@@ -356,12 +356,15 @@ void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp
 
 // Integer value aggregation for 2-bit values (integer score modes only):
 // w = p*va >= 0 rounded to int16 per (tile, head) against max w, and each dword
-// lane holds the codes of tokens t and t+1 for one channel as two int16, so
-// vpdpwssd does two tokens x 16 channels per instruction with exact int32 sums
-// (<= 2*3*32767 per pair, G/2 pairs).
+// lane holds the centred codes y = 2c - 3 of tokens t and t+1 for one channel
+// as two int16, so vpdpwssd does two tokens x 16 channels per instruction with
+// exact int32 sums (<= 2*3*32767 per pair, G/2 pairs). Centring matters: with
+// raw codes (mean 1.5) the weights' rounding errors add up as a bias; with
+// y they mostly cancel, and sum_t w c = (sum_t w y + 3 sum_t w) / 2 takes the
+// 3 sum w part from the exact float weights (wsum).
 template <int NH, int C>
 inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const int16_t* w16,
-                                  const float* wscale, float* tmp, Prefetcher& pf)
+                                  const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
     __m512i a[NH][C];
     for (int h = 0; h < NH; ++h)
@@ -378,7 +381,8 @@ inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D
             memcpy(&r1, p + row_bytes + 4 * c, 4);
             const __m512i x0 = _mm512_srlv_epi32(_mm512_set1_epi32((int)r0), sh);
             const __m512i x1 = _mm512_slli_epi32(_mm512_srlv_epi32(_mm512_set1_epi32((int)r1), sh), 16);
-            x[c] = _mm512_and_si512(_mm512_mask_blend_epi16(0xAAAAAAAAu, x0, x1), m);
+            const __m512i cc = _mm512_and_si512(_mm512_mask_blend_epi16(0xAAAAAAAAu, x0, x1), m);
+            x[c] = _mm512_sub_epi16(_mm512_slli_epi16(cc, 1), m);  // 2c - 3: centred codes
         }
         for (int h = 0; h < NH; ++h) {
             int32_t wp;
@@ -388,31 +392,31 @@ inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D
         }
     }
     for (int h = 0; h < NH; ++h) {
-        const __m512 sc = _mm512_set1_ps(wscale[h]);
+        const __m512 sc = _mm512_set1_ps(0.5f * wscale[h]), off = _mm512_set1_ps(1.5f * wsum[h]);
         for (int c = 0; c < C; ++c)
-            _mm512_store_ps(tmp + h * D + d0 + 16 * c, _mm512_mul_ps(_mm512_cvtepi32_ps(a[h][c]), sc));
+            _mm512_store_ps(tmp + h * D + d0 + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[h][c]), sc, off));
     }
 }
 
 template <int NH>
-void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const float* wscale, float* tmp,
-                          Prefetcher& pf)
+void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const float* wscale,
+                          const float* wsum, float* tmp, Prefetcher& pf)
 {
     const size_t row_bytes = (size_t)D / 4;
     int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) values_chunk_v2_int16<NH, 4>(vcodes, row_bytes, D, G, d0, w16, wscale, tmp, pf);
-    for (; d0 + 32 <= D; d0 += 32) values_chunk_v2_int16<NH, 2>(vcodes, row_bytes, D, G, d0, w16, wscale, tmp, pf);
-    for (; d0 < D; d0 += 16) values_chunk_v2_int16<NH, 1>(vcodes, row_bytes, D, G, d0, w16, wscale, tmp, pf);
+    for (; d0 + 64 <= D; d0 += 64) values_chunk_v2_int16<NH, 4>(vcodes, row_bytes, D, G, d0, w16, wscale, wsum, tmp, pf);
+    for (; d0 + 32 <= D; d0 += 32) values_chunk_v2_int16<NH, 2>(vcodes, row_bytes, D, G, d0, w16, wscale, wsum, tmp, pf);
+    for (; d0 < D; d0 += 16) values_chunk_v2_int16<NH, 1>(vcodes, row_bytes, D, G, d0, w16, wscale, wsum, tmp, pf);
 }
 
 void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const float* wscale,
-                              float* tmp, Prefetcher& pf)
+                              const float* wsum, float* tmp, Prefetcher& pf)
 {
     switch (nh) {
-        case 1: tile_values_v2_int16<1>(vcodes, D, G, w16, wscale, tmp, pf); break;
-        case 2: tile_values_v2_int16<2>(vcodes, D, G, w16, wscale, tmp, pf); break;
-        case 3: tile_values_v2_int16<3>(vcodes, D, G, w16, wscale, tmp, pf); break;
-        default: tile_values_v2_int16<4>(vcodes, D, G, w16, wscale, tmp, pf); break;
+        case 1: tile_values_v2_int16<1>(vcodes, D, G, w16, wscale, wsum, tmp, pf); break;
+        case 2: tile_values_v2_int16<2>(vcodes, D, G, w16, wscale, wsum, tmp, pf); break;
+        case 3: tile_values_v2_int16<3>(vcodes, D, G, w16, wscale, wsum, tmp, pf); break;
+        default: tile_values_v2_int16<4>(vcodes, D, G, w16, wscale, wsum, tmp, pf); break;
     }
 }
 
@@ -576,11 +580,15 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 pz[h] = _mm512_reduce_add_ps(z);
             }
             if (int_values) {
-                float wscale[kHeadGroup];
+                float wscale[kHeadGroup], wsum[kHeadGroup];
                 for (int h = 0; h < nh; ++h) {
                     const float* sh = s + h * G;
-                    __m512 mx = _mm512_setzero_ps();
-                    for (int t = 0; t < G; t += 16) mx = _mm512_max_ps(mx, _mm512_load_ps(sh + t));
+                    __m512 mx = _mm512_setzero_ps(), sm = _mm512_setzero_ps();
+                    for (int t = 0; t < G; t += 16) {
+                        mx = _mm512_max_ps(mx, _mm512_load_ps(sh + t));
+                        sm = _mm512_add_ps(sm, _mm512_load_ps(sh + t));
+                    }
+                    wsum[h] = _mm512_reduce_add_ps(sm);
                     const float wmax = _mm512_reduce_max_ps(mx);
                     wscale[h] = wmax > 0.0f ? wmax / 32767.0f : 0.0f;
                     const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
@@ -588,7 +596,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                         _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t),
                                            _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sh + t), inv))));
                 }
-                values_v2_int16_dispatch(nh, rec + L.v_codes, D, G, w16, wscale, tmp, pf);
+                values_v2_int16_dispatch(nh, rec + L.v_codes, D, G, w16, wscale, wsum, tmp, pf);
             } else {
                 values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             }
