@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import kvarn  # noqa: E402
 from kvarn import eval as kev  # noqa: E402
 from kvarn.integrations import assets  # noqa: E402
-from kvarn.integrations.transformers import KVarNCache, KVarNLayer  # noqa: E402
+from kvarn.integrations.transformers import KVarNCache, KVarNLayer, cache_kwargs  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -68,13 +68,13 @@ def test_prefill_is_exact_and_decode_uses_packed_cache(smol):
     with torch.no_grad():
         ref = model(x).logits[0, -1]
         cache = KVarNCache(model.config, preset="k2v2_g128", sink_tokens=0)
-        got = model(x, past_key_values=cache, use_cache=True).logits[0, -1]
+        got = model(x, use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
         # Prefill attends over full-precision K/V: identical to no cache.
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
         layer = cache.kvarn_layers[3]
         assert isinstance(layer, KVarNLayer) and layer.caches[0].num_tiles == 1
         # A decode step reads the 2-bit tile through kvarn.attend: near the exact logits, not equal.
-        step = model(torch.tensor([[ids[200]]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        step = model(torch.tensor([[ids[200]]]), use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
         full = model(torch.tensor([ids[:201]])).logits[0, -1]
     assert layer.caches[0].tail_len == 201 - 128
     assert not torch.allclose(step, full, atol=1e-3), "2-bit tiles should change the logits"
@@ -105,6 +105,39 @@ def test_decode_path_agrees_with_pseudo_decode(smol):
     # there on is statistical.
     assert abs(kl_cache - kl_pseudo) <= 0.05 * kl_pseudo
     assert float((dec.argmax(-1) == pseudo.argmax(-1)).double().mean()) >= 0.9
+
+
+def test_continued_chunk_equals_token_by_token_and_batches_work(smol):
+    model, _, ids = smol
+    x = torch.tensor([ids[:150]])
+    with torch.no_grad():
+        a = KVarNCache(model.config, preset="k4v2_g64")
+        model(x, use_cache=True, **cache_kwargs(model, a))
+        chunk = model(torch.tensor([ids[150:170]]), use_cache=True, **cache_kwargs(model, a)).logits[0, -1]
+        b = KVarNCache(model.config, preset="k4v2_g64")
+        model(x, use_cache=True, **cache_kwargs(model, b))
+        for t in ids[150:170]:
+            one = model(torch.tensor([[t]]), use_cache=True, **cache_kwargs(model, b)).logits[0, -1]
+        # Two unpadded rows decode together (kvarn.attend_batch), each like its own run.
+        c = KVarNCache(model.config, preset="k4v2_g64")
+        model(torch.tensor([ids[:150], ids[1:151]]), use_cache=True, **cache_kwargs(model, c))
+        both = model(torch.tensor([[ids[150]], [ids[151]]]), use_cache=True, **cache_kwargs(model, c)).logits[:, -1]
+        d = KVarNCache(model.config, preset="k4v2_g64")
+        model(torch.tensor([ids[1:151]]), use_cache=True, **cache_kwargs(model, d))
+        second = model(torch.tensor([[ids[151]]]), use_cache=True, **cache_kwargs(model, d)).logits[0, -1]
+    assert a.get_seq_length() == b.get_seq_length() == 170
+    torch.testing.assert_close(chunk, one, rtol=0, atol=1e-2)
+    torch.testing.assert_close(both[1], second, rtol=0, atol=1e-2)
+
+
+def test_padded_batch_is_refused(smol):
+    model, _, ids = smol
+    cache = KVarNCache(model.config, preset="k4v2_g128")
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[1, :5] = 0  # left padding in row 1
+    with pytest.raises(NotImplementedError, match="padded"):
+        model.generate(torch.tensor([ids[:40], ids[:40]]), attention_mask=mask, max_new_tokens=3, do_sample=False,
+                       past_key_values=cache, pad_token_id=model.config.eos_token_id)
 
 
 def test_pseudo_decode_mask_matches_the_cache_rule():

@@ -279,14 +279,15 @@ def decode_path_logits(model, ids, prefix, steps, preset, sink):
     through kvarn.attend. Returns logits [steps, V] for positions prefix .. prefix+steps-1."""
     import torch
 
-    from .integrations.transformers import KVarNCache
+    from .integrations.transformers import KVarNCache, cache_kwargs
 
     cache = KVarNCache(model.config, preset=preset, sink_tokens=sink)
+    kw = cache_kwargs(model, cache)
     rows = []
     with torch.no_grad():
-        out = model(torch.tensor([ids[:prefix]]), past_key_values=cache, use_cache=True)
+        out = model(torch.tensor([ids[:prefix]]), use_cache=True, **kw)
         for i in range(prefix, prefix + steps):
-            out = model(torch.tensor([[ids[i]]]), past_key_values=cache, use_cache=True)
+            out = model(torch.tensor([[ids[i]]]), use_cache=True, **kw)
             rows.append(out.logits[0, -1].float())
     return torch.stack(rows), cache
 
@@ -332,6 +333,15 @@ def _check_args(args):
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(args, name)}")
     if args.eval_from >= args.tokens - 1:
         raise ValueError(f"--eval-from: {args.eval_from} leaves nothing to score in {args.tokens} tokens")
+    import kvarn
+
+    from .integrations.assets import MODELS
+
+    bad = [p for p in args.presets.split(",") if p and p not in kvarn.PRESETS]
+    if bad or not args.presets.strip(","):
+        raise ValueError(f"--presets: unknown {bad or 'empty list'}; choose from {sorted(kvarn.PRESETS)}")
+    if args.model not in MODELS:
+        raise ValueError(f"--model: unknown model {args.model!r}; choose one of {sorted(MODELS)}")
     if args.decode_steps == 1:
         raise ValueError("--decode-steps: use 0 (skip) or at least 2 (one scored position needs a next token)")
     if args.decode_steps and args.decode_prefix + args.decode_steps > args.tokens:

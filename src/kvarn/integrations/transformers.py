@@ -88,6 +88,15 @@ def attention_override(fn):
         _override.reset(token)
 
 
+def cache_kwargs(model, cache) -> dict:
+    """{name: cache} for ``model(...)``: transformers 5.x renamed the forward's ``past_key_values``
+    to ``cache`` (the old name warns, and goes in 5.40)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
 def _to_numpy(x: torch.Tensor) -> np.ndarray:
     return x.detach().to("cpu", torch.float32).numpy()
 
