@@ -206,6 +206,26 @@ def test_attend_long_split_k_and_ragged():
 
 @gpu
 @need_torch
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v4_g64"])
+def test_attend_precision_sharp_and_coherent(preset):
+    """Harder inputs for the code/operand products than random q: a sharp softmax (q x 4) and a
+    q whose channels all share one sign (the per-row sums the offset-code accumulators start
+    from are then large). Prints the worst relative error (pytest -s) to show the margin."""
+    rng = np.random.default_rng(5)
+    hk, D = 2, 128
+    lengths = [700, 2053]
+    cache, ids = build(preset, D, hk, lengths, rng)
+    errs = {}
+    for name, q in (("sharp", 4.0 * kv_like(rng, (len(ids), hk * 4, D))),
+                    ("coherent", 1.0 + np.abs(kv_like(rng, (len(ids), hk * 4, D)))),
+                    ("random", kv_like(rng, (len(ids), hk * 4, D)))):
+        out = cache.attend(dev(q), ids).cpu().numpy()
+        errs[name] = check_attention(cache, ids, q, out, 1.0 / np.sqrt(D))
+    print(f"\n[precision] {preset}: " + ", ".join(f"{k} {v:.2e}" for k, v in errs.items()))
+
+
+@gpu
+@need_torch
 def test_cpu_records_decode_on_gpu():
     """Vice versa: a CPU KVCache's records, loaded as they are, attended on the GPU."""
     rng = np.random.default_rng(3)

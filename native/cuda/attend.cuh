@@ -99,6 +99,17 @@ struct Words {
 #ifndef KVARN_SUBNORMAL_CODES
 #define KVARN_SUBNORMAL_CODES 0
 #endif
+// Offset codes (default 1): the magic-number codes keep their 1024 (one LOP3 per half2, no
+// HSUB2), B = 1024 + code * 2^shift, and the MMA accumulators start at -1024 * sum_k A[row, k].
+// Exact for the hi row: hi is rounded to a multiple of 2^kHiGrid (|x| < 2^15, 5 bits), so every
+// product, partial sum and the start value lie on that grid below 2^33.3 (< 24 bits): the fp32
+// accumulation cannot round. lo = x - hi (|lo| <= 2^9, unscaled, fp16) carries the next 11
+// bits; its own offset sum rounds at ~2^-24 of 1024 * sum|lo|, i.e. ~2^-14 of |hi| terms: noise.
+// 0: the previous way, (0x6400 | bits) - 1024 with an HSUB2 per half2 and hi/lo = fp16(x), 2^11 * rest.
+#ifndef KVARN_OFFSET_CODES
+#define KVARN_OFFSET_CODES 1
+#endif
+constexpr bool kOffsetCodes = KVARN_OFFSET_CODES && !KVARN_SUBNORMAL_CODES;
 
 // From two rows' words (same code positions), out[m] = half2(row0 code m, row1 code m) * 2^shift(m) * u,
 // shift(m) = (m % (8/BITS)) * BITS. Subnormal codes: the masked bits read as fp16 with exponent
@@ -131,8 +142,12 @@ __device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t*
 #else
                 uint32_t v;  // (z & mask) | magic in one LOP3 (ptxas left it as two)
                 asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(z), "r"(mask), "r"(kMagic));
-                __half2 h = __hsub2(*reinterpret_cast<__half2*>(&v), k1024);
-                out[(bp * 2 + b) * PER + f] = *reinterpret_cast<uint32_t*>(&h);
+                if constexpr (kOffsetCodes) {
+                    out[(bp * 2 + b) * PER + f] = v;  // 1024 + code * 2^shift: the accumulators start at -1024 sum A
+                } else {
+                    __half2 h = __hsub2(*reinterpret_cast<__half2*>(&v), k1024);
+                    out[(bp * 2 + b) * PER + f] = *reinterpret_cast<uint32_t*>(&h);
+                }
 #endif
             }
         }
@@ -158,6 +173,57 @@ __device__ __forceinline__ void split_hi_lo(float x, __half& hi, __half& lo)
     hi = __float2half_rn(x);
     lo = __float2half_rn((x - __half2float(hi)) * kLoScale);
 }
+
+// Offset codes: hi = x rounded to a multiple of 2^kHiGrid (RN, by the 1.5 * 2^(23 + kHiGrid)
+// magic add), lo = x - hi (exact in fp32, |lo| <= 2^(kHiGrid - 1), rounded to fp16: 11 more bits).
+// The accumulators of rows g (hi) and g + 8 (lo) start at -1024 * (sum of that row's parts).
+constexpr int kHiGrid = 10;
+__device__ __forceinline__ void split_grid(float x, float& hi, float& lo)
+{
+    constexpr float kRound = 1.5f * (float)(1ull << (23 + kHiGrid));
+    hi = __fsub_rn(__fadd_rn(x, kRound), kRound);
+    lo = __fsub_rn(x, hi);
+}
+
+// Packs (hi, lo) parts of 4 values into the A fragment words of rows g (hi) and g + 8 (lo)
+// (offset codes: split_grid; otherwise the old split).
+__device__ __forceinline__ void split_pack4(const float (&x)[4], uint32_t (&A)[4])
+{
+    if constexpr (kOffsetCodes) {
+        float hi[4], lo[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) split_grid(x[q], hi[q], lo[q]);
+        A[0] = pack_half2(__float2half_rn(hi[0]), __float2half_rn(hi[1]));
+        A[1] = pack_half2(__float2half_rn(lo[0]), __float2half_rn(lo[1]));
+        A[2] = pack_half2(__float2half_rn(hi[2]), __float2half_rn(hi[3]));
+        A[3] = pack_half2(__float2half_rn(lo[2]), __float2half_rn(lo[3]));
+    } else {
+        __half hi[4], lo[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) split_hi_lo(x[q], hi[q], lo[q]);
+        A[0] = pack_half2(hi[0], hi[1]);
+        A[1] = pack_half2(lo[0], lo[1]);
+        A[2] = pack_half2(hi[2], hi[3]);
+        A[3] = pack_half2(lo[2], lo[3]);
+    }
+}
+
+// Offset codes: the accumulators' start values -1024 * sum_k A[row, k], computed on the tensor
+// cores (one more MMA per k-step with B = -1024 everywhere; exact for the hi row, see above):
+// start[0..1] for row g (hi), start[2..3] for row g + 8 (lo) -- the C fragment layout.
+template <int STEPS>
+__device__ __forceinline__ void offset_start(const uint32_t (&A)[STEPS][4], float (&start)[4])
+{
+    constexpr uint32_t kNeg1024 = 0xE400E400u;  // fp16 -1024 in both halves
+    start[0] = start[1] = start[2] = start[3] = 0.0f;
+    if constexpr (kOffsetCodes) {
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s) mma_16816(start, A[s][0], A[s][1], A[s][2], A[s][3], kNeg1024, kNeg1024);
+    }
+}
+
+// lo's weight in the combined row: 1 for offset codes (lo unscaled), 2^-11 otherwise.
+constexpr float kLoWeight = kOffsetCodes ? 1.0f : kLoUnscale;
 
 template <int N>
 __device__ __forceinline__ void load_halves(const __half* p, float (&out)[N])
@@ -402,19 +468,18 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             uint32_t A[C::KS][4];
 #pragma unroll
             for (int s2 = 0; s2 < C::KS; ++s2) {
-                __half hi[4], lo[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) split_hi_lo(xa[s2][q] * s1, hi[q], lo[q]);
-                A[s2][0] = pack_half2(hi[0], hi[1]);
-                A[s2][1] = pack_half2(lo[0], lo[1]);
-                A[s2][2] = pack_half2(hi[2], hi[3]);
-                A[s2][3] = pack_half2(lo[2], lo[3]);
+                const float xs[4] = {xa[s2][0] * s1, xa[s2][1] * s1, xa[s2][2] * s1, xa[s2][3] * s1};
+                split_pack4(xs, A[s2]);
             }
+            float k_start[4];
+            offset_start<C::KS>(A, k_start);
 
             // S = A * Kcodes
             float sc[C::NJ][4];
 #pragma unroll
-            for (int j = 0; j < C::NJ; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+            for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) sc[j][q] = k_start[q];
 #pragma unroll
             for (int s2 = 0; s2 < C::KS; ++s2) {
                 Words<C::KBITS_T> r[4];
@@ -439,7 +504,7 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float unshift = inv_s1 * code_unshift<KB>(j);
-                    const float sv = ktv[e][j] * fmaf(fmaf(sc[j][2 + e], kLoUnscale, sc[j][e]), unshift, qz);
+                    const float sv = ktv[e][j] * fmaf(fmaf(sc[j][2 + e], kLoWeight, sc[j][e]), unshift, qz);
                     p[j][e] = sv;
                     tmp[(j % 2) * 2 + e] = fmaxf(tmp[(j % 2) * 2 + e], sv);
                 }
@@ -470,23 +535,21 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             uint32_t PA[C::US][4];
 #pragma unroll
             for (int u = 0; u < C::US; ++u) {
-                __half hi[4], lo[4];
-                split_hi_lo(p[2 * u][0] * vav[0][2 * u] * s2v, hi[0], lo[0]);
-                split_hi_lo(p[2 * u][1] * vav[1][2 * u] * s2v, hi[1], lo[1]);
-                split_hi_lo(p[2 * u + 1][0] * vav[0][2 * u + 1] * s2v, hi[2], lo[2]);
-                split_hi_lo(p[2 * u + 1][1] * vav[1][2 * u + 1] * s2v, hi[3], lo[3]);
-                PA[u][0] = pack_half2(hi[0], hi[1]);
-                PA[u][1] = pack_half2(lo[0], lo[1]);
-                PA[u][2] = pack_half2(hi[2], hi[3]);
-                PA[u][3] = pack_half2(lo[2], lo[3]);
+                const float xs[4] = {p[2 * u][0] * vav[0][2 * u] * s2v, p[2 * u][1] * vav[1][2 * u] * s2v,
+                                     p[2 * u + 1][0] * vav[0][2 * u + 1] * s2v, p[2 * u + 1][1] * vav[1][2 * u + 1] * s2v};
+                split_pack4(xs, PA[u]);
             }
+            float v_start[4];
+            offset_start<C::US>(PA, v_start);
 
             // out += vc * (P' * Vcodes + pz)
 #pragma unroll
             for (int pass = 0; pass < C::NPASS; ++pass) {
                 float o[C::NIP][4];
 #pragma unroll
-                for (int i = 0; i < C::NIP; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+                for (int i = 0; i < C::NIP; ++i)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) o[i][q] = v_start[q];
                 const int col_byte = (C::NI * g + pass * C::NIP) * VB / 8;
 #pragma unroll
                 for (int u = 0; u < C::US; ++u) {
@@ -509,7 +572,7 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
 #pragma unroll
                     for (int i = 0; i < C::NIP; ++i) {
                         const float unshift = inv_s2 * code_unshift<VB>(i);
-                        const float tv = fmaf(fmaf(o[i][2 + e], kLoUnscale, o[i][e]), unshift, pz);
+                        const float tv = fmaf(fmaf(o[i][2 + e], kLoWeight, o[i][e]), unshift, pz);
                         acc[pass * C::NIP + i][e] = fmaf(acc[pass * C::NIP + i][e], alpha, vcv[i] * tv);
                     }
                 }
