@@ -174,25 +174,26 @@ __device__ __forceinline__ void split_hi_lo(float x, __half& hi, __half& lo)
     lo = __float2half_rn((x - __half2float(hi)) * kLoScale);
 }
 
-// Offset codes: hi = x rounded to a multiple of 2^kHiGrid (RN, by the 1.5 * 2^(23 + kHiGrid)
-// magic add), lo = x - hi (exact in fp32, |lo| <= 2^(kHiGrid - 1), rounded to fp16: 11 more bits).
+// Offset codes: x = a * b (|x| <= 2^15) as hi = x rounded to a multiple of 2^kHiGrid (RN, by
+// the 1.5 * 2^(23 + kHiGrid) magic add, fused with the product) and lo = x - hi (one FFMA:
+// the exact product minus hi, rounded once; |lo| <= 2^(kHiGrid - 1), then fp16: 11 more bits).
 // The accumulators of rows g (hi) and g + 8 (lo) start at -1024 * (sum of that row's parts).
 constexpr int kHiGrid = 10;
-__device__ __forceinline__ void split_grid(float x, float& hi, float& lo)
+__device__ __forceinline__ void split_grid(float a, float b, float& hi, float& lo)
 {
     constexpr float kRound = 1.5f * (float)(1ull << (23 + kHiGrid));
-    hi = __fsub_rn(__fadd_rn(x, kRound), kRound);
-    lo = __fsub_rn(x, hi);
+    hi = __fsub_rn(__fmaf_rn(a, b, kRound), kRound);
+    lo = __fmaf_rn(a, b, -hi);
 }
 
-// Packs (hi, lo) parts of 4 values into the A fragment words of rows g (hi) and g + 8 (lo)
-// (offset codes: split_grid; otherwise the old split).
-__device__ __forceinline__ void split_pack4(const float (&x)[4], uint32_t (&A)[4])
+// Packs (hi, lo) parts of the 4 values a[q] * b[q] into the A fragment words of rows g (hi)
+// and g + 8 (lo) (offset codes: split_grid; otherwise the old split of the rounded product).
+__device__ __forceinline__ void split_pack4(const float (&a)[4], const float (&b)[4], uint32_t (&A)[4])
 {
     if constexpr (kOffsetCodes) {
         float hi[4], lo[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) split_grid(x[q], hi[q], lo[q]);
+        for (int q = 0; q < 4; ++q) split_grid(a[q], b[q], hi[q], lo[q]);
         A[0] = pack_half2(__float2half_rn(hi[0]), __float2half_rn(hi[1]));
         A[1] = pack_half2(__float2half_rn(lo[0]), __float2half_rn(lo[1]));
         A[2] = pack_half2(__float2half_rn(hi[2]), __float2half_rn(hi[3]));
@@ -200,7 +201,7 @@ __device__ __forceinline__ void split_pack4(const float (&x)[4], uint32_t (&A)[4
     } else {
         __half hi[4], lo[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) split_hi_lo(x[q], hi[q], lo[q]);
+        for (int q = 0; q < 4; ++q) split_hi_lo(a[q] * b[q], hi[q], lo[q]);
         A[0] = pack_half2(hi[0], hi[1]);
         A[1] = pack_half2(lo[0], lo[1]);
         A[2] = pack_half2(hi[2], hi[3]);
@@ -251,6 +252,14 @@ __device__ __forceinline__ void pow2_scale(float amax, float& s, float& inv)
     sh = sh < -103 ? -103 : (sh > 126 ? 126 : sh);  // 2^-sh * 2^24 (code_unshift) stays finite
     s = exp2i(sh);
     inv = exp2i(-sh);
+}
+
+// The shift of pow2_scale, capped at max_sh.
+__device__ __forceinline__ int pow2_shift(float amax, int max_sh)
+{
+    const int e = (int)((__float_as_uint(amax) >> 23) & 0xffu) - 127;
+    const int sh = 14 - e;
+    return sh < -103 ? -103 : (sh > max_sh ? max_sh : sh);
 }
 
 // 2^x for x <= 0 (softmax weights): the bare MUFU.EX2 (~2 ulp, subnormal results flushed to 0),
@@ -468,8 +477,8 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             uint32_t A[C::KS][4];
 #pragma unroll
             for (int s2 = 0; s2 < C::KS; ++s2) {
-                const float xs[4] = {xa[s2][0] * s1, xa[s2][1] * s1, xa[s2][2] * s1, xa[s2][3] * s1};
-                split_pack4(xs, A[s2]);
+                const float sv4[4] = {s1, s1, s1, s1};
+                split_pack4(xa[s2], sv4, A[s2]);
             }
             float k_start[4];
             offset_start<C::KS>(A, k_start);
@@ -518,26 +527,56 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             load_halves<C::NJ>(vz + C::NJ * (2 * c), vzv[0]);
             load_halves<C::NJ>(vz + C::NJ * (2 * c + 1), vzv[1]);
             float lsum = 0.0f, pz = 0.0f, vmax = 0.0f;
-#pragma unroll
-            for (int j = 0; j < C::NJ; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    p[j][e] = fast_exp2(p[j][e] - m_new);
-                    lsum += p[j][e];
-                    pz = fmaf(p[j][e], vzv[e][j], pz);
-                    vmax = fmaxf(vmax, fabsf(vav[e][j]));
-                }
-            l_run = fmaf(l_run, alpha, lsum);
-            pz = quad_sum(pz);
-            vmax = quad_max(vmax);
             float s2v, inv_s2;
-            pow2_scale(vmax, s2v, inv_s2);
             uint32_t PA[C::US][4];
+            if constexpr (kOffsetCodes) {
+                // p' = p * 2^sh2 straight from the exp2 (m_new - sh2): P = p' * va needs no scaling
+                // multiply; l and pz are scaled back once. sh2 <= 64 keeps the sums finite.
 #pragma unroll
-            for (int u = 0; u < C::US; ++u) {
-                const float xs[4] = {p[2 * u][0] * vav[0][2 * u] * s2v, p[2 * u][1] * vav[1][2 * u] * s2v,
-                                     p[2 * u + 1][0] * vav[0][2 * u + 1] * s2v, p[2 * u + 1][1] * vav[1][2 * u + 1] * s2v};
-                split_pack4(xs, PA[u]);
+                for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) vmax = fmaxf(vmax, fabsf(vav[e][j]));
+                vmax = quad_max(vmax);
+                const int sh2 = pow2_shift(vmax, 64);
+                inv_s2 = exp2i(-sh2);
+                const float m_adj = m_new - (float)sh2;
+#pragma unroll
+                for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        p[j][e] = fast_exp2(p[j][e] - m_adj);
+                        lsum += p[j][e];
+                        pz = fmaf(p[j][e], vzv[e][j], pz);
+                    }
+                l_run = fmaf(l_run, alpha, lsum * inv_s2);
+                pz = quad_sum(pz) * inv_s2;
+#pragma unroll
+                for (int u = 0; u < C::US; ++u) {
+                    const float pa[4] = {p[2 * u][0], p[2 * u][1], p[2 * u + 1][0], p[2 * u + 1][1]};
+                    const float va4[4] = {vav[0][2 * u], vav[1][2 * u], vav[0][2 * u + 1], vav[1][2 * u + 1]};
+                    split_pack4(pa, va4, PA[u]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < C::NJ; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        p[j][e] = fast_exp2(p[j][e] - m_new);
+                        lsum += p[j][e];
+                        pz = fmaf(p[j][e], vzv[e][j], pz);
+                        vmax = fmaxf(vmax, fabsf(vav[e][j]));
+                    }
+                l_run = fmaf(l_run, alpha, lsum);
+                pz = quad_sum(pz);
+                vmax = quad_max(vmax);
+                pow2_scale(vmax, s2v, inv_s2);
+#pragma unroll
+                for (int u = 0; u < C::US; ++u) {
+                    const float pa[4] = {p[2 * u][0] * vav[0][2 * u], p[2 * u][1] * vav[1][2 * u],
+                                         p[2 * u + 1][0] * vav[0][2 * u + 1], p[2 * u + 1][1] * vav[1][2 * u + 1]};
+                    const float sv4[4] = {s2v, s2v, s2v, s2v};
+                    split_pack4(pa, sv4, PA[u]);
+                }
             }
             float v_start[4];
             offset_start<C::US>(PA, v_start);
