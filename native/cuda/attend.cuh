@@ -100,11 +100,13 @@ struct Words {
 #define KVARN_SUBNORMAL_CODES 0
 #endif
 // Offset codes (default 1): the magic-number codes keep their 1024 (one LOP3 per half2, no
-// HSUB2), B = 1024 + code * 2^shift, and the MMA accumulators start at -1024 * sum_k A[row, k].
-// Exact for the hi row: hi is rounded to a multiple of 2^kHiGrid (|x| < 2^15, 5 bits), so every
-// product, partial sum and the start value lie on that grid below 2^33.3 (< 24 bits): the fp32
-// accumulation cannot round. lo = x - hi (|lo| <= 2^9, unscaled, fp16) carries the next 11
-// bits; its own offset sum rounds at ~2^-24 of 1024 * sum|lo|, i.e. ~2^-14 of |hi| terms: noise.
+// HSUB2), B = 1024 + code * 2^shift, and the MMA accumulators start at -1024 * sum_k A[row, k]
+// (one more MMA per k-step, B = -1024). The hi part is x rounded to a multiple of 2^kHiGrid
+// (|x| < 2^15: 9 bits), so the hi row's products and sums lie on that grid and stay exact in the
+// fp32 accumulator while partial sums are below 2^30 (beyond, they round at 2^-24 of a partial
+// sum, ~2^-17 of the score scale); lo = x - hi (|lo| <= 2^5, fp16) carries 11 more bits.
+// kHiGrid trades the two errors: 2^10 (hi exact always, 16 bits in all) measured 1.3-2.3e-4 on
+// the H200 (fails 2e-4); an fp64 emulation put 2^6 at ~1-3e-5 and 2^4 at 1.3e-4 (rounding).
 // 0: the previous way, (0x6400 | bits) - 1024 with an HSUB2 per half2 and hi/lo = fp16(x), 2^11 * rest.
 #ifndef KVARN_OFFSET_CODES
 #define KVARN_OFFSET_CODES 1
@@ -178,7 +180,7 @@ __device__ __forceinline__ void split_hi_lo(float x, __half& hi, __half& lo)
 // the 1.5 * 2^(23 + kHiGrid) magic add, fused with the product) and lo = x - hi (one FFMA:
 // the exact product minus hi, rounded once; |lo| <= 2^(kHiGrid - 1), then fp16: 11 more bits).
 // The accumulators of rows g (hi) and g + 8 (lo) start at -1024 * (sum of that row's parts).
-constexpr int kHiGrid = 10;
+constexpr int kHiGrid = 6;
 __device__ __forceinline__ void split_grid(float a, float b, float& hi, float& lo)
 {
     constexpr float kRound = 1.5f * (float)(1ull << (23 + kHiGrid));
@@ -210,7 +212,7 @@ __device__ __forceinline__ void split_pack4(const float (&a)[4], const float (&b
 }
 
 // Offset codes: the accumulators' start values -1024 * sum_k A[row, k], computed on the tensor
-// cores (one more MMA per k-step with B = -1024 everywhere; exact for the hi row, see above):
+// cores (one more MMA per k-step with B = -1024 everywhere; see above for its precision):
 // start[0..1] for row g (hi), start[2..3] for row g + 8 (lo) -- the C fragment layout.
 template <int STEPS>
 __device__ __forceinline__ void offset_start(const uint32_t (&A)[STEPS][4], float (&start)[4])
