@@ -474,6 +474,7 @@ struct QuantBuffers {
     float* x;     // rows x cols input (K: transposed to channels x tokens)
     float* cur;   // rows x cols scaled
     float* curT;  // cols x rows scaled
+    float* xT;    // cols x rows: the input transposed, so row statistics need no per-step transpose
     float* rot;   // G x D rotated copy of k or v
     float* lr; float* lc; float* er; float* ec; float* cs; float* rs; float* r; float* c;
     uint8_t* codes;  // one row of byte codes
@@ -552,6 +553,20 @@ void apply_scales(const float* X, int R, int C, const float* ec, const float* er
     transpose(cur, R, C, curT);
 }
 
+// curT = (X / ec[col] / er[row]) transposed, computed from XT directly: the
+// same two divisions of the same operands in the same order, so bit-identical
+// to transposing apply_scales' result, without the transpose.
+void apply_scales_T(const float* XT, int R, int C, const float* ec, const float* er, float* curT)
+{
+    for (int j = 0; j < C; ++j) {
+        const __m256 cj = _mm256_set1_ps(ec[j]);
+        const float* x = XT + (size_t)j * R;
+        float* o = curT + (size_t)j * R;
+        for (int i = 0; i < R; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), cj), _mm256_loadu_ps(er + i)));
+    }
+}
+
 float spread(const float* s, int n)
 {
     float lo = s[0], hi = s[0];
@@ -566,9 +581,9 @@ void sinkhorn_balance(const float* X, int R, int C, int iters, QuantBuffers& b)
 {
     for (int i = 0; i < R; ++i) { b.lr[i] = 0.0f; b.er[i] = 1.0f; b.r[i] = 1.0f; }
     for (int j = 0; j < C; ++j) { b.lc[j] = 0.0f; b.ec[j] = 1.0f; b.c[j] = 1.0f; }
-    transpose(X, R, C, b.curT);
+    transpose(X, R, C, b.xT);
     column_std(X, R, C, b.cs);
-    column_std(b.curT, C, R, b.rs);
+    column_std(b.xT, C, R, b.rs);
     float best = spread(b.cs, C) + spread(b.rs, R);
     for (int it = 0; it < iters; ++it) {
         for (int j = 0; j < C; ++j) {
@@ -576,7 +591,7 @@ void sinkhorn_balance(const float* X, int R, int C, int iters, QuantBuffers& b)
                              KVARN_LOG_SCALE_MAX);
             b.ec[j] = expf(b.lc[j]);
         }
-        apply_scales(X, R, C, b.ec, b.er, b.cur, b.curT);
+        apply_scales_T(b.xT, R, C, b.ec, b.er, b.curT);  // only row statistics needed here
         column_std(b.curT, C, R, b.rs);
         for (int i = 0; i < R; ++i) {
             b.lr[i] = clampf(b.lr[i] + logf(clampf(b.rs[i], KVARN_STD_MIN, KVARN_STD_MAX)), KVARN_LOG_SCALE_MIN,
@@ -675,11 +690,11 @@ int quantize_tile_avx2(const float* k, const float* v, const TileFormat& fmt, in
     const size_t n = (size_t)G * D, vec = (size_t)(G > D ? G : D);
     // Plain malloc: no std::vector (see link hygiene above); on failure the
     // scalar kernel takes over (it reports allocation failure by exception).
-    const size_t bytes = (sizeof(float) * (4 * n + 8 * vec) + vec + 63) & ~size_t(63);  // aligned_alloc: multiple of 64
+    const size_t bytes = (sizeof(float) * (5 * n + 8 * vec) + vec + 63) & ~size_t(63);  // aligned_alloc: multiple of 64
     float* mem = static_cast<float*>(aligned_alloc(64, bytes));
     if (!mem) return scalar_kernels()->quantize_tile(k, v, fmt, iters, record);
     QuantBuffers b;
-    b.x = mem; b.cur = b.x + n; b.curT = b.cur + n; b.rot = b.curT + n;
+    b.x = mem; b.cur = b.x + n; b.curT = b.cur + n; b.xT = b.curT + n; b.rot = b.xT + n;
     float* p = b.rot + n;
     b.lr = p; b.lc = p + vec; b.er = p + 2 * vec; b.ec = p + 3 * vec; b.cs = p + 4 * vec; b.rs = p + 5 * vec;
     b.r = p + 6 * vec; b.c = p + 7 * vec;
