@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds kvarn with its CUDA module, tests it (pytest + compute-sanitizer) and
 # benchmarks it, in one go, on a machine with an NVIDIA GPU and nvcc.
-#   scripts/gpu_run.sh [all|build|test|sanitize|bench|quick] ...   (default: all)
+#   scripts/gpu_run.sh [all|build|test|sanitize|bench|quick|before] ...   (default: all)
+#   before: rebuild with the previous attend arithmetic (KVARN_OFFSET_CODES=0) in build/old and
+#   run the quick benchmark into $OUT/before -- a same-run baseline; leaves that build installed.
 # Logs go to $OUT (default ./gpu-logs). Needs: python3 with torch, numpy,
 # cython, scikit-build-core, pytest, hypothesis; cmake, ninja, nvcc; no network.
 set -uo pipefail
@@ -30,7 +32,8 @@ if want build; then
       -C build-dir="$2" "$1" >>"$OUT/build.log" 2>&1
   }
   if ! build . build/gpu; then
-    # The working tree may hold someone's half-done edit: fall back to the last commit.
+    # The working tree may hold someone's half-done edit: fall back to the last commit
+    # (needs .git: the lent device machine's copy of the tree has none, so there it fails too).
     echo "working-tree build failed; building HEAD instead" | tee -a "$OUT/build.log"
     rm -rf /tmp/kvarn-head && mkdir -p /tmp/kvarn-head && git archive HEAD | tar -x -C /tmp/kvarn-head &&
       build /tmp/kvarn-head /tmp/kvarn-head/build ||
@@ -70,5 +73,12 @@ if want bench; then
   $PY benchmarks/bench_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
 elif want quick; then
   $PY benchmarks/bench_cuda.py --quick --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
+fi
+if [[ " ${steps[*]} " == *" before "* ]]; then
+  echo "== before: KVARN_OFFSET_CODES=0 build + quick benchmark"
+  mkdir -p "$OUT/before"
+  CUDAFLAGS=-DKVARN_OFFSET_CODES=0 KVARN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) $PY -m pip install \
+    --no-build-isolation --no-deps -q -C build-dir=build/old . >"$OUT/before/build.log" 2>&1 &&
+    $PY benchmarks/bench_cuda.py --quick --out "$OUT/before" 2>&1 | grep -E "^\||store share" || status=1
 fi
 exit $status

@@ -16,14 +16,13 @@
 //   score_t = kt[t] * (sum_d (q_d ka_d) code[d,t] + sum_d q_d kz_d)
 //   out_d  += vc[d] * (sum_t (p_t va_t) code[t,d] + sum_t p_t vz_t)
 // Both sums run on fp16 tensor cores (mma.m16n8k16, fp32 accumulate). Codes are
-// exact in fp16; the other operand (q*ka, or p*va) is split into hi + lo fp16
-// parts placed in rows g and g+8 of the 16-row A fragment -- rows a GQA group
-// of <= 8 heads leaves free -- so the products carry ~22 bits, and a per-tile
-// power-of-two scale keeps them inside fp16's range (lo is stored 2^11 up, at
-// hi's magnitude). Codes are unpacked with byte_perm + one LOP3 into the fp16
-// exponent trick (0x6400 | code << shift = 1024 + code * 2^shift) and one
-// HSUB2; the 2^shift is folded into the per-column epilogue (KVARN_SUBNORMAL_CODES
-// below: the cheaper subnormal variant, and why it is off).
+// exact in fp16; the other operand (q*ka, or p*va) is split into hi + lo fp16 parts placed in
+// rows g and g+8 of the 16-row A fragment -- rows a GQA group of <= 8 heads leaves free -- with
+// a per-tile power-of-two scale that keeps them inside fp16's range. Codes are unpacked with
+// byte_perm + one LOP3 into the fp16 exponent trick (0x6400 | code << shift = 1024 + code *
+// 2^shift) and kept so (offset codes, KVARN_OFFSET_CODES below): the accumulators start at
+// -1024 * (row sum of A), and hi sits on a 2^6 grid so the inflated sums stay exact. The 2^shift
+// is folded into the per-column epilogue.
 //
 // Fragment maps (g = lane / 4, c = lane % 4; NJ = G/8, NI = D/8):
 //   QK, k-step s: k = 2c+e+8f <-> channel 16s + 4(e+2f) + c; n-chunk j, col n <-> token NJ*n + j
