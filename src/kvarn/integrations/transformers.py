@@ -54,6 +54,9 @@ def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     """
     layer = getattr(key, _TAG, None)
     if layer is not None:
+        if kwargs.get("softcap") is not None or getattr(module, "sliding_window", None):
+            layer._pending = None
+            raise NotImplementedError("KVarNCache: kvarn attention has no logit soft-capping or sliding window")
         return layer.attend_pending(query, attention_mask, scaling), None
     fn = _override.get()
     if fn is not None:
