@@ -5,9 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build-asan}"
 cmake -S . -B "$build" -DKVARN_SANITIZE=ON -DKVARN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j"$(nproc)" --target kvarn_native_test
+cmake --build "$build" -j"$(nproc)" --target kvarn_native_test kvarn_simd_test
 for isa in scalar avx2 avx512; do
   if grep -qw "$( [ $isa = avx512 ] && echo avx512bw || echo $isa )" /proc/cpuinfo || [ $isa = scalar ]; then
     KVARN_ISA=$isa "$build/native/cpu/kvarn_native_test"
   fi
 done
+# Every SIMD kernel against scalar at odd sizes, every score mode (exact-size heap buffers).
+"$build/native/cpu/kvarn_simd_test"

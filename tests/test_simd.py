@@ -350,3 +350,17 @@ def test_int_score_error_measured(rng):
     e = {m: np.linalg.norm(o - ref) / np.linalg.norm(ref) for m, o in outs.items()}
     print("relative L2 error vs float64 on the dequantised cache:", e)
     assert e["float"] < 1e-5 and e["int16"] < 1e-3 and e["int8"] < 0.1
+
+
+def test_public_score_mode_api():
+    before = kvarn.score_mode()
+    with pytest.raises(ValueError, match="mode: unknown"):
+        kvarn.set_score_mode("bogus")
+    if _native.cpu_has_vnni():
+        kvarn.set_score_mode("int16")
+        assert kvarn.score_mode() == "int16"
+    else:
+        with pytest.raises(ValueError, match="VNNI"):
+            kvarn.set_score_mode("int16")
+    kvarn.set_score_mode(before)
+    assert kvarn.score_mode() == before

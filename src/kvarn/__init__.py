@@ -13,16 +13,20 @@ from ._ops import (
     available_isas,
     get_num_threads,
     hadamard,
+    score_mode,
     set_isa,
     set_num_threads,
+    set_score_mode,
 )
 from .cache import KVCache, attend, attend_batch
+from .fp16cache import FP16Cache, attend_fp16_batch
 from .tile import Tile, dequantize_tile, pack_codes, quantize_tile, unpack_codes
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_PRESET",
+    "FP16Cache",
     "PRESETS",
     "Preset",
     "KVCache",
@@ -30,6 +34,7 @@ __all__ = [
     "active_isa",
     "attend",
     "attend_batch",
+    "attend_fp16_batch",
     "available_isas",
     "dequantize_tile",
     "get_num_threads",
@@ -38,5 +43,7 @@ __all__ = [
     "quantize_tile",
     "set_isa",
     "set_num_threads",
+    "score_mode",
+    "set_score_mode",
     "unpack_codes",
 ]

@@ -153,6 +153,24 @@ def set_isa(name: str) -> None:
         raise ValueError(f"name: ISA {name!r} is not available here ({_native.isa_error()})")
 
 
+SCORE_MODES = ("float", "int16", "int8")
+
+
+def set_score_mode(mode: str) -> None:
+    """How AVX-512 VNNI kernels compute 4-bit key scores and 2-bit value sums: "float" (default,
+    exact up to float reassociation), "int16" (~1.8e-4 relative extra error, ~1.5x faster) or
+    "int8" (~4e-2, faster still). Integer modes need AVX-512 VNNI. Also: KVARN_SCORES."""
+    if mode not in SCORE_MODES:
+        raise ValueError(f"mode: unknown score mode {mode!r}; choose one of {list(SCORE_MODES)}")
+    if _native.set_score_mode(mode) != _native.OK:
+        raise ValueError(f"mode: {mode!r} needs AVX-512 VNNI, which this CPU/build lacks")
+
+
+def score_mode() -> str:
+    """The score mode in effect ("float" where the CPU has no VNNI)."""
+    return _native.score_mode()
+
+
 def _check_forced_isa() -> None:
     if _native.active_isa() == "none":
         raise RuntimeError(
