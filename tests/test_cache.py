@@ -272,3 +272,30 @@ def test_concurrent_appends_and_attends_lose_nothing(rng):
     assert not errors
     assert len(cache) == 24 * 37
     assert cache.sink_len + cache.num_tiles * 128 + cache.tail_len == 24 * 37
+
+
+@pytest.mark.parametrize("n", [1, 127, 128, 129, 256, 300])
+def test_quantize_on_next_keeps_a_full_tail_exact(n, rng):
+    """quantize_on="next": the token that completes a tile still sees that tile exact; the tile is
+    quantised (to the same record) when the next token arrives."""
+    k = kv_like(rng, (2, n + 1, 64))
+    fill = kvarn.KVCache(2, 64, sink_tokens=0)
+    nxt = kvarn.KVCache(2, 64, sink_tokens=0, quantize_on="next")
+    fill.append(k[:, :n], k[:, :n])
+    nxt.append(k[:, :n], k[:, :n])
+    assert len(nxt) == len(fill) == n
+    assert nxt.num_tiles == max(0, n - 1) // 128
+    assert 1 <= nxt.tail_len <= 128
+    if n % 128 == 0:
+        assert nxt.num_tiles == fill.num_tiles - 1 and nxt.tail_len == 128
+    check_attention(nxt, rng.standard_normal((4, 64)).astype(np.float32))
+    fill.append(k[:, n:], k[:, n:])
+    nxt.append(k[:, n:], k[:, n:])
+    np.testing.assert_array_equal(nxt.records, fill.records[: nxt.num_tiles])
+    if (n + 1) % 128:
+        np.testing.assert_array_equal(nxt.records, fill.records)
+
+
+def test_quantize_on_rejects_unknown_policy():
+    with pytest.raises(ValueError, match="quantize_on"):
+        kvarn.KVCache(2, 64, quantize_on="later")

@@ -81,13 +81,17 @@ def test_prefill_is_exact_and_decode_uses_packed_cache(smol):
     assert float(torch.corrcoef(torch.stack([step, full]))[0, 1]) > 0.9
 
 
-def test_decode_path_agrees_with_pseudo_decode(smol):
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+def test_decode_path_agrees_with_pseudo_decode(smol, quantize_on):
     model, _, ids = smol
     P, S, preset, sink = 200, 60, "k4v2_g64", 64  # the tile [192, 256) fills at position 255
     seq = ids[: P + S]
-    dec, cache = kev.decode_path_logits(model, seq, P, S, preset, sink)
+    dec, cache = kev.decode_path_logits(model, seq, P, S, preset, sink, quantize_on)
     m = [mm for mm in kev.build_methods(64, presets=(preset,), baselines=False) if mm.preset == preset][0]
-    pseudo = kev.forward_logits(model, seq, kev.PseudoDecode(m, sink, m.group, exact_prefix=P))[P:]
+    own_tile_exact = quantize_on == "next"
+    pseudo = kev.forward_logits(
+        model, seq, kev.PseudoDecode(m, sink, m.group, exact_prefix=P, own_tile_exact=own_tile_exact)
+    )[P:]
     ref = kev.forward_logits(model, seq, kev.PseudoDecode(None, sink, m.group))[P:]
     assert cache.kvarn_layers[0].caches[0].num_tiles == 3
     ref_lp = torch.log_softmax(ref[:-1].double(), -1).float()
@@ -98,7 +102,7 @@ def test_decode_path_agrees_with_pseudo_decode(smol):
     assert kl_cache > 1e-4  # really quantised
     # Until a tile fills during decoding, both paths quantise the same prefill tiles: only float
     # summation order differs.
-    fill = 255 - P
+    fill = 255 - P + own_tile_exact  # "next": the full tile is quantised one token later
     assert float((dec[:fill] - pseudo[:fill]).abs().max()) < 0.05
     # Tiles filled while decoding are quantised from K/V that differ by that float noise, and
     # rounding to 2-4 bits is discontinuous (a few codes and fp16 scales flip): agreement from

@@ -27,8 +27,17 @@ from ._ops import (
 from . import _native, _ops
 
 
+QUANTIZE_ON = ("fill", "next")
+
+
 class KVCache:
-    """A KVarN-compressed KV cache for ``num_kv_heads`` heads of ``head_dim`` channels."""
+    """A KVarN-compressed KV cache for ``num_kv_heads`` heads of ``head_dim`` channels.
+
+    quantize_on="fill" (default, SPEC §7) quantises a tile the moment its last token is appended,
+    so that token already attends to its own tile quantised. quantize_on="next" keeps a full tail
+    exact until the next append, so every token attends to its whole own tile exact (the rule the
+    accuracy evaluation's pseudo-decode uses); it costs no memory beyond the tail buffer.
+    """
 
     def __init__(
         self,
@@ -38,8 +47,12 @@ class KVCache:
         sink_tokens: int | None = None,
         *,
         iters: int = SINKHORN_ITERS,
+        quantize_on: str = "fill",
     ):
         self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        if quantize_on not in QUANTIZE_ON:
+            raise ValueError(f"quantize_on: expected one of {QUANTIZE_ON}, got {quantize_on!r}")
+        self.quantize_on = quantize_on
         self.head_dim = check_head_dim(head_dim)
         self.preset = get_preset(preset)
         self.sink_tokens = self.preset.group if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
@@ -137,7 +150,9 @@ class KVCache:
         # 2. Tail + the rest; whole tiles of it get quantised (may raise: nothing is changed yet).
         rest_k = np.concatenate([self._tail_k[:, : self._tail_len], k16[:, to_sink:]], axis=1)
         rest_v = np.concatenate([self._tail_v[:, : self._tail_len], v16[:, to_sink:]], axis=1)
-        n_full = rest_k.shape[1] // G
+        rest = rest_k.shape[1]
+        # "next": a complete tile waits in the tail until a later token arrives.
+        n_full = rest // G if self.quantize_on == "fill" else max(0, rest - 1) // G
         new_records = None
         if n_full:
             def tiles(x):  # [H, n_full*G, D] -> [n_full*H, G, D], tile-major then head

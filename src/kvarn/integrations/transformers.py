@@ -126,11 +126,12 @@ class KVarNLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None):
+    def __init__(self, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill"):
         super().__init__()
-        # Validates preset and sink_tokens now rather than at the first forward.
-        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens).preset.name
+        # Validates preset, sink_tokens and quantize_on now rather than at the first forward.
+        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset.name
         self.sink_tokens = sink_tokens
+        self.quantize_on = quantize_on
         self.caches: list[kvarn.KVCache] = []
         self.cumulative_length = 0
         self._pending = None
@@ -138,7 +139,9 @@ class KVarNLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states, value_states) -> None:
         B, Hk, _, D = key_states.shape
         self.device, self.dtype = key_states.device, key_states.dtype
-        self.caches = [kvarn.KVCache(Hk, D, self.preset, self.sink_tokens) for _ in range(B)]
+        self.caches = [
+            kvarn.KVCache(Hk, D, self.preset, self.sink_tokens, quantize_on=self.quantize_on) for _ in range(B)
+        ]
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -220,10 +223,12 @@ class KVarNCache(Cache):
 
     config: the model's config (``model.config``); it is switched to the ``"kvarn"`` attention
     implementation. preset: a kvarn preset (default k4v2_g128). sink_tokens: tokens kept in
-    fp16 at the start (default one tile).
+    fp16 at the start (default one tile). quantize_on: "fill" (SPEC §7, default) or "next" (a
+    full tile stays exact until the next token, so each token reads its own tile exact); see
+    kvarn.KVCache.
     """
 
-    def __init__(self, config, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None):
+    def __init__(self, config, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill"):
         if not hasattr(config, "num_hidden_layers"):
             raise TypeError(f"config: expected a transformers model config, got {type(config).__name__}")
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -231,14 +236,15 @@ class KVarNCache(Cache):
         layers = []
         for t in layer_types:
             if t == "full_attention":
-                layers.append(KVarNLayer(preset, sink_tokens))
+                layers.append(KVarNLayer(preset, sink_tokens, quantize_on))
             elif t in ("sliding_attention", "chunked_attention"):
                 window = text_config.sliding_window if t == "sliding_attention" else text_config.attention_chunk_size
                 layers.append(DynamicSlidingWindowLayer(sliding_window=window))
             else:
                 raise NotImplementedError(f"config: layer type {t!r} is not supported by KVarNCache")
         super().__init__(layers=layers)
-        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens).preset.name
+        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset.name
+        self.quantize_on = quantize_on
         self.config = config
         use_kvarn_attention(config)
 
