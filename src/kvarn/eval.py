@@ -66,15 +66,22 @@ def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, 
                                   lambda k, v, a=p.kbits, b=p.vbits: eq.kvarn_ref(k, v, a, b)))
     if baselines:
         rtn = eq.rtn_bits_per_element
-        for kb, vb in BASELINE_BITS:
-            tag = f"k{kb}v{vb}_g{group}"
-            norm_bits = rtn(kb, vb, group, head_dim, extra_vectors=group + head_dim)  # + kt, vc
+        # Baselines at the tile size of every preset asked for, so each preset meets KIVI at its
+        # own bits: all BASELINE_BITS at `group`, and the presets' own bit pairs at other sizes.
+        pairs = [(kb, vb, group) for kb, vb in BASELINE_BITS]
+        for name in presets:
+            p = kvarn.PRESETS[name]
+            if p.group != group and (p.kbits, p.vbits, p.group) not in pairs:
+                pairs.append((p.kbits, p.vbits, p.group))
+        for kb, vb, g in pairs:
+            tag = f"k{kb}v{vb}_g{g}"
+            norm_bits = rtn(kb, vb, g, head_dim, extra_vectors=g + head_dim)  # + kt, vc
             methods += [
-                Method(f"KIVI {tag}", "kivi", kb, vb, group, rtn(kb, vb, group, head_dim),
+                Method(f"KIVI {tag}", "kivi", kb, vb, g, rtn(kb, vb, g, head_dim),
                        lambda k, v, a=kb, b=vb: eq.kivi(k, v, a, b)),
-                Method(f"rotation-only {tag}", "rotation-only", kb, vb, group, rtn(kb, vb, group, head_dim),
+                Method(f"rotation-only {tag}", "rotation-only", kb, vb, g, rtn(kb, vb, g, head_dim),
                        lambda k, v, a=kb, b=vb: eq.rotation_only(k, v, a, b)),
-                Method(f"normalisation-only {tag}", "normalisation-only", kb, vb, group, norm_bits,
+                Method(f"normalisation-only {tag}", "normalisation-only", kb, vb, g, norm_bits,
                        lambda k, v, a=kb, b=vb: eq.normalisation_only(k, v, a, b)),
             ]
         for b in TURBOQUANT_BITS:
