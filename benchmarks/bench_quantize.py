@@ -3,7 +3,7 @@
 quantize: one group per format; bytes = the float32 K and V read plus the
 record written; extra_info has tiles/s and µs per tile. A generated token
 quantises num_kv_heads/G tiles per layer (amortised), so "share of decode" =
-(Hk/G * µs/tile) / decode µs — computed in RESULTS_cpu.md from both benches.
+(Hk/G * µs/tile) / decode µs — computed in RESULTS.md (section 2) from both benches.
 """
 import numpy as np
 import pytest
