@@ -21,12 +21,9 @@ def _cmd_info(args) -> int:
     print(f"kvarn {kvarn.__version__}")
     print(f"ISAs available: {', '.join(kvarn.available_isas())}; active: {kvarn.active_isa()}")
     print(f"threads: {kvarn.get_num_threads()}")
-    try:
-        from . import cuda
+    from . import cuda  # always importable; the compiled module and a GPU are optional
 
-        print(f"CUDA: {cuda.status() if hasattr(cuda, 'status') else 'module present'}")
-    except Exception as exc:  # CUDA is optional: report, don't fail
-        print(f"CUDA: unavailable ({exc})")
+    print(f"CUDA: {'available' if cuda.is_available() else 'unavailable (' + cuda.unavailable_reason() + ')'}")
     for name, p in kvarn.PRESETS.items():
         print(f"preset {name}: k{p.kbits} v{p.vbits} G={p.group}, {p.record_bytes(128)} B/record at D=128, "
               f"{p.bits_per_element(128):.3f} bits/element")
