@@ -162,11 +162,6 @@ class Tile:
         return f"Tile(preset={self.preset.name!r}, heads={self.num_heads}, head_dim={self.head_dim}, nbytes={self.nbytes})"
 
 
-def _as_tile_input(x, name):
-    x = as_float_array(x, name, ndim=(2, 3), fp16_range=True)
-    return x
-
-
 def quantize_tile(k, v, preset="k4v2_g128", *, iters: int = SINKHORN_ITERS, num_threads=None) -> Tile:
     """Quantises one tile of keys and values.
 
@@ -174,8 +169,8 @@ def quantize_tile(k, v, preset="k4v2_g128", *, iters: int = SINKHORN_ITERS, num_
     Returns a Tile holding one SPEC §6 record per head.
     """
     p = get_preset(preset)
-    k = _as_tile_input(k, "k")
-    v = _as_tile_input(v, "v")
+    k = as_float_array(k, "k", ndim=(2, 3), fp16_range=True)
+    v = as_float_array(v, "v", ndim=(2, 3), fp16_range=True)
     if k.shape != v.shape:
         raise ValueError(f"v: shape {v.shape} does not match k's {k.shape}")
     squeeze = k.ndim == 2
