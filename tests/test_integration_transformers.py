@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 
-import numpy as np
 import pytest
 
 _MISSING = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
@@ -22,7 +21,6 @@ if _MISSING:
 
 import torch  # noqa: E402
 
-import kvarn  # noqa: E402
 from kvarn import eval as kev  # noqa: E402
 from kvarn.integrations import assets  # noqa: E402
 from kvarn.integrations.transformers import KVarNCache, KVarNLayer, cache_kwargs  # noqa: E402

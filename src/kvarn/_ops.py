@@ -6,7 +6,6 @@ input gets an exception that names the argument and the problem.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -237,3 +236,67 @@ def balance_scales(x, iters: int = SINKHORN_ITERS):
     c = np.empty(x.shape[1], np.float32)
     check_status(_native.balance(x32, iters, r, c), "balance_scales")
     return r, c
+
+
+# ---- shared by KVCache and FP16Cache ----------------------------------------------------------
+def check_kv(k, v, num_kv_heads: int, head_dim: int):
+    """Checks one append's k, v: [num_kv_heads, n, head_dim], float, finite, inside the fp16 range."""
+    k = as_float_array(k, "k", ndim=3, fp16_range=True)
+    v = as_float_array(v, "v", ndim=3, fp16_range=True)
+    if k.shape[0] != num_kv_heads or k.shape[2] != head_dim:
+        raise ValueError(
+            f"k: expected shape [{num_kv_heads}, n, {head_dim}] (num_kv_heads, tokens, head_dim), got {k.shape}"
+        )
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape {v.shape} does not match k's {k.shape}")
+    return k, v
+
+
+def check_queries(q, num_kv_heads: int, head_dim: int, ndim: int, name: str = "q"):
+    q = as_float_array(q, name, ndim=ndim)
+    if q.shape[-1] != head_dim:
+        raise ValueError(f"{name}: last dimension {q.shape[-1]} does not match the cache's head_dim {head_dim}")
+    hq = q.shape[-2]
+    if hq == 0 or hq % num_kv_heads:
+        raise ValueError(f"{name}: {hq} query heads is not a positive multiple of the cache's {num_kv_heads} kv heads")
+    return q
+
+
+def check_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / float(np.sqrt(head_dim))
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
+    scale = float(scale)
+    if not np.isfinite(scale):
+        raise ValueError("scale: must be finite")
+    return scale
+
+
+def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
+    """Validates a batch (q [B, Hq, D], B caches of cache_type with equal heads and head_dim, none
+    empty) and runs the native decode attention over all of them in one call."""
+    type_name = cache_type.__name__
+    if not isinstance(caches, (list, tuple)) or not caches:
+        raise TypeError(f"caches: expected a non-empty list of kvarn.{type_name}")
+    for i, c in enumerate(caches):
+        if not isinstance(c, cache_type):
+            raise TypeError(f"caches[{i}]: expected a kvarn.{type_name}, got {type(c).__name__}")
+    first = caches[0]
+    for i, c in enumerate(caches):
+        if c.num_kv_heads != first.num_kv_heads or c.head_dim != first.head_dim:
+            raise ValueError(
+                f"caches[{i}]: {c.num_kv_heads} kv heads x {c.head_dim} does not match caches[0]'s "
+                f"{first.num_kv_heads} x {first.head_dim}"
+            )
+        if len(c) == 0:
+            raise ValueError(f"caches[{i}]: the cache is empty; append tokens before attending")
+    q = check_queries(q, first.num_kv_heads, first.head_dim, ndim=3)
+    if q.shape[0] != len(caches):
+        raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
+    scale = check_scale(scale, first.head_dim)
+    q32 = np.ascontiguousarray(q, dtype=np.float32)
+    out = np.empty_like(q32)
+    parts = [c._native_parts() for c in caches]
+    check_status(_native.attend(parts, q32, scale, out, resolve_threads(num_threads)), "attend")
+    return out

@@ -17,14 +17,15 @@ import numpy as np
 from ._ops import (
     DEFAULT_PRESET,
     SINKHORN_ITERS,
-    as_float_array,
     check_head_dim,
+    check_kv,
+    check_queries,
     check_positive_int,
     get_preset,
     quantize_tiles_native,
     resolve_threads,
 )
-from . import _native, _ops
+from . import _ops
 
 
 QUANTIZE_ON = ("fill", "next")
@@ -127,12 +128,7 @@ class KVCache:
 
     def _append(self, k, v, num_threads) -> None:
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
-        k = as_float_array(k, "k", ndim=3, fp16_range=True)
-        v = as_float_array(v, "v", ndim=3, fp16_range=True)
-        if k.shape[0] != H or k.shape[2] != D:
-            raise ValueError(f"k: expected shape [{H}, n, {D}] (num_kv_heads, tokens, head_dim), got {k.shape}")
-        if v.shape != k.shape:
-            raise ValueError(f"v: shape {v.shape} does not match k's {k.shape}")
+        k, v = check_kv(k, v, H, D)
         threads = resolve_threads(num_threads)
         n = k.shape[1]
         if n == 0:
@@ -232,27 +228,6 @@ class KVCache:
         )
 
 
-def _check_scale(scale, head_dim) -> float:
-    if scale is None:
-        return 1.0 / float(np.sqrt(head_dim))
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
-        raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
-    scale = float(scale)
-    if not np.isfinite(scale):
-        raise ValueError("scale: must be finite")
-    return scale
-
-
-def _check_q(q, name, num_kv_heads, head_dim, ndim):
-    q = as_float_array(q, name, ndim=ndim)
-    if q.shape[-1] != head_dim:
-        raise ValueError(f"{name}: last dimension {q.shape[-1]} does not match the cache's head_dim {head_dim}")
-    hq = q.shape[-2]
-    if hq == 0 or hq % num_kv_heads:
-        raise ValueError(f"{name}: {hq} query heads is not a positive multiple of the cache's {num_kv_heads} kv heads")
-    return q
-
-
 def attend(q, cache: KVCache, scale=None, *, num_threads=None) -> np.ndarray:
     """Exact-softmax decode attention of q [Hq, D] over every token in the cache.
 
@@ -261,34 +236,11 @@ def attend(q, cache: KVCache, scale=None, *, num_threads=None) -> np.ndarray:
     """
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache: expected a kvarn.KVCache, got {type(cache).__name__}")
-    q = _check_q(q, "q", cache.num_kv_heads, cache.head_dim, ndim=2)
+    q = check_queries(q, cache.num_kv_heads, cache.head_dim, ndim=2)
     return attend_batch(q[None], [cache], scale, num_threads=num_threads)[0]
 
 
 def attend_batch(q, caches, scale=None, *, num_threads=None) -> np.ndarray:
     """attend() for many sequences in one native call: q [B, Hq, D], caches a list of B KVCaches
     with the same kv heads and head_dim (any lengths and presets). Returns float32 [B, Hq, D]."""
-    if not isinstance(caches, (list, tuple)) or not caches:
-        raise TypeError("caches: expected a non-empty list of kvarn.KVCache")
-    for i, c in enumerate(caches):
-        if not isinstance(c, KVCache):
-            raise TypeError(f"caches[{i}]: expected a kvarn.KVCache, got {type(c).__name__}")
-    first = caches[0]
-    for i, c in enumerate(caches):
-        if c.num_kv_heads != first.num_kv_heads or c.head_dim != first.head_dim:
-            raise ValueError(
-                f"caches[{i}]: {c.num_kv_heads} kv heads x {c.head_dim} does not match caches[0]'s "
-                f"{first.num_kv_heads} x {first.head_dim}"
-            )
-        if len(c) == 0:
-            raise ValueError(f"caches[{i}]: the cache is empty; append tokens before attending")
-    q = _check_q(q, "q", first.num_kv_heads, first.head_dim, ndim=3)
-    if q.shape[0] != len(caches):
-        raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
-    scale = _check_scale(scale, first.head_dim)
-    q32 = np.ascontiguousarray(q, dtype=np.float32)
-    out = np.empty_like(q32)
-    parts = [c._native_parts() for c in caches]
-    rc = _native.attend(parts, q32, scale, out, resolve_threads(num_threads))
-    _ops.check_status(rc, "attend")
-    return out
+    return _ops.attend_caches(q, caches, KVCache, scale, num_threads)

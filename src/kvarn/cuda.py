@@ -672,7 +672,7 @@ class PagedKVCache:
         n = len(c)
         if n > self.max_seq_len:
             raise ValueError(f"cpu_cache: {n} tokens exceed max_seq_len={self.max_seq_len}")
-        H, D, G = self.num_kv_heads, self.head_dim, self.preset.group
+        H, D = self.num_kv_heads, self.head_dim
         while len(self._pages[slot]) < c.num_tiles:
             if not self._free_pages:
                 raise RuntimeError("PagedKVCache: out of pages")

@@ -18,7 +18,6 @@ Needs the ``eval`` extra and the model/text packages (see ``kvarn.integrations.a
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field

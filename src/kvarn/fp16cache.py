@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _native, _ops
-from ._ops import as_float_array, check_head_dim, check_positive_int, resolve_threads
+from . import _ops
+from ._ops import check_head_dim, check_kv, check_positive_int, check_queries
 
 
 class FP16Cache:
@@ -43,12 +43,7 @@ class FP16Cache:
     def append(self, k, v) -> None:
         """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16 or float32."""
         H, D = self.num_kv_heads, self.head_dim
-        k = as_float_array(k, "k", ndim=3, fp16_range=True)
-        v = as_float_array(v, "v", ndim=3, fp16_range=True)
-        if k.shape[0] != H or k.shape[2] != D:
-            raise ValueError(f"k: expected shape [{H}, n, {D}] (num_kv_heads, tokens, head_dim), got {k.shape}")
-        if v.shape != k.shape:
-            raise ValueError(f"v: shape {v.shape} does not match k's {k.shape}")
+        k, v = check_kv(k, v, H, D)
         n = k.shape[1]
         if n == 0:
             return
@@ -91,48 +86,14 @@ class FP16Cache:
 
     def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
         """Decode attention of q [Hq, D] over every cached token; float32 [Hq, D]."""
-        q = _check_q(q, "q", self, ndim=2)
+        q = check_queries(q, self.num_kv_heads, self.head_dim, ndim=2)
         return attend_fp16_batch(q[None], [self], scale, num_threads=num_threads)[0]
 
     def __repr__(self) -> str:
         return f"FP16Cache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, tokens={self._len})"
 
 
-def _check_q(q, name, cache, ndim):
-    q = as_float_array(q, name, ndim=ndim)
-    if q.shape[-1] != cache.head_dim:
-        raise ValueError(f"{name}: last dimension {q.shape[-1]} does not match the cache's head_dim {cache.head_dim}")
-    hq = q.shape[-2]
-    if hq == 0 or hq % cache.num_kv_heads:
-        raise ValueError(
-            f"{name}: {hq} query heads is not a positive multiple of the cache's {cache.num_kv_heads} kv heads"
-        )
-    return q
-
-
 def attend_fp16_batch(q, caches, scale=None, *, num_threads=None) -> np.ndarray:
     """Decode attention for B sequences in one native call: q [B, Hq, D], caches a list of
     B FP16Caches with the same kv heads and head_dim. Returns float32 [B, Hq, D]."""
-    if not isinstance(caches, (list, tuple)) or not caches:
-        raise TypeError("caches: expected a non-empty list of FP16Cache")
-    first = caches[0]
-    for i, c in enumerate(caches):
-        if not isinstance(c, FP16Cache):
-            raise TypeError(f"caches[{i}]: expected an FP16Cache, got {type(c).__name__}")
-        if c.num_kv_heads != first.num_kv_heads or c.head_dim != first.head_dim:
-            raise ValueError(f"caches[{i}]: shape does not match caches[0]")
-        if len(c) == 0:
-            raise ValueError(f"caches[{i}]: the cache is empty; append tokens before attending")
-    q = _check_q(q, "q", first, ndim=3)
-    if q.shape[0] != len(caches):
-        raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
-    if scale is None:
-        scale = 1.0 / float(np.sqrt(first.head_dim))
-    elif isinstance(scale, (bool, np.bool_)) or not np.isfinite(float(scale)):
-        raise ValueError("scale: must be a finite float")
-    q32 = np.ascontiguousarray(q, dtype=np.float32)
-    out = np.empty_like(q32)
-    parts = [c._native_parts() for c in caches]
-    rc = _native.attend(parts, q32, float(scale), out, resolve_threads(num_threads))
-    _ops.check_status(rc, "attend")
-    return out
+    return _ops.attend_caches(q, caches, FP16Cache, scale, num_threads)
