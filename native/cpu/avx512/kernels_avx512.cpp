@@ -230,6 +230,21 @@ constexpr Int8Gather kGather = make_gather();
 // nibbles are interleaved so that each dword holds one token's 4 codes, then
 // vpdpbusd multiplies them by the 4 int8 query values and sums in int32.
 // qi: [NH][D] int8, s: [NH][G] float (times qscale[h]).
+// Epilogue shared by the integer score kernels: 64 tokens' int32 sums per head, scaled back to
+// float and put into token order through kGather.
+template <int NH>
+inline void store_int_scores(const __m512i (&acc)[NH][4], const float* qscale, int G, int half, float* s)
+{
+    alignas(64) float buf[64];
+    for (int h = 0; h < NH; ++h) {
+        const __m512 sc = _mm512_set1_ps(qscale[h]);
+        for (int j = 0; j < 4; ++j) _mm512_store_ps(buf + 16 * j, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][j]), sc));
+        float* out = s + h * G + half * 64;
+        for (int t = 0; t < 64; t += 16)
+            _mm512_store_ps(out + t, _mm512_i32gather_ps(_mm512_load_si512(kGather.idx + t), buf, 4));
+    }
+}
+
 template <int NH>
 void tile_scores_k4_int8(const uint8_t* kc, int D, int G, const int8_t* qi, const float* qscale, float* s,
                          Prefetcher& pf)
@@ -237,7 +252,6 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, int G, const int8_t* qi, cons
     const size_t row_bytes = (size_t)G / 2;
     const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);  // low 256: low nibbles, high: high
     const __m512i nib = _mm512_set1_epi8(0x0F);
-    alignas(64) float buf[64];
     for (int half = 0; half < G / 64; ++half) {
         __m512i acc[NH][4];
         for (int h = 0; h < NH; ++h)
@@ -265,13 +279,7 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, int G, const int8_t* qi, cons
                 acc[h][3] = _mm512_dpbusd_epi32(acc[h][3], w3, qb);
             }
         }
-        for (int h = 0; h < NH; ++h) {
-            const __m512 sc = _mm512_set1_ps(qscale[h]);
-            for (int j = 0; j < 4; ++j) _mm512_store_ps(buf + 16 * j, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][j]), sc));
-            float* out = s + h * G + half * 64;
-            for (int t = 0; t < 64; t += 16)
-                _mm512_store_ps(out + t, _mm512_i32gather_ps(_mm512_load_si512(kGather.idx + t), buf, 4));
-        }
+        store_int_scores<NH>(acc, qscale, G, half, s);
     }
 }
 
@@ -286,7 +294,6 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, int G, const int16_t* qi, co
     const size_t row_bytes = (size_t)G / 2;
     const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
     const __m512i nib = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
-    alignas(64) float buf[64];
     for (int half = 0; half < G / 64; ++half) {
         __m512i acc[NH][4];
         for (int h = 0; h < NH; ++h)
@@ -312,13 +319,7 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, int G, const int16_t* qi, co
                 acc[h][3] = _mm512_dpwssd_epi32(acc[h][3], w3, qb);
             }
         }
-        for (int h = 0; h < NH; ++h) {
-            const __m512 sc = _mm512_set1_ps(qscale[h]);
-            for (int j = 0; j < 4; ++j) _mm512_store_ps(buf + 16 * j, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][j]), sc));
-            float* out = s + h * G + half * 64;
-            for (int t = 0; t < 64; t += 16)
-                _mm512_store_ps(out + t, _mm512_i32gather_ps(_mm512_load_si512(kGather.idx + t), buf, 4));
-        }
+        store_int_scores<NH>(acc, qscale, G, half, s);
     }
 }
 
