@@ -63,10 +63,17 @@ def test_codes_and_scales_match_oracle(preset, d, isa, rng):
     f = fields_for(tile, 0)
     assert_codes_match(f["k_codes"], ref["k"])
     assert_codes_match(f["v_codes"], ref["v"])
-    for name, ref_vec in [("ka", ref["k"]["a"]), ("kz", ref["k"]["z"]), ("kt", ref["k"]["col"]),
-                          ("va", ref["v"]["a"]), ("vz", ref["v"]["z"]), ("vc", ref["v"]["col"])]:
-        scale = np.abs(ref_vec).max()
-        np.testing.assert_allclose(f[name], ref_vec, rtol=2e-3, atol=2e-3 * scale, err_msg=name)
+    for part, (a, z, col) in [("k", ("ka", "kz", "kt")), ("v", ("va", "vz", "vc"))]:
+        # (r * alpha, c / alpha) is the same balancing for any alpha; converged tiles reach
+        # imbalance ties below float32 resolution (e.g. 2.00000010 vs 2.00000001), and the
+        # candidates on either side differ by such a factor (~0.5 %), not in r ⊗ c. Compare
+        # the fields with that gauge factor removed, and the factor itself loosely.
+        alpha = np.median(f[col] / ref[part]["col"])
+        assert abs(alpha - 1) < 0.02, f"{col}: gauge factor {alpha}"
+        for name, got, ref_vec in [(a, f[a] * alpha, ref[part]["a"]), (z, f[z] * alpha, ref[part]["z"]),
+                                   (col, f[col] / alpha, ref[part]["col"])]:
+            scale = np.abs(ref_vec).max()
+            np.testing.assert_allclose(got, ref_vec, rtol=2e-3, atol=2e-3 * scale, err_msg=name)
 
 
 @pytest.mark.parametrize("rows, cols", [(128, 128), (64, 128), (128, 64), (256, 128), (17, 33)])

@@ -5,9 +5,9 @@
 // What each kernel must match (tests/test_simd.py checks all of it):
 // - hadamard_f32: bit-identical to scalar (same butterflies, same pairing, the
 //   same final multiply by 1/sqrt(block)).
-// - quantize_tile: codes and fp16 vectors identical to scalar; see
-//   quantize_common.h (exact divisions in the spec's order, round half to even,
-//   sums in double in the scalar's order, libm expf/logf for the scales).
+// - quantize_tile: codes and fp16 vectors identical to scalar (see the
+//   quantiser section below: the scalar's float products and double sums in
+//   the same order, libm expf/logf for the scales, exact divisions for RTN).
 // - attend_tiles / attend_dense_f16: scalar's maths reassociated (fp32 FMA,
 //   blocked sums, polynomial exp with <= 2 ulp error); ~1e-6 relative.
 //
@@ -464,53 +464,65 @@ void attend_dense_f16_avx2(const float* q_all, int n_q, int D, const uint16_t* k
 // ---- quantiser ------------------------------------------------------------------------------
 // Mirrors scalar/kernels_scalar.cpp + sinkhorn_scalar.cpp operation for
 // operation so the codes and fp16 vectors come out identical:
-// - divisions are exact IEEE divisions in the spec's order (x / c[col] / r[row]);
-// - column statistics are vectorised across columns, each lane summing its
-//   column in double in the scalar's row order; row statistics are column
-//   statistics of the transposed matrix, so they keep that order too;
+// - balancing statistics are weighted column statistics (float products, sums
+//   and sums of squares in double), vectorised across columns, each lane
+//   summing its column in the scalar's row order; row statistics are column
+//   statistics of the transposed tile, so they keep that order too;
 // - the O(rows + cols) log/exp/clamp steps call the same libm expf/logf;
-// - round half to even via vroundps, the scalar's nearbyint.
+// - the balanced tile and the codes use exact divisions in the spec's order
+//   (x / c[col] / r[row], (x - lo) / scale), round half to even via vroundps.
 struct QuantBuffers {
     float* x;     // rows x cols input (K: transposed to channels x tokens)
-    float* cur;   // rows x cols scaled
-    float* curT;  // cols x rows scaled
-    float* xT;    // cols x rows: the input transposed, so row statistics need no per-step transpose
+    float* xT;    // cols x rows: the input transposed, so row statistics are column statistics
     float* rot;   // G x D rotated copy of k or v
-    float* lr; float* lc; float* er; float* ec; float* cs; float* rs; float* r; float* c;
+    float* row;   // one balanced row
+    float* lr; float* lc; float* er; float* ec; float* ir; float* ic; float* cs; float* rs; float* r; float* c;
+    double* col_raw; double* row_raw;
     uint8_t* codes;  // one row of byte codes
 };
 
 inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
-// out[j] = unbiased std of column j of M (R x C, row-major), sums in double, row order.
-// NB columns per pass (NB/4 independent double-add chains hide the add latency).
+// out[j0..j0+NB) = unbiased std over rows i of M[i][j] * w[i] (M is R x C, row-major);
+// one pass, sums in double in row order; NB/4 independent chains hide the add latency.
 template <int NB>
-inline void column_std_block(const float* M, int R, int C, int j0, float* out)
+inline void weighted_column_std_block(const float* M, int R, int C, const float* w, int j0, double* out)
 {
     constexpr int K = NB / 4;
-    const __m256d n = _mm256_set1_pd((double)R), n1 = _mm256_set1_pd((double)(R - 1));
-    __m256d m[K], q[K];
-    for (int k = 0; k < K; ++k) m[k] = q[k] = _mm256_setzero_pd();
+    __m256d s[K], q[K];
+    for (int k = 0; k < K; ++k) s[k] = q[k] = _mm256_setzero_pd();
     for (int i = 0; i < R; ++i) {
         const float* row = M + (size_t)i * C + j0;
-        for (int k = 0; k < K; ++k) m[k] = _mm256_add_pd(m[k], _mm256_cvtps_pd(_mm_loadu_ps(row + 4 * k)));
-    }
-    for (int k = 0; k < K; ++k) m[k] = _mm256_div_pd(m[k], n);
-    for (int i = 0; i < R; ++i) {
-        const float* row = M + (size_t)i * C + j0;
-        for (int k = 0; k < K; ++k) {
-            const __m256d d = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(row + 4 * k)), m[k]);
-            q[k] = _mm256_add_pd(q[k], _mm256_mul_pd(d, d));
+        const __m256 wi = _mm256_set1_ps(w[i]);
+        for (int k = 0; k < K; k += 2) {
+            const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(row + 4 * k), wi);
+            const __m256d y0 = _mm256_cvtps_pd(_mm256_castps256_ps128(y)), y1 = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
+            s[k] = _mm256_add_pd(s[k], y0);
+            s[k + 1] = _mm256_add_pd(s[k + 1], y1);
+            q[k] = _mm256_fmadd_pd(y0, y0, q[k]);  // y0*y0 is exact: rounds like the scalar's mul + add
+            q[k + 1] = _mm256_fmadd_pd(y1, y1, q[k + 1]);
         }
     }
-    for (int k = 0; k < K; ++k) _mm_storeu_ps(out + j0 + 4 * k, _mm256_cvtpd_ps(_mm256_sqrt_pd(_mm256_div_pd(q[k], n1))));
+    const __m256d n = _mm256_set1_pd((double)R), n1 = _mm256_set1_pd((double)(R - 1)), zero = _mm256_setzero_pd();
+    for (int k = 0; k < K; ++k) {
+        const __m256d mean = _mm256_div_pd(s[k], n);
+        const __m256d var = _mm256_div_pd(_mm256_sub_pd(q[k], _mm256_mul_pd(s[k], mean)), n1);
+        _mm256_storeu_pd(out + j0 + 4 * k, _mm256_sqrt_pd(_mm256_max_pd(var, zero)));
+    }
 }
 
-void column_std(const float* M, int R, int C, float* out)
+void weighted_column_std(const float* M, int R, int C, const float* w, double* out)
 {
     int j0 = 0;
-    for (; j0 + 32 <= C; j0 += 32) column_std_block<32>(M, R, C, j0, out);
-    for (; j0 < C; j0 += 16) column_std_block<16>(M, R, C, j0, out);
+    for (; j0 + 16 <= C; j0 += 16) weighted_column_std_block<16>(M, R, C, w, j0, out);
+    for (; j0 < C; j0 += 8) weighted_column_std_block<8>(M, R, C, w, j0, out);
+}
+
+// out[i] = (float)(raw[i] * w[i])
+void scale_std(const double* raw, const float* w, int n, float* out)
+{
+    for (int i = 0; i < n; i += 4)
+        _mm_storeu_ps(out + i, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(raw + i), _mm256_cvtps_pd(_mm_loadu_ps(w + i)))));
 }
 
 inline void transpose8(const float* src, size_t ss, float* dst, size_t ds)
@@ -540,68 +552,50 @@ void transpose(const float* src, int R, int C, float* dst)
         for (int j = 0; j < C; j += 8) transpose8(src + (size_t)i * C + j, C, dst + (size_t)j * R + i, R);
 }
 
-// cur = X / ec[col] / er[row], and its transpose.
-void apply_scales(const float* X, int R, int C, const float* ec, const float* er, float* cur, float* curT)
+// As scalar's spread: max/min of raw[i] * w[i] in double.
+double spread(const double* raw, const float* w, int n)
 {
-    for (int i = 0; i < R; ++i) {
-        const __m256 ri = _mm256_set1_ps(er[i]);
-        const float* x = X + (size_t)i * C;
-        float* o = cur + (size_t)i * C;
-        for (int j = 0; j < C; j += 8)
-            _mm256_storeu_ps(o + j, _mm256_div_ps(_mm256_div_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(ec + j)), ri));
-    }
-    transpose(cur, R, C, curT);
-}
-
-// curT = (X / ec[col] / er[row]) transposed, computed from XT directly: the
-// same two divisions of the same operands in the same order, so bit-identical
-// to transposing apply_scales' result, without the transpose.
-void apply_scales_T(const float* XT, int R, int C, const float* ec, const float* er, float* curT)
-{
-    for (int j = 0; j < C; ++j) {
-        const __m256 cj = _mm256_set1_ps(ec[j]);
-        const float* x = XT + (size_t)j * R;
-        float* o = curT + (size_t)j * R;
-        for (int i = 0; i < R; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), cj), _mm256_loadu_ps(er + i)));
-    }
-}
-
-float spread(const float* s, int n)
-{
-    float lo = s[0], hi = s[0];
+    double lo = raw[0] * w[0], hi = lo;
     for (int i = 1; i < n; ++i) {
-        lo = s[i] < lo ? s[i] : lo;
-        hi = s[i] > hi ? s[i] : hi;
+        const double s = raw[i] * w[i];
+        lo = s < lo ? s : lo;
+        hi = s > hi ? s : hi;
     }
-    return hi / (lo > KVARN_IMBALANCE_EPS ? lo : KVARN_IMBALANCE_EPS);
+    const double eps = KVARN_IMBALANCE_EPS;
+    return hi / (lo > eps ? lo : eps);
 }
 
-void sinkhorn_balance(const float* X, int R, int C, int iters, QuantBuffers& b)
+// log_scale += log(clamped std), clamped; returns exp(log_scale) (as scalar's update_log_scale).
+inline float update_log_scale(float& log_scale, float std)
 {
-    for (int i = 0; i < R; ++i) { b.lr[i] = 0.0f; b.er[i] = 1.0f; b.r[i] = 1.0f; }
-    for (int j = 0; j < C; ++j) { b.lc[j] = 0.0f; b.ec[j] = 1.0f; b.c[j] = 1.0f; }
-    transpose(X, R, C, b.xT);
-    column_std(X, R, C, b.cs);
-    column_std(b.xT, C, R, b.rs);
-    float best = spread(b.cs, C) + spread(b.rs, R);
+    log_scale = clampf(log_scale + logf(clampf(std, KVARN_STD_MIN, KVARN_STD_MAX)), KVARN_LOG_SCALE_MIN,
+                       KVARN_LOG_SCALE_MAX);
+    return expf(log_scale);
+}
+
+// X is R x C and xT its transpose (C x R); leaves the best scales in b.r, b.c.
+void sinkhorn_balance(const float* X, const float* xT, int R, int C, int iters, QuantBuffers& b)
+{
+    for (int i = 0; i < R; ++i) { b.lr[i] = 0.0f; b.er[i] = b.ir[i] = b.r[i] = 1.0f; }
+    for (int j = 0; j < C; ++j) { b.lc[j] = 0.0f; b.ec[j] = b.ic[j] = b.c[j] = 1.0f; }
+    weighted_column_std(X, R, C, b.ir, b.col_raw);
+    weighted_column_std(xT, C, R, b.ic, b.row_raw);
+    for (int j = 0; j < C; ++j) b.cs[j] = (float)b.col_raw[j];
+    double best = spread(b.col_raw, b.ic, C) + spread(b.row_raw, b.ir, R);
     for (int it = 0; it < iters; ++it) {
         for (int j = 0; j < C; ++j) {
-            b.lc[j] = clampf(b.lc[j] + logf(clampf(b.cs[j], KVARN_STD_MIN, KVARN_STD_MAX)), KVARN_LOG_SCALE_MIN,
-                             KVARN_LOG_SCALE_MAX);
-            b.ec[j] = expf(b.lc[j]);
+            b.ec[j] = update_log_scale(b.lc[j], b.cs[j]);
+            b.ic[j] = 1.0f / b.ec[j];
         }
-        apply_scales_T(b.xT, R, C, b.ec, b.er, b.curT);  // only row statistics needed here
-        column_std(b.curT, C, R, b.rs);
+        weighted_column_std(xT, C, R, b.ic, b.row_raw);
+        scale_std(b.row_raw, b.ir, R, b.rs);
         for (int i = 0; i < R; ++i) {
-            b.lr[i] = clampf(b.lr[i] + logf(clampf(b.rs[i], KVARN_STD_MIN, KVARN_STD_MAX)), KVARN_LOG_SCALE_MIN,
-                             KVARN_LOG_SCALE_MAX);
-            b.er[i] = expf(b.lr[i]);
+            b.er[i] = update_log_scale(b.lr[i], b.rs[i]);
+            b.ir[i] = 1.0f / b.er[i];
         }
-        apply_scales(X, R, C, b.ec, b.er, b.cur, b.curT);
-        column_std(b.cur, R, C, b.cs);
-        column_std(b.curT, C, R, b.rs);
-        const float imbalance = spread(b.cs, C) + spread(b.rs, R);
+        weighted_column_std(X, R, C, b.ir, b.col_raw);
+        scale_std(b.col_raw, b.ic, C, b.cs);
+        const double imbalance = spread(b.col_raw, b.ic, C) + spread(b.row_raw, b.ir, R);
         if (imbalance <= best) {  // ties: the later candidate wins (as scalar)
             best = imbalance;
             memcpy(b.r, b.er, sizeof(float) * R);
@@ -635,16 +629,16 @@ void pack_codes(const uint8_t* codes, int n, int bits, uint8_t* out)
     }
 }
 
-bool quantize_matrix(const float* X, int R, int C, int bits, int iters, uint8_t* codes, uint16_t* a, uint16_t* z,
-                     uint16_t* colscale, QuantBuffers& b)
+bool quantize_matrix(const float* X, const float* xT, int R, int C, int bits, int iters, uint8_t* codes, uint16_t* a,
+                     uint16_t* z, uint16_t* colscale, QuantBuffers& b)
 {
-    sinkhorn_balance(X, R, C, iters, b);
+    sinkhorn_balance(X, xT, R, C, iters, b);
     const size_t row_bytes = kvarn_packed_row_bytes(C, bits);
     const float qmax = (float)((1 << bits) - 1);
     const __m256 qmaxv = _mm256_set1_ps(qmax), zero = _mm256_setzero_ps();
     bool finite = true;
     for (int i = 0; i < R; ++i) {
-        float* row = b.cur;  // one balanced row
+        float* row = b.row;
         const __m256 ri = _mm256_set1_ps(b.r[i]);
         const float* x = X + (size_t)i * C;
         __m256 lo = _mm256_set1_ps(INFINITY), hi = _mm256_set1_ps(-INFINITY);
@@ -690,26 +684,34 @@ int quantize_tile_avx2(const float* k, const float* v, const TileFormat& fmt, in
     const size_t n = (size_t)G * D, vec = (size_t)(G > D ? G : D);
     // Plain malloc: no std::vector (see link hygiene above); on failure the
     // scalar kernel takes over (it reports allocation failure by exception).
-    const size_t bytes = (sizeof(float) * (5 * n + 8 * vec) + vec + 63) & ~size_t(63);  // aligned_alloc: multiple of 64
+    // floats: x, xT, rot (n each); 11 float vectors and 2 double vectors (vec each); codes (vec bytes)
+    const size_t bytes = (sizeof(float) * (3 * n + 15 * vec) + vec + 63) & ~size_t(63);  // aligned_alloc: multiple of 64
     float* mem = static_cast<float*>(aligned_alloc(64, bytes));
     if (!mem) return scalar_kernels()->quantize_tile(k, v, fmt, iters, record);
     QuantBuffers b;
-    b.x = mem; b.cur = b.x + n; b.curT = b.cur + n; b.xT = b.curT + n; b.rot = b.xT + n;
+    b.x = mem; b.xT = b.x + n; b.rot = b.xT + n;
     float* p = b.rot + n;
-    b.lr = p; b.lc = p + vec; b.er = p + 2 * vec; b.ec = p + 3 * vec; b.cs = p + 4 * vec; b.rs = p + 5 * vec;
-    b.r = p + 6 * vec; b.c = p + 7 * vec;
-    b.codes = reinterpret_cast<uint8_t*>(p + 8 * vec);
+    b.lr = p; b.lc = p + vec; b.er = p + 2 * vec; b.ec = p + 3 * vec; b.ir = p + 4 * vec; b.ic = p + 5 * vec;
+    b.cs = p + 6 * vec; b.rs = p + 7 * vec; b.r = p + 8 * vec; b.c = p + 9 * vec; b.row = p + 10 * vec;
+    b.col_raw = reinterpret_cast<double*>(p + 11 * vec);
+    b.row_raw = reinterpret_cast<double*>(p + 13 * vec);
+    b.codes = reinterpret_cast<uint8_t*>(p + 15 * vec);
     const kvarn_record_layout L = fmt.layout();
 
+    // K: rows = channels, so the rotated G x D tile is the transpose.
     memcpy(b.rot, k, sizeof(float) * n);
     hadamard_f32_avx2(b.rot, G, D);
-    transpose(b.rot, G, D, b.x);  // rows = channels
-    bool ok = quantize_matrix(b.x, D, G, fmt.kbits, iters, record + L.k_codes, reinterpret_cast<uint16_t*>(record + L.ka),
-                              reinterpret_cast<uint16_t*>(record + L.kz), reinterpret_cast<uint16_t*>(record + L.kt), b);
+    transpose(b.rot, G, D, b.x);
+    bool ok = quantize_matrix(b.x, b.rot, D, G, fmt.kbits, iters, record + L.k_codes,
+                              reinterpret_cast<uint16_t*>(record + L.ka), reinterpret_cast<uint16_t*>(record + L.kz),
+                              reinterpret_cast<uint16_t*>(record + L.kt), b);
+    // V: rows = tokens.
     memcpy(b.x, v, sizeof(float) * n);
     hadamard_f32_avx2(b.x, G, D);
-    ok = quantize_matrix(b.x, G, D, fmt.vbits, iters, record + L.v_codes, reinterpret_cast<uint16_t*>(record + L.va),
-                         reinterpret_cast<uint16_t*>(record + L.vz), reinterpret_cast<uint16_t*>(record + L.vc), b) &&
+    transpose(b.x, G, D, b.xT);
+    ok = quantize_matrix(b.x, b.xT, G, D, fmt.vbits, iters, record + L.v_codes,
+                         reinterpret_cast<uint16_t*>(record + L.va), reinterpret_cast<uint16_t*>(record + L.vz),
+                         reinterpret_cast<uint16_t*>(record + L.vc), b) &&
          ok;
     free(mem);
     return ok ? 0 : 1;

@@ -6,7 +6,7 @@
 //
 // What each kernel must match (tests/test_simd.py checks all of it):
 // - hadamard_f32: bit-identical to scalar (same butterflies and pairing).
-// - quantize_tile: codes and fp16 vectors identical to scalar (quantize_simd.h).
+// - quantize_tile: none here; dispatch uses the avx2 quantiser (bit-identical to scalar).
 // - attend_tiles (float scores) / attend_dense_f16: scalar's maths
 //   reassociated (fp32 FMA, blocked sums, polynomial exp, <= 2 ulp).
 // - attend_tiles with int8 scores (k4 only): q*ka is rounded to int8 per
