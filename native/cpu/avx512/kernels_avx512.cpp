@@ -6,7 +6,7 @@
 //
 // What each kernel must match (tests/test_simd.py checks all of it):
 // - hadamard_f32: bit-identical to scalar (same butterflies and pairing).
-// - quantize_tile: none here; dispatch uses the avx2 quantiser (bit-identical to scalar).
+// - quantize_tile: codes and fp16 vectors identical to scalar (quantize_simd.inc).
 // - attend_tiles (float scores) / attend_dense_f16: scalar's maths
 //   reassociated (fp32 FMA, blocked sums, polynomial exp, <= 2 ulp).
 // - attend_tiles with int8 scores (k4 only): q*ka is rounded to int8 per
@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dispatch.h"
@@ -733,8 +734,13 @@ void attend_dense_f16_avx512(const float* q_all, int n_q, int D, const uint16_t*
     }
 }
 
+// ---- quantiser (quantize_simd.inc, compiled here with this file's flags) ----
+#define KVARN_SIMD_HADAMARD hadamard_f32_avx512
+#include "quantize_simd.inc"
+#undef KVARN_SIMD_HADAMARD
+
 const KernelTable kAvx512 = {
-    "avx512", hadamard_f32_avx512, nullptr, attend_tiles_avx512, attend_dense_f16_avx512,
+    "avx512", hadamard_f32_avx512, quantize_tile_simd, attend_tiles_avx512, attend_dense_f16_avx512,
 };
 
 }  // namespace
