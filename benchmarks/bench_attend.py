@@ -220,3 +220,40 @@ def test_attend(benchmark, shape, ctx, batch, impl):
         tol = 1e-3
     err = np.abs(out[0] - want).max() / np.abs(want).max()
     assert err < tol, f"{impl}: {err:.3g}"
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_quantize_share(benchmark, shape, ctx):
+    """What quantisation adds to a generated token: every G tokens a tile completes for each
+    kv head (quantize Hk tiles with the same threads as decode), so per token it costs
+    (time to quantise Hk tiles) / G, against one decode step (batch 1, best ISA, float scores)
+    at this context. Both measured here, in one process, with the same thread count."""
+    hq, hk, d = SHAPES[shape]
+    dd = data(shape, ctx)
+    best = "avx512" if "avx512" in ISAS else ISAS[-1]
+    kvarn.set_isa(best)
+    if VNNI:
+        _native.set_score_mode("float")
+    preset = kvarn.PRESETS[kvarn.DEFAULT_PRESET]
+    k = dd["k"][:, : preset.group].astype(np.float32)  # one tile per kv head: [Hk, G, D]
+    v = dd["v"][:, : preset.group].astype(np.float32)
+    from kvarn import _ops
+
+    benchmark.group = f"quantise share {shape} ctx={ctx}"
+    quant = lambda: _ops.quantize_tiles_native(k, v, preset, _ops.SINKHORN_ITERS, THREADS)  # noqa: E731
+    benchmark.pedantic(quant, rounds=rounds_for(quant), iterations=1, warmup_rounds=1)
+    q1, cache = dd["q"][:1], [dd["cache"]]
+    step = lambda: kvarn.attend_batch(q1, cache, num_threads=THREADS)  # noqa: E731
+    step()
+    decode_s = min(_timed(step) for _ in range(rounds_for(step)))
+    quant_s = benchmark.stats.stats.min
+    share = quant_s / preset.group / decode_s
+    record(benchmark, k.nbytes + v.nbytes, impl=f"quantize-{hk}-tiles-{best}", decode_ms=round(decode_s * 1e3, 4),
+           quant_us_per_token=round(quant_s / preset.group * 1e6, 3), share_pct=round(100 * share, 2))
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t

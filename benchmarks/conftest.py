@@ -85,6 +85,12 @@ def _table():
             lines.append(
                 f"| {label} | {mn * 1e3:.3f} | {med * 1e3:.3f} | {nbytes / 1e6:.2f} | {gbps:.2f} | {frac} | " + " | ".join(ratios) + " |"
             )
+        for *_, extra in rows:
+            if "share_pct" in extra:
+                lines.append(
+                    f"quantise per generated token {extra['quant_us_per_token']} us = {extra['share_pct']}% of a "
+                    f"{extra['decode_ms']} ms decode step (same threads, same run)"
+                )
     return "\n".join(lines)
 
 
