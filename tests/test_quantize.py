@@ -92,6 +92,18 @@ def test_balance_matches_oracle_and_beats_identity(rows, cols, rng):
     assert (r >= np.exp(-0.3) * (1 - 1e-6)).all() and (c >= np.exp(-0.3) * (1 - 1e-6)).all()
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_balance_matches_oracle_when_means_dominate(axis, rng):
+    # Rows (axis 1) or columns (axis 0) with means ~10^4 x their spread: one-pass float sums
+    # would cancel to noise here, so the statistics must take their double path.
+    shape = (64, 128)
+    offset = rng.uniform(-300, 300, (1, 128) if axis == 0 else (64, 1))
+    x = (offset * (1 + 0.003 * rng.standard_normal(shape)) + 0.03 * rng.standard_normal(shape)).astype(np.float32)
+    r, c = kvarn._ops.balance_scales(x)
+    r_ref, c_ref, _, _ = oracle.balance(x)
+    np.testing.assert_allclose(np.outer(r, c), np.outer(r_ref, c_ref), rtol=1e-4)
+
+
 @pytest.mark.parametrize("rows, cols", [(2, 2), (2, 5), (3, 2)])
 def test_balance_tiny_matrices_never_worse_than_identity(rows, cols, rng):
     # Tiny matrices reach exact imbalance ties, where float32 and float64 may pick different

@@ -157,6 +157,9 @@ def _tiles(rng, kind, n, G, D):
     elif kind == "fp16grid":  # values on the fp16 grid with many exact ties in rounding
         k = np.round(rng.standard_normal((n, G, D)) * 4).astype(np.float32)
         v = np.round(rng.standard_normal((n, G, D)) * 2).astype(np.float32)
+    elif kind == "offset":  # means 10^4 x the spread: the statistics' float sums cancel (double fallback)
+        k = (rng.uniform(-300, 300, (n, 1, D)) + 0.03 * rng.standard_normal((n, G, D))).astype(np.float32)
+        v = (rng.uniform(-300, 300, (n, G, 1)) + 0.03 * rng.standard_normal((n, G, D))).astype(np.float32)
     else:  # degenerate: constant rows/columns and zeros (RTN scale floor, zero std)
         k = np.zeros((n, G, D), np.float32)
         k[:, :, ::3] = 1.5
@@ -167,7 +170,7 @@ def _tiles(rng, kind, n, G, D):
 
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k2v2_g128", "k8v8_g128"])
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
-@pytest.mark.parametrize("kind", ["gauss", "scaled", "fp16grid", "degenerate"])
+@pytest.mark.parametrize("kind", ["gauss", "scaled", "fp16grid", "offset", "degenerate"])
 def test_quantize_records_identical(preset, head_dim, kind, rng):
     p = _ops.get_preset(preset)
     k, v = _tiles(rng, kind, 3, p.group, head_dim)

@@ -15,6 +15,7 @@
 // that another translation unit could also emit (no <algorithm>, no std::vector,
 // no <cmath> wrappers): the linker could otherwise keep this file's AVX2 copy
 // for the scalar code's use. Everything is in an anonymous namespace.
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "kvarn/kernels.h"
+#include "sinkhorn.h"
 
 namespace kvarn {
 namespace {

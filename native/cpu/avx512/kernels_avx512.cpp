@@ -16,6 +16,7 @@
 //
 // Link hygiene as in kernels_avx2.cpp: no header templates or inline library
 // functions are instantiated here, everything lives in an anonymous namespace.
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -24,6 +25,7 @@
 
 #include "dispatch.h"
 #include "kvarn/kernels.h"
+#include "sinkhorn.h"
 
 namespace kvarn {
 namespace {
