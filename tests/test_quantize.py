@@ -203,7 +203,11 @@ def test_round_trip_relative_error_bounded(preset, d, heads, magnitude, seed):
     k = (kv_like(rng, (heads, p.group, d)) * magnitude).astype(np.float32)
     v = (rng.standard_normal((heads, p.group, d)) * magnitude).astype(np.float32)
     k_hat, v_hat = kvarn.dequantize_tile(kvarn.quantize_tile(k, v, preset))
-    assert np.linalg.norm(k_hat - k) / np.linalg.norm(k) < {2: 0.6, 4: 0.15}[p.kbits]
+    # head_dim 16 with kv_like's 4 outlier channels: a 16-point rotation spreads 25 % outliers
+    # into every channel; worst over 300 seeds 0.162 (4-bit) / 0.813 (2-bit), the float64
+    # oracle of SPEC giving the same (e.g. seed 0, k4: 0.1537 native, 0.1537 oracle).
+    k_bound = {2: 0.9, 4: 0.2}[p.kbits] if d == 16 else {2: 0.6, 4: 0.15}[p.kbits]
+    assert np.linalg.norm(k_hat - k) / np.linalg.norm(k) < k_bound
     assert np.linalg.norm(v_hat - v) / np.linalg.norm(v) < {2: 0.6, 4: 0.15}[p.vbits]
 
 

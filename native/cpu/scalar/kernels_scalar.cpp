@@ -132,11 +132,15 @@ void rtn_pack_row(const float* b, int n, int bits, uint8_t* packed, float* scale
 bool quantize_matrix(const float* X, int rows, int cols, int bits, int iters, uint8_t* codes,
                      uint16_t* a, uint16_t* z, uint16_t* colscale)
 {
-    std::vector<float> r(rows), c(cols), balanced((size_t)rows * cols);
+    std::vector<float> r(rows), c(cols), inv_r(rows), inv_c(cols), balanced((size_t)rows * cols);
     sinkhorn_balance(X, rows, cols, iters, r.data(), c.data());
+    // B = X / (r ⊗ c) as two multiplications by reciprocals (divisions cost 3-5x more per element;
+    // B moves by <= 2 ulp, which only matters at rounding near-ties).
+    for (int i = 0; i < rows; ++i) inv_r[i] = 1.0f / r[i];
+    for (int j = 0; j < cols; ++j) inv_c[j] = 1.0f / c[j];
     for (int i = 0; i < rows; ++i)
         for (int j = 0; j < cols; ++j)
-            balanced[(size_t)i * cols + j] = X[(size_t)i * cols + j] / c[j] / r[i];
+            balanced[(size_t)i * cols + j] = X[(size_t)i * cols + j] * inv_c[j] * inv_r[i];
     const size_t row_bytes = kvarn_packed_row_bytes(cols, bits);
     bool finite = true;
     for (int i = 0; i < rows; ++i) {
