@@ -37,10 +37,13 @@ struct SoftmaxState {
 using HadamardF32Fn = void (*)(float* x, int64_t rows, int head_dim);
 
 // Quantise one (tile, head): k and v are [G][D] float32 in the original frame.
-// Writes one record (format.h). Returns 0, or 1 when a folded fp16 scale
+// Writes one record (format.h), or only its K or V half (parts: a mask of
+// kQuantizeK / kQuantizeV; the halves are disjoint bytes, so two threads may
+// write one record's halves at once). Returns 0, or 1 when a folded fp16 scale
 // vector would not be finite (input too large for fp16 scales).
+constexpr int kQuantizeK = 1, kQuantizeV = 2, kQuantizeKV = 3;
 using QuantizeTileFn = int (*)(const float* k, const float* v, const TileFormat& fmt, int iters,
-                               uint8_t* record);
+                               uint8_t* record, int parts);
 
 // Online-softmax attention of n_q pre-scaled, rotated queries q_rot [n_q][D]
 // over n_tiles consecutive records of one KV head, record i at

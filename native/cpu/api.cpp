@@ -266,9 +266,13 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
     const size_t tile_elems = (size_t)group * head_dim;
     std::atomic<int64_t> first_bad{std::numeric_limits<int64_t>::max()};
     std::atomic<bool> failed_internal{false};
-    auto body = [&](int64_t i) {
+    // Two items per tile, its K and its V half (disjoint bytes of the record): a few tiles
+    // (one per kv head when a tile completes during decoding) then still fill every thread.
+    auto body = [&](int64_t item) {
+        const int64_t i = item / 2;
+        const int part = item % 2 ? kvarn::kQuantizeV : kvarn::kQuantizeK;
         try {
-            if (kt->quantize_tile(k + i * tile_elems, v + i * tile_elems, fmt, iters, records + i * rec_bytes)) {
+            if (kt->quantize_tile(k + i * tile_elems, v + i * tile_elems, fmt, iters, records + i * rec_bytes, part)) {
                 int64_t cur = first_bad.load();
                 while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
                 }
@@ -277,7 +281,7 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
             failed_internal = true;
         }
     };
-    pool().run(n_tiles, resolve_threads(num_threads), body);
+    pool().run(2 * n_tiles, resolve_threads(num_threads), body);
     if (failed_internal) return KVARN_ERR_INTERNAL;
     if (first_bad.load() != std::numeric_limits<int64_t>::max()) {
         if (bad_tile) *bad_tile = first_bad.load();

@@ -85,8 +85,8 @@ static void check_table(const KernelTable* t)
                     k[i] = randn() * (i % D < 4 ? 8.0f : 1.0f);
                     v[i] = randn();
                 }
-                s->quantize_tile(k.get(), v.get(), fmt, 8, ra.get() + tile * stride);
-                t->quantize_tile(k.get(), v.get(), fmt, 8, rb.get() + tile * stride);
+                s->quantize_tile(k.get(), v.get(), fmt, 8, ra.get() + tile * stride, kQuantizeKV);
+                t->quantize_tile(k.get(), v.get(), fmt, 8, rb.get() + tile * stride, kQuantizeKV);
             }
             CHECK(!std::memcmp(ra.get(), rb.get(), stride * T), "quantize k%dv%d g%d D=%d", f[0], f[1], f[2], D);
             // Attention over the tiles for several head counts.

@@ -157,29 +157,31 @@ bool quantize_matrix(const float* X, int rows, int cols, int bits, int iters, ui
     return finite;
 }
 
-int quantize_tile_scalar(const float* k, const float* v, const TileFormat& fmt, int iters, uint8_t* record)
+int quantize_tile_scalar(const float* k, const float* v, const TileFormat& fmt, int iters, uint8_t* record, int parts)
 {
     const int G = fmt.group, D = fmt.head_dim;
     const kvarn_record_layout L = fmt.layout();
     std::vector<float> rotated((size_t)G * D), xk((size_t)D * G);
+    bool ok = true;
 
-    // K: rotate each token's channels, then lay out rows = channels.
-    std::memcpy(rotated.data(), k, sizeof(float) * G * D);
-    hadamard_rows(rotated.data(), G, D);
-    for (int t = 0; t < G; ++t)
-        for (int d = 0; d < D; ++d) xk[(size_t)d * G + t] = rotated[(size_t)t * D + d];
-    bool ok = quantize_matrix(xk.data(), D, G, fmt.kbits, iters, record + L.k_codes,
-                              reinterpret_cast<uint16_t*>(record + L.ka),
-                              reinterpret_cast<uint16_t*>(record + L.kz),
-                              reinterpret_cast<uint16_t*>(record + L.kt));
-
-    // V: rows = tokens, already the layout of v.
-    std::memcpy(rotated.data(), v, sizeof(float) * G * D);
-    hadamard_rows(rotated.data(), G, D);
-    ok = quantize_matrix(rotated.data(), G, D, fmt.vbits, iters, record + L.v_codes,
-                         reinterpret_cast<uint16_t*>(record + L.va),
-                         reinterpret_cast<uint16_t*>(record + L.vz),
-                         reinterpret_cast<uint16_t*>(record + L.vc)) && ok;
+    if (parts & kQuantizeK) {
+        // K: rotate each token's channels, then lay out rows = channels.
+        std::memcpy(rotated.data(), k, sizeof(float) * G * D);
+        hadamard_rows(rotated.data(), G, D);
+        for (int t = 0; t < G; ++t)
+            for (int d = 0; d < D; ++d) xk[(size_t)d * G + t] = rotated[(size_t)t * D + d];
+        ok = quantize_matrix(xk.data(), D, G, fmt.kbits, iters, record + L.k_codes,
+                             reinterpret_cast<uint16_t*>(record + L.ka), reinterpret_cast<uint16_t*>(record + L.kz),
+                             reinterpret_cast<uint16_t*>(record + L.kt));
+    }
+    if (parts & kQuantizeV) {
+        // V: rows = tokens, already the layout of v.
+        std::memcpy(rotated.data(), v, sizeof(float) * G * D);
+        hadamard_rows(rotated.data(), G, D);
+        ok = quantize_matrix(rotated.data(), G, D, fmt.vbits, iters, record + L.v_codes,
+                             reinterpret_cast<uint16_t*>(record + L.va), reinterpret_cast<uint16_t*>(record + L.vz),
+                             reinterpret_cast<uint16_t*>(record + L.vc)) && ok;
+    }
     return ok ? 0 : 1;
 }
 
