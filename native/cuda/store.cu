@@ -1,11 +1,13 @@
 // Input checks, token writes into the fp16 sink/tail, and the store kernel:
 // Hadamard, dual-axis balancing, RTN and packing of full tiles into SPEC §6
 // records. The store kernel follows native/cpu/scalar (the spec) operation by
-// operation in fp32 -- the same butterflies, X / c[col] / r[row] divisions in
-// that order, round-half-even -- with the std reductions accumulated in double
-// like the CPU, so records match the CPU's bit for bit except where a
-// reduction's different summation order (one pass of sums and squares in double,
-// a last-ulp log/exp) moves a value across a rounding boundary.
+// operation -- the same butterflies, the factorised balancing statistics (float
+// sums in the CPU's order, finished in double, the double fallback where the mean
+// dominates), the CPU's polynomial log/exp, the spread in double, X / c[col] /
+// r[row] divisions in that order, round-half-even -- with explicit roundings
+// where nvcc would contract into an FMA, so its records are the CPU's bytes
+// (tests/test_cuda.py checks them for equality).
+#include <cfloat>
 #include <cmath>
 
 #include "common.cuh"
@@ -13,7 +15,7 @@
 namespace kvarn_cuda {
 namespace {
 
-constexpr int kStoreThreads = 1024;  // one CTA per (tile, head, K|V): many warps hide the fp64/division latency
+constexpr int kStoreThreads = 1024;  // one CTA per (tile, head, K|V): all warps load, rotate and pack
 constexpr int kStoreWarps = kStoreThreads / 32;
 constexpr int kInputFlags = KVARN_FLAG_K_NONFINITE | KVARN_FLAG_V_NONFINITE | KVARN_FLAG_K_RANGE | KVARN_FLAG_V_RANGE;
 
@@ -96,13 +98,6 @@ struct StoreArgs {
     int* flag;
 };
 
-__device__ __forceinline__ double warp_sum_d(double x)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-
 __device__ __forceinline__ float clampf(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
 
 // The tile matrix X of SPEC §3 over the rotated tile T[token][channel] (row stride ld):
@@ -114,69 +109,125 @@ struct TileMatrix {
     __device__ __forceinline__ float x(int i, int j) const { return is_k ? T[j * ld + i] : T[i * ld + j]; }
 };
 
-// Unbiased std of each column j of X / ec[col] / er[row] (over rows), accumulated in double.
-// One pass (sum and sum of squares): in double the cancellation costs far less than the
-// float result's last bit, and it halves the divisions of the spec's two-pass form.
-__device__ __forceinline__ float std_from_sums(double s, double ss, int n)
+// The statistics and log/exp of native/cpu/scalar/sinkhorn_scalar.cpp, operation for operation
+// (explicit roundings: nvcc would otherwise contract a * b + c into an FMA, the CPU does not).
+//
+// Unbiased std over k < n of y = X(k) * w[k] (float products), as weighted_*_std there: float
+// sums sum += y, sum_sq += y * y in k order, finished in double; where the mean dominates
+// (dev < q / 8) or sum_sq overflows, redone with sums in double (weighted_std_double). One
+// thread per column or row: the sums' order is the CPU's, so the result is bit-identical.
+template <bool COL, bool ISK>
+__device__ __forceinline__ double weighted_std_t(const TileMatrix& m, int o, const float* w)
 {
-    const double var = (ss - s * s / n) / (n - 1);
-    return (float)sqrt(var > 0.0 ? var : 0.0);
+    const int n = COL ? m.rows : m.cols;
+    // X[i,j] = T[j * ld + i] (K) or T[i * ld + j] (V); element (k, o) of the walk.
+    const bool k_major = COL != ISK;  // element k at T[k * ld + o], else T[o * ld + k]
+    const float* p = m.T + (k_major ? o : o * m.ld);
+    const int step = k_major ? m.ld : 1;
+    float sum = 0.0f, sum_sq = 0.0f;
+#pragma unroll 8
+    for (int k = 0; k < n; ++k) {
+        const float y = __fmul_rn(p[k * step], w[k]);
+        sum = __fadd_rn(sum, y);
+        sum_sq = __fadd_rn(sum_sq, __fmul_rn(y, y));
+    }
+    {
+        const double sd = sum, q = sum_sq;
+        const double mean = __ddiv_rn(sd, (double)n);
+        const double dev = __dsub_rn(q, __dmul_rn(sd, mean));  // sum of (y - mean)^2
+        if (dev >= 0.125 * q && q <= (double)FLT_MAX) return sqrt(__ddiv_rn(dev, (double)(n - 1)));
+    }
+    double sd = 0.0, q = 0.0;  // the double fallback
+    for (int k = 0; k < n; ++k) {
+        const double y = (double)__fmul_rn(p[k * step], w[k]);
+        sd = __dadd_rn(sd, y);
+        q = __dadd_rn(q, __dmul_rn(y, y));
+    }
+    const double mean = __ddiv_rn(sd, (double)n);
+    const double var = __ddiv_rn(__dsub_rn(q, __dmul_rn(sd, mean)), (double)(n - 1));
+    return sqrt(var > 0.0 ? var : 0.0);
 }
 
-__device__ void column_std(const TileMatrix& m, const float* ec, const float* er, float* out)
+// Column o's std (over rows) of X * w[row] (col_stats), or row o's (over columns) of X * w[col].
+__device__ __forceinline__ double weighted_std(const TileMatrix& m, bool col_stats, int o, const float* w)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int j = warp; j < m.cols; j += kStoreWarps) {
-        double s = 0.0, ss = 0.0;
-        for (int i = lane; i < m.rows; i += 32) {
-            const double x = (double)(m.x(i, j) / ec[j] / er[i]);
-            s += x;
-            ss = fma(x, x, ss);
-        }
-        s = warp_sum_d(s);
-        ss = warp_sum_d(ss);
-        if (lane == 0) out[j] = std_from_sums(s, ss, m.rows);
-    }
+    if (col_stats) return m.is_k ? weighted_std_t<true, true>(m, o, w) : weighted_std_t<true, false>(m, o, w);
+    return m.is_k ? weighted_std_t<false, true>(m, o, w) : weighted_std_t<false, false>(m, o, w);
 }
 
-// Unbiased std of each row i (over columns).
-__device__ void row_std(const TileMatrix& m, const float* ec, const float* er, float* out)
+// Min and max of v over the threads [first, first + n) (n and first multiples of 32): per-warp
+// results in mm[2 w], mm[2 w + 1], w = (thread - first) / 32; read them after a barrier.
+__device__ __forceinline__ void warp_minmax(double v, int first, int n, double* mm)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = warp; i < m.rows; i += kStoreWarps) {
-        double s = 0.0, ss = 0.0;
-        for (int j = lane; j < m.cols; j += 32) {
-            const double x = (double)(m.x(i, j) / ec[j] / er[i]);
-            s += x;
-            ss = fma(x, x, ss);
-        }
-        s = warp_sum_d(s);
-        ss = warp_sum_d(ss);
-        if (lane == 0) out[i] = std_from_sums(s, ss, m.cols);
-    }
-}
-
-// max(s) / max(min(s), eps), by one warp.
-__device__ float warp_spread(const float* s, int n)
-{
-    const int lane = threadIdx.x & 31;
-    float lo = INFINITY, hi = -INFINITY;
-    for (int i = lane; i < n; i += 32) {
-        lo = fminf(lo, s[i]);
-        hi = fmaxf(hi, s[i]);
-    }
+    const int t = (int)threadIdx.x - first;
+    if (t < 0 || t >= n) return;
+    double lo = v, hi = v;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-        hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+        lo = fmin(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = fmax(hi, __shfl_xor_sync(0xffffffffu, hi, o));
     }
-    return hi / fmaxf(lo, 1e-8f);
+    if ((t & 31) == 0) {
+        mm[2 * (t >> 5)] = lo;
+        mm[2 * (t >> 5) + 1] = hi;
+    }
 }
 
-// log/exp in double, rounded once: the correctly rounded float in nearly all
-// cases, as close to the CPU's logf/expf as a GPU gets.
-__device__ __forceinline__ float logf_cr(float x) { return (float)log((double)x); }
-__device__ __forceinline__ float expf_cr(float x) { return (float)exp((double)x); }
+// The CPU's spread: max / max(min, eps) of n values (from warp_minmax's results), in double
+// (near convergence, candidates differ by less than a float ulp).
+__device__ __forceinline__ double spread_of(const double* mm, int n)
+{
+    double lo = mm[0], hi = mm[1];
+    for (int w = 1; w < (n >> 5); ++w) {
+        lo = fmin(lo, mm[2 * w]);
+        hi = fmax(hi, mm[2 * w + 1]);
+    }
+    return __ddiv_rn(hi, fmax(lo, (double)1e-8f));
+}
+
+// log_poly / exp_poly of the CPU: log(x) for x in [1e-3, 1e3] (x = m 2^e, m in [sqrt(1/2),
+// sqrt(2)), 2 atanh series to s^9) and exp(x) for x in [-0.3, 10] (Cody-Waite, Cephes expf
+// polynomial, times 2^n), in plain IEEE float operations in the CPU's order.
+__device__ __forceinline__ float log_poly(float x)
+{
+    const uint32_t bits = __float_as_uint(x);
+    int e = (int)(bits >> 23) - 127;
+    float m = __uint_as_float((bits & 0x7fffffu) | 0x3f800000u);
+    if (m > 1.41421356f) {
+        m = __fmul_rn(m, 0.5f);
+        e = e + 1;
+    }
+    const float f = __fsub_rn(m, 1.0f);
+    const float s = __fdiv_rn(f, __fadd_rn(f, 2.0f));
+    const float z = __fmul_rn(s, s);
+    float p = __fadd_rn(__fmul_rn(0.222222222f, z), 0.285714286f);
+    p = __fadd_rn(__fmul_rn(p, z), 0.4f);
+    p = __fadd_rn(__fmul_rn(p, z), 0.666666667f);
+    p = __fadd_rn(__fmul_rn(p, z), 2.0f);
+    const float fe = (float)e;
+    return __fadd_rn(__fadd_rn(__fmul_rn(s, p), __fmul_rn(fe, -2.12194440e-4f)), __fmul_rn(fe, 0.693359375f));
+}
+
+__device__ __forceinline__ float exp_poly(float x)
+{
+    const float n = rintf(__fmul_rn(x, 1.44269504f));  // nearbyint: ties to even
+    const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, 0.693359375f)), __fmul_rn(n, -2.12194440e-4f));
+    float y = 1.9875691500e-4f;
+    y = __fadd_rn(__fmul_rn(y, r), 1.3981999507e-3f);
+    y = __fadd_rn(__fmul_rn(y, r), 8.3334519073e-3f);
+    y = __fadd_rn(__fmul_rn(y, r), 4.1665795894e-2f);
+    y = __fadd_rn(__fmul_rn(y, r), 1.6666665459e-1f);
+    y = __fadd_rn(__fmul_rn(y, r), 5.0000001201e-1f);
+    y = __fadd_rn(__fadd_rn(__fmul_rn(y, __fmul_rn(r, r)), r), 1.0f);
+    return __fmul_rn(y, __uint_as_float((uint32_t)((int)n + 127) << 23));
+}
+
+// The CPU's update_log_scale: log_scale += log(clamped std), clamped; returns exp(log_scale).
+__device__ __forceinline__ float update_log_scale(float& log_scale, float std)
+{
+    log_scale = clampf(__fadd_rn(log_scale, log_poly(clampf(std, 1e-3f, 1e3f))), -0.3f, 10.0f);
+    return exp_poly(log_scale);
+}
 
 __device__ __forceinline__ uint16_t to_half_bits(float x, bool& finite)
 {
@@ -184,6 +235,63 @@ __device__ __forceinline__ uint16_t to_half_bits(float x, bool& finite)
     const uint16_t bits = __half_as_ushort(h);
     if ((bits & 0x7c00u) == 0x7c00u) finite = false;
     return bits;
+}
+
+struct RowSource {
+    const Strided4& src;
+    const __half* tail;  // [G][D] fp16, rows < n_old
+    int n_old, b, h, t0;
+    bool round_f16;
+    __device__ __forceinline__ float at(int t, int d, int D) const
+    {
+        if (t < n_old) return __half2float(tail[t * D + d]);
+        float x = load_elem(src.ptr, src.dtype,
+                            b * src.stride[0] + (int64_t)(t0 + t - n_old) * src.stride[1] + h * src.stride[2] +
+                                d * src.stride[3]);
+        return round_f16 ? __half2float(__float2half_rn(x)) : x;
+    }
+};
+
+// Rows t of the tile (D = 32 * E channels; lane holds channels [E * lane, E * lane + E)), NR
+// rows per warp at a time: load, the spec's butterflies in the same order (h = 1, 2, 4, ...:
+// x0 + x1 at the lower index, x0 - x1 at the upper), the norm, into T[t * ld + d].
+template <int E>
+__device__ __forceinline__ void load_rotate_rows(const RowSource& in, int G, float* T, int ld)
+{
+    constexpr int D = 32 * E, NR = E >= 8 ? 1 : 2;  // rows per warp at a time (register budget)
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float norm = (float)(1.0 / sqrt((double)D));
+    for (int t = warp; t < G; t += NR * kStoreWarps) {
+        float v[NR][E];
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+            for (int e = 0; e < E; ++e) v[r][e] = t + r * kStoreWarps < G ? in.at(t + r * kStoreWarps, E * lane + e, D) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+#pragma unroll
+            for (int hh = 1; hh < E; hh <<= 1)
+#pragma unroll
+                for (int e = 0; e < E; ++e)
+                    if ((e & hh) == 0) {
+                        const float x0 = v[r][e], x1 = v[r][e + hh];
+                        v[r][e] = x0 + x1;
+                        v[r][e + hh] = x0 - x1;
+                    }
+#pragma unroll
+            for (int mk = 1; mk < 32; mk <<= 1) {
+                const bool upper = lane & mk;
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    const float other = __shfl_xor_sync(0xffffffffu, v[r][e], mk);
+                    v[r][e] = upper ? other - v[r][e] : v[r][e] + other;
+                }
+            }
+            if (t + r * kStoreWarps < G)
+#pragma unroll
+                for (int e = 0; e < E; ++e) T[(t + r * kStoreWarps) * ld + E * lane + e] = v[r][e] * norm;
+        }
+    }
 }
 
 // Grid: (n_jobs * Hk, 2): blockIdx.y 0 quantises K, 1 quantises V of one (tile, head).
@@ -198,102 +306,88 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
     const int ld = D + 1;  // odd stride: row and column walks are both free of bank conflicts
     const int nv = G > D ? G : D;
 
-    extern __shared__ float smem[];
-    float* T = smem;
-    float* er = T + G * ld;
-    float* ec = er + nv;
-    float* lr = ec + nv;
-    float* lc = lr + nv;
-    float* rb = lc + nv;  // best r
+    extern __shared__ double smem_d[];
+    double* mmc = smem_d;                // per-warp min/max of the column stds [2 * 8]
+    double* mmr = mmc + 16;              // and of the row stds
+    float* T = reinterpret_cast<float*>(mmr + 16);
+    float* ir = T + G * ld;  // 1 / er, 1 / ec: the statistics' weights
+    float* ic = ir + nv;
+    float* rb = ic + nv;  // best r
     float* cb = rb + nv;  // best c
-    float* rs = cb + nv;
-    float* cs = rs + nv;
-    float* rlo = cs + nv;
+    float* rlo = cb + nv;
     float* rsc = rlo + nv;
-    float* spread = rsc + nv;  // [2]
 
-    // 1. Load: old rows from the fp16 tail, new rows from the input.
+    // 1-2. Load (old rows from the fp16 tail, new rows from the input) and rotate each token row
+    // (Walsh-Hadamard over the whole row -- the served head dims are powers of two -- then the
+    // 1/sqrt(D) norm) in registers, one warp per row, the butterflies across lanes by shuffles.
     const Strided4& src = is_k ? a.k : a.v;
     const __half* tail = reinterpret_cast<const __half*>(is_k ? a.c.tail_k : a.c.tail_v) +
                          (((int64_t)layer * a.c.num_slots + slot) * Hk + h) * G * D;
-    for (int idx = threadIdx.x; idx < G * D; idx += kStoreThreads) {
-        const int t = idx / D, d = idx % D;
-        float x;
-        if (t < n_old) {
-            x = __half2float(tail[idx]);
-        } else {
-            x = load_elem(src.ptr, src.dtype,
-                          b * src.stride[0] + (int64_t)(t0 + t - n_old) * src.stride[1] + h * src.stride[2] +
-                              d * src.stride[3]);
-            if (a.round_f16) x = __half2float(__float2half_rn(x));
-        }
-        T[t * ld + d] = x;
-    }
-    __syncthreads();
+    const RowSource rs_src{src, tail, n_old, b, h, t0, a.round_f16 != 0};
+    if (D == 64)
+        load_rotate_rows<2>(rs_src, G, T, ld);
+    else if (D == 128)
+        load_rotate_rows<4>(rs_src, G, T, ld);
+    else
+        load_rotate_rows<8>(rs_src, G, T, ld);
 
-    // 2. Rotate each token row: block-diagonal Walsh-Hadamard, then the 1/sqrt(block) norm.
-    const int blk = hadamard_block(D), half_row = D / 2, half_blk = blk / 2;
-    for (int hh = 1; hh < blk; hh <<= 1) {
-        for (int p = threadIdx.x; p < G * half_row; p += kStoreThreads) {
-            const int t = p / half_row, q = p % half_row;
-            const int blk_i = q / half_blk, qq = q % half_blk;
-            const int j = blk_i * blk + (qq / hh) * 2 * hh + qq % hh;
-            float* row = T + t * ld;
-            const float x0 = row[j], x1 = row[j + hh];
-            row[j] = x0 + x1;
-            row[j + hh] = x0 - x1;
-        }
-        __syncthreads();
-    }
-    const float norm = (float)(1.0 / sqrt((double)blk));
-    for (int idx = threadIdx.x; idx < G * D; idx += kStoreThreads) T[(idx / D) * ld + idx % D] *= norm;
-
-    // 3. Balance (SPEC §3).
+    // 3. Balance (SPEC §3) as native/cpu/scalar/sinkhorn_scalar.cpp does it: factorised
+    // statistics (column j's std of X / ec / er is std_i(X[i,j] ir[i]) ic[j], likewise rows),
+    // two passes over X per iteration, the spread in double, ties to the later candidate.
+    // Column j is owned by thread j, row i by thread kRowOwner + i: their log scales (lc, lr),
+    // scales and the statistics' weights live in the owners' registers; ic / ir are shared for
+    // the passes. Same operations in the same order as the CPU: bit-identical scales.
+    constexpr int kRowOwner = kStoreThreads / 2;
     TileMatrix m{T, ld, is_k ? D : G, is_k ? G : D, is_k};
-    for (int i = threadIdx.x; i < nv; i += kStoreThreads) {
-        er[i] = ec[i] = rb[i] = cb[i] = 1.0f;
-        lr[i] = lc[i] = 0.0f;
+    const int t = threadIdx.x;
+    const bool own_c = t < m.cols, own_r = t >= kRowOwner && t < kRowOwner + m.rows;
+    const int oi = t - kRowOwner;  // the owned row
+    for (int i = t; i < nv; i += kStoreThreads) ir[i] = ic[i] = 1.0f;
+    __syncthreads();
+    float lc = 0.0f, ec = 1.0f, icc = 1.0f, cs = 0.0f;  // column owners
+    float lr = 0.0f, er = 1.0f, irr = 1.0f;             // row owners
+    float cbest = 1.0f, rbest = 1.0f;
+    // The identity is the first candidate (column and row statistics at once).
+    if (own_c) {
+        const double raw = weighted_std(m, true, t, ir);
+        cs = (float)raw;
+        warp_minmax(raw, 0, m.cols, mmc);
     }
+    if (own_r) warp_minmax(weighted_std(m, false, oi, ic), kRowOwner, m.rows, mmr);
     __syncthreads();
-    column_std(m, ec, er, cs);
-    row_std(m, ec, er, rs);
-    __syncthreads();
-    const int warp = threadIdx.x >> 5;
-    if (warp < 2) {
-        const float s = warp == 0 ? warp_spread(cs, m.cols) : warp_spread(rs, m.rows);
-        if ((threadIdx.x & 31) == 0) spread[warp] = s;
-    }
-    __syncthreads();
-    float best = spread[0] + spread[1];
+    double best = __dadd_rn(spread_of(mmc, m.cols), spread_of(mmr, m.rows));
     for (int it = 0; it < a.iters; ++it) {
-        for (int j = threadIdx.x; j < m.cols; j += kStoreThreads) {
-            lc[j] = clampf(lc[j] + logf_cr(clampf(cs[j], 1e-3f, 1e3f)), -0.3f, 10.0f);
-            ec[j] = expf_cr(lc[j]);
+        if (own_c) {
+            ec = update_log_scale(lc, cs);
+            icc = __fdiv_rn(1.0f, ec);
+            ic[t] = icc;
         }
         __syncthreads();
-        row_std(m, ec, er, rs);
-        __syncthreads();
-        for (int i = threadIdx.x; i < m.rows; i += kStoreThreads) {
-            lr[i] = clampf(lr[i] + logf_cr(clampf(rs[i], 1e-3f, 1e3f)), -0.3f, 10.0f);
-            er[i] = expf_cr(lr[i]);
+        if (own_r) {
+            const double raw = weighted_std(m, false, oi, ic);  // rows of X * ic
+            er = update_log_scale(lr, (float)__dmul_rn(raw, (double)irr));  // with the old ir
+            irr = __fdiv_rn(1.0f, er);
+            ir[oi] = irr;
+            warp_minmax(__dmul_rn(raw, (double)irr), kRowOwner, m.rows, mmr);  // the new ir: no new pass
         }
         __syncthreads();
-        column_std(m, ec, er, cs);
-        row_std(m, ec, er, rs);
-        __syncthreads();
-        if (warp < 2) {
-            const float s = warp == 0 ? warp_spread(cs, m.cols) : warp_spread(rs, m.rows);
-            if ((threadIdx.x & 31) == 0) spread[warp] = s;
+        if (own_c) {
+            const double raw = weighted_std(m, true, t, ir);  // columns of X * ir
+            const double s = __dmul_rn(raw, (double)icc);
+            cs = (float)s;
+            warp_minmax(s, 0, m.cols, mmc);
         }
         __syncthreads();
-        const float imbalance = spread[0] + spread[1];
+        const double imbalance = __dadd_rn(spread_of(mmc, m.cols), spread_of(mmr, m.rows));
         if (imbalance <= best) {  // ties: the later candidate wins (uniform across the block)
             best = imbalance;
-            for (int i = threadIdx.x; i < m.rows; i += kStoreThreads) rb[i] = er[i];
-            for (int j = threadIdx.x; j < m.cols; j += kStoreThreads) cb[j] = ec[j];
+            cbest = ec;
+            rbest = er;
         }
-        __syncthreads();
     }
+    if (own_c) cb[t] = cbest;
+    if (own_r) rb[oi] = rbest;
+    __syncthreads();
 
     // 4. RTN per row of the balanced matrix, folded fp16 vectors.
     const int bits = is_k ? a.c.kbits : a.c.vbits;
@@ -306,7 +400,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
     uint8_t* codes = rec + (is_k ? a.L.k_codes : a.L.v_codes);
     bool finite = true;
     {
-        const int lane = threadIdx.x & 31;
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
         for (int i = warp; i < m.rows; i += kStoreWarps) {
             float lo = INFINITY, hi = -INFINITY;
             for (int j = lane; j < m.cols; j += 32) {
@@ -352,7 +446,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
 size_t store_smem_bytes(int G, int D)
 {
     const int nv = G > D ? G : D;
-    return sizeof(float) * ((size_t)G * (D + 1) + 10 * (size_t)nv + 2);
+    return sizeof(double) * 32 + sizeof(float) * ((size_t)G * (D + 1) + 6 * (size_t)nv);
 }
 
 }  // namespace
