@@ -50,13 +50,13 @@ struct AttendArgs {
     int splits, tiles_per_split, q_chunks, stages_per_warp;
 };
 
-template <int KB, int VB, int G, int D>
+template <int KB, int VB, int G, int D, int NIPC = 16>
 struct AttendCfg {
     static constexpr int NJ = G / 8;                 // score n-chunks
     static constexpr int NI = D / 8;                 // output n-chunks
     static constexpr int KS = D / 16;                // QK k-steps
     static constexpr int US = G / 16;                // PV k-steps
-    static constexpr int NIP = NI < 16 ? NI : 16;    // output chunks per PV pass (register budget)
+    static constexpr int NIP = NI < NIPC ? NI : NIPC;  // output chunks per PV pass (register budget)
     static constexpr int NPASS = NI / NIP;
     static constexpr int KROW = G * KB / 8;          // bytes of one K code row
     static constexpr int VROW = D * VB / 8;          // bytes of one V code row
@@ -111,13 +111,21 @@ struct Words {
 #define KVARN_OFFSET_CODES 1
 #endif
 constexpr bool kOffsetCodes = KVARN_OFFSET_CODES && !KVARN_SUBNORMAL_CODES;
+// Offset codes for a head_dim: not at D 256, where the QK sums run over 256 channels and their
+// partial sums pass 2^30 (the hi row then rounds: relative errors up to 3.7e-4 measured on the
+// H200, k2v2_g128, GQA 8); D 256 keeps the HSUB2 arithmetic (~3e-6).
+#ifndef KVARN_OFFSET_CODES_D256
+#define KVARN_OFFSET_CODES_D256 0  // 1: offset codes at D 256 too (the arithmetic before this switch)
+#endif
+template <int D>
+__host__ __device__ constexpr bool offset_codes_for() { return kOffsetCodes && (D <= 128 || KVARN_OFFSET_CODES_D256); }
 
 // From two rows' words (same code positions), out[m] = half2(row0 code m, row1 code m) * 2^shift(m) * u,
 // shift(m) = (m % (8/BITS)) * BITS. Subnormal codes: the masked bits read as fp16 with exponent
 // field 0, value = mantissa * 2^-24 (u = 2^-24), so one LOP3 per half2 and no subtraction; the
 // tensor cores take fp16 subnormal inputs. Magic: (0x6400 | bits) - 1024 (u = 1). The factor
 // 1 / (2^shift u) is applied per output column in the epilogues (code_unshift).
-template <int BITS, int NBITS>
+template <int BITS, int NBITS, bool OFF = kOffsetCodes>
 __device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t* w1, uint32_t* out)
 {
     constexpr int PER = 8 / BITS;
@@ -143,7 +151,7 @@ __device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t*
 #else
                 uint32_t v;  // (z & mask) | magic in one LOP3 (ptxas left it as two)
                 asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(z), "r"(mask), "r"(kMagic));
-                if constexpr (kOffsetCodes) {
+                if constexpr (OFF) {
                     out[(bp * 2 + b) * PER + f] = v;  // 1024 + code * 2^shift: the accumulators start at -1024 sum A
                 } else {
                     __half2 h = __hsub2(*reinterpret_cast<__half2*>(&v), k1024);
@@ -189,9 +197,10 @@ __device__ __forceinline__ void split_grid(float a, float b, float& hi, float& l
 
 // Packs (hi, lo) parts of the 4 values a[q] * b[q] into the A fragment words of rows g (hi)
 // and g + 8 (lo) (offset codes: split_grid; otherwise the old split of the rounded product).
+template <bool OFF = kOffsetCodes>
 __device__ __forceinline__ void split_pack4(const float (&a)[4], const float (&b)[4], uint32_t (&A)[4])
 {
-    if constexpr (kOffsetCodes) {
+    if constexpr (OFF) {
         float hi[4], lo[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) split_grid(a[q], b[q], hi[q], lo[q]);
@@ -213,19 +222,20 @@ __device__ __forceinline__ void split_pack4(const float (&a)[4], const float (&b
 // Offset codes: the accumulators' start values -1024 * sum_k A[row, k], computed on the tensor
 // cores (one more MMA per k-step with B = -1024 everywhere; see above for its precision):
 // start[0..1] for row g (hi), start[2..3] for row g + 8 (lo) -- the C fragment layout.
-template <int STEPS>
+template <int STEPS, bool OFF = kOffsetCodes>
 __device__ __forceinline__ void offset_start(const uint32_t (&A)[STEPS][4], float (&start)[4])
 {
     constexpr uint32_t kNeg1024 = 0xE400E400u;  // fp16 -1024 in both halves
     start[0] = start[1] = start[2] = start[3] = 0.0f;
-    if constexpr (kOffsetCodes) {
+    if constexpr (OFF) {
 #pragma unroll
         for (int s = 0; s < STEPS; ++s) mma_16816(start, A[s][0], A[s][1], A[s][2], A[s][3], kNeg1024, kNeg1024);
     }
 }
 
 // lo's weight in the combined row: 1 for offset codes (lo unscaled), 2^-11 otherwise.
-constexpr float kLoWeight = kOffsetCodes ? 1.0f : kLoUnscale;
+template <bool OFF>
+__host__ __device__ constexpr float lo_weight() { return OFF ? 1.0f : kLoUnscale; }
 
 template <int N>
 __device__ __forceinline__ void load_halves(const __half* p, float (&out)[N])
@@ -358,10 +368,14 @@ __device__ __forceinline__ void store_program_state(const AttendArgs& a, const f
 // Grid (splits, Hk * q_chunks, B). Program `split` reads tiles [split * tps, ...) and its
 // share of the full-precision sink + tail tokens; it writes two states: slot `split`
 // (tiles, Hadamard frame) and slot `splits + split` (sink/tail, original frame).
-template <int KB, int VB, int G, int D>
-__global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
+// WARPS: the most warps a program runs (the launch bound: 8 -> up to 255 registers, 12 -> 168,
+// 16 -> 128); NIPC: output n-chunks per PV pass (fewer: fewer live accumulators, more passes).
+template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16>
+__global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 {
-    using C = AttendCfg<KB, VB, G, D>;
+    using C = AttendCfg<KB, VB, G, D, NIPC>;
+    constexpr bool OFF = offset_codes_for<D>();
+    constexpr float kLoWeight = lo_weight<OFF>();
     const int split = blockIdx.x, b = blockIdx.z;
     const int kvh = blockIdx.y / a.q_chunks, chunk = blockIdx.y % a.q_chunks;
     const int Hk = a.c.num_kv_heads;
@@ -479,10 +493,10 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
 #pragma unroll
             for (int s2 = 0; s2 < C::KS; ++s2) {
                 const float sv4[4] = {s1, s1, s1, s1};
-                split_pack4(xa[s2], sv4, A[s2]);
+                split_pack4<OFF>(xa[s2], sv4, A[s2]);
             }
             float k_start[4];
-            offset_start<C::KS>(A, k_start);
+            offset_start<C::KS, OFF>(A, k_start);
 
             // S = A * Kcodes
             float sc[C::NJ][4];
@@ -497,8 +511,8 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
                 for (int q = 0; q < 4; ++q)
                     r[q].load(kcodes + (16 * s2 + 4 * q + c) * C::KROW + g * (C::KBITS_T / 8));
                 uint32_t B0[C::NJ], B1[C::NJ];
-                unpack_pairs<KB, C::KBITS_T>(r[0].w, r[1].w, B0);
-                unpack_pairs<KB, C::KBITS_T>(r[2].w, r[3].w, B1);
+                unpack_pairs<KB, C::KBITS_T, OFF>(r[0].w, r[1].w, B0);
+                unpack_pairs<KB, C::KBITS_T, OFF>(r[2].w, r[3].w, B1);
 #pragma unroll
                 for (int j = 0; j < C::NJ; ++j) mma_16816(sc[j], A[s2][0], A[s2][1], A[s2][2], A[s2][3], B0[j], B1[j]);
             }
@@ -530,7 +544,7 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
             float lsum = 0.0f, pz = 0.0f, vmax = 0.0f;
             float s2v, inv_s2;
             uint32_t PA[C::US][4];
-            if constexpr (kOffsetCodes) {
+            if constexpr (OFF) {
                 // p' = p * 2^sh2 straight from the exp2 (m_new - sh2): P = p' * va needs no scaling
                 // multiply; l and pz are scaled back once. sh2 <= 64 keeps the sums finite.
 #pragma unroll
@@ -555,7 +569,7 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
                 for (int u = 0; u < C::US; ++u) {
                     const float pa[4] = {p[2 * u][0], p[2 * u][1], p[2 * u + 1][0], p[2 * u + 1][1]};
                     const float va4[4] = {vav[0][2 * u], vav[1][2 * u], vav[0][2 * u + 1], vav[1][2 * u + 1]};
-                    split_pack4(pa, va4, PA[u]);
+                    split_pack4<OFF>(pa, va4, PA[u]);
                 }
             } else {
 #pragma unroll
@@ -576,11 +590,11 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
                     const float pa[4] = {p[2 * u][0] * vav[0][2 * u], p[2 * u][1] * vav[1][2 * u],
                                          p[2 * u + 1][0] * vav[0][2 * u + 1], p[2 * u + 1][1] * vav[1][2 * u + 1]};
                     const float sv4[4] = {s2v, s2v, s2v, s2v};
-                    split_pack4(pa, sv4, PA[u]);
+                    split_pack4<OFF>(pa, sv4, PA[u]);
                 }
             }
             float v_start[4];
-            offset_start<C::US>(PA, v_start);
+            offset_start<C::US, OFF>(PA, v_start);
 
             // out += vc * (P' * Vcodes + pz)
 #pragma unroll
@@ -600,8 +614,8 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
                     w[2].load(vcodes + (rA0 + 1) * C::VROW + col_byte);
                     w[3].load(vcodes + (rA1 + 1) * C::VROW + col_byte);
                     uint32_t B0[C::NIP], B1[C::NIP];
-                    unpack_pairs<VB, C::VBITS_T>(w[0].w, w[1].w, B0);
-                    unpack_pairs<VB, C::VBITS_T>(w[2].w, w[3].w, B1);
+                    unpack_pairs<VB, C::VBITS_T, OFF>(w[0].w, w[1].w, B0);
+                    unpack_pairs<VB, C::VBITS_T, OFF>(w[2].w, w[3].w, B1);
 #pragma unroll
                     for (int i = 0; i < C::NIP; ++i) mma_16816(o[i], PA[u][0], PA[u][1], PA[u][2], PA[u][3], B0[i], B1[i]);
                 }
@@ -722,13 +736,13 @@ __global__ void __launch_bounds__(256, 1) attend_kernel(AttendArgs a)
     store_program_state<D>(a, ws_m, ws_l, ws_acc, nw, b, h0, nq, a.splits + split);
 }
 
-template <int KB, int VB, int G, int D>
+template <int D>
 size_t attend_smem_bytes(int nw, int nsw, int R)
 {
     const size_t stage_bytes = (size_t)nw * nsw * R;
     const size_t ws_bytes = (size_t)nw * 8 * (D + 2) * sizeof(float);
     const size_t front = stage_bytes > ws_bytes ? stage_bytes : ws_bytes;
-    return ((front + 127) & ~(size_t)127) + 8 * AttendCfg<KB, VB, G, D>::QLD * sizeof(float) + (size_t)nw * nsw * 8;
+    return ((front + 127) & ~(size_t)127) + 8 * (D + 4) * sizeof(float) + (size_t)nw * nsw * 8;
 }
 
 // Per head_dim launchers (attend_d*.cu).
@@ -736,23 +750,24 @@ int launch_attend_d64(int kbits, int vbits, int group, const AttendArgs& a, int 
 int launch_attend_d128(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
 int launch_attend_d256(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
 
-template <int KB, int VB, int G, int D>
+template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16>
 int launch_attend_t(const AttendArgs& args, int batch, int max_smem, cudaStream_t stream)
 {
+    static_assert(AttendCfg<KB, VB, G, D, NIPC>::QLD == D + 4, "q row stride");
     AttendArgs a = args;
     const int R = (int)a.L.total;
-    // As many warps (<= 8) and stages per warp (<= 2) as shared memory holds.
-    int nw = 8, nsw = 2;
-    while (nsw > 1 && attend_smem_bytes<KB, VB, G, D>(nw, nsw, R) > (size_t)max_smem) --nsw;
-    while (nw > 1 && attend_smem_bytes<KB, VB, G, D>(nw, nsw, R) > (size_t)max_smem) --nw;
-    const size_t smem = attend_smem_bytes<KB, VB, G, D>(nw, nsw, R);
+    // As many warps (<= WARPS) and stages per warp (<= 2) as shared memory holds.
+    int nw = WARPS, nsw = 2;
+    while (nsw > 1 && attend_smem_bytes<D>(nw, nsw, R) > (size_t)max_smem) --nsw;
+    while (nw > 1 && attend_smem_bytes<D>(nw, nsw, R) > (size_t)max_smem) --nw;
+    const size_t smem = attend_smem_bytes<D>(nw, nsw, R);
     if (smem > (size_t)max_smem) return KVARN_CUDA_ERR_ARGUMENT;
     a.stages_per_warp = nsw;
-    KVARN_CUDA_TRY(cudaFuncSetAttribute(attend_kernel<KB, VB, G, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem),
+    auto kernel = attend_kernel<KB, VB, G, D, WARPS, NIPC>;
+    KVARN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                    "attend kernel shared memory");
     dim3 grid((unsigned)a.splits, (unsigned)(a.c.num_kv_heads * a.q_chunks), (unsigned)batch);
-    attend_kernel<KB, VB, G, D><<<grid, nw * 32, smem, stream>>>(a);
+    kernel<<<grid, nw * 32, smem, stream>>>(a);
     KVARN_CUDA_TRY(cudaGetLastError(), "attend kernel launch");
     return KVARN_CUDA_OK;
 }
