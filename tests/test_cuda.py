@@ -69,22 +69,14 @@ def test_store_matches_cpu_records(preset, head_dim):
     gpu_rec = kc.quantize_tiles(dev(k), dev(v), preset).cpu().numpy()
     cpu_rec = kvarn.quantize_tile(k, v, preset).records
     assert gpu_rec.shape == cpu_rec.shape
+    same = np.mean(gpu_rec == cpu_rec)
+    print(f"\n[store vs cpu] {preset} D{head_dim}: {100 * same:.4f}% of record bytes identical")
     g_tile = kvarn.Tile.from_records(gpu_rec, preset, head_dim)  # GPU records pass the CPU's validation
     c_tile = kvarn.Tile(cpu_rec, p, head_dim)
-    gf, cf = g_tile.fields(), c_tile.fields()
-    for name in gf:
-        a, b = gf[name], cf[name]
-        if a.dtype == np.float16:
-            # Same bits, except where a last-ulp difference in a double reduction or log/exp
-            # moved a value over a rounding boundary.
-            same = np.mean(a.view(np.uint16) == b.view(np.uint16))
-            assert same > 0.99, (name, same)
-            np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=2e-3, err_msg=name)
-    for codes in ("k_codes", "v_codes"):
-        a, b = getattr(g_tile, codes)(), getattr(c_tile, codes)()
-        diff = a.astype(int) - b.astype(int)
-        assert np.abs(diff).max() <= 1, codes  # only rounding near-ties may differ, by one step
-        assert np.mean(diff != 0) < 2e-3, (codes, np.mean(diff != 0))
+    # The store kernel mirrors the CPU quantiser operation for operation (float sums in the CPU's
+    # order with its double fallback, its polynomial log/exp, explicit roundings): the same bytes.
+    # (Measured on the H200: 100 % for every preset and head_dim here.)
+    assert same == 1.0, f"{100 * (1 - same):.4f}% of record bytes differ from the CPU's"
     # GPU records decode on the CPU path like the CPU's own.
     kg, vg = kvarn.dequantize_tile(g_tile)
     kc_, vc_ = kvarn.dequantize_tile(c_tile)
@@ -104,6 +96,7 @@ def test_store_input_dtypes(dtype):
     k_in = dev(k, tdt).float().cpu().numpy()  # what the kernel saw
     v_in = dev(v, tdt).float().cpu().numpy()
     ref = kvarn.quantize_tile(k_in, v_in, "k4v2_g128").records
+    print(f"\n[store vs cpu] {dtype} input: {100 * np.mean(rec == ref):.4f}% of record bytes identical")
     assert np.mean(rec == ref) > 0.995
 
 
@@ -259,6 +252,7 @@ def test_gpu_cache_records_match_cpu_cache():
     cpu.append(k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2))
     g = cache.to_cpu(sid)
     assert (g.sink_len, g.num_tiles, g.tail_len) == (cpu.sink_len, cpu.num_tiles, cpu.tail_len)
+    print(f"\n[gpu cache vs cpu cache] {100 * np.mean(g.records == cpu.records):.4f}% of record bytes identical")
     assert np.mean(g.records == cpu.records) > 0.995
     np.testing.assert_array_equal(g._tail_k[:, : g.tail_len], cpu._tail_k[:, : cpu.tail_len])
 
@@ -397,6 +391,41 @@ def sanitizer_workload():
     print("sanitizer workload: ok")
 
 
+def precision_sweep(first, last):
+    """test_attend_matches_cpu's cases over seeds first..last-1, errors against the float64 oracle
+    recorded, not asserted (`python tests/test_cuda.py --sweep 0 20`): the test draws one random
+    seed per process, so a rare case over REL_TOL shows up here, not in one pytest run."""
+    import time
+
+    worst, fails, n, t0 = {}, [], 0, time.time()
+    for seed in range(first, last):
+        for preset in PRESETS:
+            for D in (64, 128, 256):
+                for gqa in (1, 4, 8):
+                    rng = np.random.default_rng(1000003 * seed + hash((preset, D, gqa)) % 1000003)
+                    hk, G = 2, kvarn.PRESETS[preset].group
+                    lengths = [1, G - 1, G, G + 1, 2 * G - 1, 2 * G + 1, 3 * G, 5 * G + 3] if D != 256 else [G + 1, 3 * G + 5]
+                    cache, ids = build(preset, D, hk, lengths, rng)
+                    q = kv_like(rng, (len(ids), hk * gqa, D))
+                    out = cache.attend(dev(q), ids).cpu().numpy()
+                    for b, sid in enumerate(ids):
+                        K, V = cache.to_cpu(sid).dequantize()
+                        ref = oracle_attention(q[b], K, V, 1 / np.sqrt(D))
+                        err = np.linalg.norm(out[b].astype(np.float64) - ref) / np.linalg.norm(ref)
+                        n += 1
+                        worst[(preset, D)] = max(worst.get((preset, D), 0.0), err)
+                        if err >= REL_TOL:
+                            fails.append((seed, preset, D, gqa, cache.length(sid), float(err)))
+    print(f"{last - first} seeds, {n} sequences in {time.time() - t0:.0f} s; over {REL_TOL:g}: {len(fails)}")
+    for D in (64, 128, 256):
+        print(f"D {D}: worst " + ", ".join(f"{p} {worst[(p, D)]:.2e}" for p in PRESETS))
+    for f in fails[:20]:
+        print("over tolerance (seed, preset, D, gqa, length, error):", f)
+
+
 if __name__ == "__main__":
     if "--sanitize" in sys.argv:
         sanitizer_workload()
+    if "--sweep" in sys.argv:
+        i = sys.argv.index("--sweep")
+        precision_sweep(int(sys.argv[i + 1]), int(sys.argv[i + 2]))
