@@ -1,6 +1,6 @@
 """Decode-attention and store benchmarks of kvarn.cuda on one GPU (run by scripts/gpu_run.sh).
 
-    python benchmarks/bench_cuda.py [--quick] [--out DIR]
+    python benchmarks/bench_cuda.py [--quick] [--out DIR] [--points 32768x8,4096x8] [--kvarn-only]
 
 Per point (Hq 32, Hk 8, D 128, contexts x batches): kvarn fused decode attention
 over the paged k4v2_g128 cache, torch scaled_dot_product_attention in bf16 with
@@ -166,11 +166,35 @@ def dequant_sdpa_fn(cache, ids, layer, q_rot):
     return fn
 
 
+def kernel_us(fn, name, calls=10):
+    """Mean device time (us) of the kernels whose name contains `name`, per fn() call, from the
+    torch profiler (CUPTI): the kernel alone, without the host work around it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total, count = 0.0, 0
+    for e in prof.key_averages():
+        if name in e.key:
+            total += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            count += e.count
+    return total / calls if count else float("nan")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer points (smoke run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--profile", action="store_true", help="a few eager calls at ctx 32K, B 8, for ncu")
+    ap.add_argument("--points", default="", help="ctx x batch points, e.g. 32768x8,4096x1 (default: the grid)")
+    ap.add_argument("--kvarn-only", action="store_true",
+                    help="time kvarn attention only (no copy bandwidth, SDPA, dequant or store): variant runs")
+    ap.add_argument("--store-only", action="store_true", help="the store benchmark alone (no attention points)")
+    ap.add_argument("--tag", default="", help="suffix of the json file name")
     args = ap.parse_args()
     if args.profile:
         cache, ids = fill_cache(32768, 8, 1)
@@ -181,14 +205,20 @@ def main():
         return
     dev = torch.cuda.get_device_properties(0)
     print(f"device: {dev.name}, {dev.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
-    bw = copy_bandwidth()
-    print(f"device-to-device copy: {bw / 1e12:.3f} TB/s (read + write)", flush=True)
+    bw = 4.27e12 if args.kvarn_only else copy_bandwidth()  # kvarn-only: the last measured value, for % only
+    print(f"device-to-device copy: {bw / 1e12:.3f} TB/s (read + write)"
+          + (" (not measured: --kvarn-only)" if args.kvarn_only else ""), flush=True)
     contexts = [4096, 32768] if args.quick else [4096, 32768, 131072]
     batches = [1, 8] if args.quick else [1, 8, 32]
+    points = [(c, b) for c in contexts for b in batches]
+    if args.points:
+        points = [tuple(int(x) for x in p.split("x")) for p in args.points.split(",")]
+    if args.store_only:
+        points = []
     rows = []
     R = kvarn.PRESETS["k4v2_g128"].record_bytes(D)
-    for ctx in contexts:
-        for batch in batches:
+    for ctx, batch in points:
+        if True:
             tiles = (ctx - 128) // 128
             tail = ctx - 128 - tiles * 128
             kv_bytes = batch * HK * (tiles * R + (128 + tail) * D * 2 * 2)
@@ -203,9 +233,9 @@ def main():
             kv_ms, (kv_min, kv_max) = graph_time(fn, 2 * n_layers)
             kv_eager = eager_time(fn, 2 * n_layers)
             # kvarn output sanity against the CPU path on one sequence (not timed)
-            best, sdpa_all = bench_sdpa(ctx, batch)
+            best, sdpa_all = (None, {}) if args.kvarn_only else bench_sdpa(ctx, batch)
             dq_ms = None
-            if batch * ctx <= 32768 * 32:
+            if batch * ctx <= 32768 * 32 and not args.kvarn_only:
                 try:
                     q_rot = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
                     dq = dequant_sdpa_fn(cache, ids, 0, q_rot)
@@ -229,8 +259,8 @@ def main():
             torch.cuda.empty_cache()
 
     # Store kernel: records (one tile x one head, K and V) per second, and its share of a decode step.
-    store = {}
-    for n in (64, 256, 8192):
+    store, store_kernel = {}, {}
+    for n in (() if args.kvarn_only else (64, 256, 8192)):
         k = torch.randn(n, 128, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(n, 128, D, device="cuda", dtype=torch.bfloat16)
         kc.quantize_tiles(k, v, validate=False)
@@ -244,16 +274,33 @@ def main():
             b.synchronize()
             ts.append(a.elapsed_time(b))
         store[n] = statistics.median(ts)
-        print(f"store {n:5d} records: {store[n]:.3f} ms, {n / store[n] * 1e3:,.0f} records/s", flush=True)
-    ref = next((r for r in rows if r["ctx"] == 32768 and r["batch"] == 8), rows[-1])
-    share = store[64] / (128 * ref["kvarn_ms"])
-    print(f"store share of a decode step at ctx {ref['ctx']} B {ref['batch']} (64 records every 128 steps): "
-          f"{100 * share:.3f}% amortised; {store[64] / ref['kvarn_ms']:.2f} decode steps on the step a tile fills",
-          flush=True)
+        try:  # the kernel alone (quantize_tiles also allocates, uploads its job list and frees)
+            kern = {it: kernel_us(lambda: kc.quantize_tiles(k, v, iters=it, validate=False), "store_kernel",
+                                  calls=3 if n == 8192 else 10) for it in (0, 8)}
+        except Exception as exc:
+            print(f"profiler failed: {exc!r}")
+            kern = {}
+        store_kernel[n] = kern
+        print(f"store {n:5d} records: {store[n]:.3f} ms per call, {n / store[n] * 1e3:,.0f} records/s; kernel alone "
+              + ", ".join(f"iters {it}: {us:.1f} us" for it, us in kern.items()), flush=True)
+    ref = next((r for r in rows if r["ctx"] == 32768 and r["batch"] == 8), rows[-1] if rows else None)
+    share = store[64] / (128 * ref["kvarn_ms"]) if store and ref else None
+    kshare = None
+    if store and ref:
+        print(f"store share of a decode step at ctx {ref['ctx']} B {ref['batch']} (64 records every 128 steps): "
+              f"{100 * share:.3f}% amortised; {store[64] / ref['kvarn_ms']:.2f} decode steps on the step a tile "
+              f"fills", flush=True)
+        k64 = store_kernel.get(64, {}).get(8)
+        if k64 and k64 == k64:
+            kshare = k64 * 1e-3 / (128 * ref["kvarn_ms"])
+            print(f"store kernel alone (64 records, iters 8): {k64:.1f} us -> {100 * kshare:.3f}% of a decode step "
+                  f"amortised; {k64 * 1e-3 / ref['kvarn_ms']:.2f} decode steps on the step a tile fills", flush=True)
     res = dict(device=dev.name, sms=dev.multi_processor_count, torch=torch.__version__, copy_bw=bw, rows=rows,
-               store_ms=store, store_share=share, command=" ".join(sys.argv))
+               store_ms=store, store_share=share, store_kernel_us=store_kernel, store_kernel_share=kshare,
+               command=" ".join(sys.argv),
+               attend_variant=os.environ.get("KVARN_ATTEND_VARIANT", "0"))
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_cuda.json"), "w") as f:
+    with open(os.path.join(args.out, f"bench_cuda{args.tag}.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
     print("\n| ctx | B | kvarn us | floor us | % copy bw | SDPA bf16 us (backend) | speed-up | dequant+SDPA us | eager us |")
     print("|---|---|---|---|---|---|---|---|---|")

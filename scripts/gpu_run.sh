@@ -2,6 +2,8 @@
 # Builds kvarn with its CUDA module, tests it (pytest + compute-sanitizer) and
 # benchmarks it, in one go, on a machine with an NVIDIA GPU and nvcc.
 #   scripts/gpu_run.sh [all|build|test|sanitize|bench|quick|before] ...   (default: all)
+#   Order: build, test, bench (or quick), sanitize, profile, before -- the timings before the
+#   slow sanitizer runs, so a run cut short by a time limit still has them.
 #   before: rebuild with the previous attend arithmetic (KVARN_OFFSET_CODES=0) in build/old and
 #   run the quick benchmark into $OUT/before -- a same-run baseline; leaves that build installed.
 # Logs go to $OUT (default ./gpu-logs). Needs: python3 with torch, numpy,
@@ -46,8 +48,18 @@ fi
 if want test || want quick; then
   echo "== pytest tests/test_cuda.py"
   $PY -m pytest -q -rs -x tests/test_cuda.py 2>&1 | tee "$OUT/test_cuda.log" | tail -25 || status=1
+  grep -qE "[0-9]+ (failed|error)" "$OUT/test_cuda.log" && status=1
+  # GPU records against the CPU quantiser's (the tests print how many bytes are identical)
+  $PY -m pytest -q -s tests/test_cuda.py -k "store or records_match" 2>&1 | grep -E "vs cpu" >"$OUT/store_vs_cpu.log"
+  echo "store vs cpu: $(grep -c '100.0000%' "$OUT/store_vs_cpu.log") of $(wc -l <"$OUT/store_vs_cpu.log") cases byte-identical"
 fi
 
+if want bench; then
+  echo "== benchmarks/bench_cuda.py"
+  $PY benchmarks/bench_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
+elif want quick; then
+  $PY benchmarks/bench_cuda.py --quick --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
+fi
 if want sanitize; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
@@ -68,12 +80,6 @@ if [[ " ${steps[*]} " == *" profile "* ]]; then
   [ -n "$obj" ] && cuobjdump -sass "$obj" >"$OUT/attend_d128.sass" 2>&1
 fi
 
-if want bench; then
-  echo "== benchmarks/bench_cuda.py"
-  $PY benchmarks/bench_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
-elif want quick; then
-  $PY benchmarks/bench_cuda.py --quick --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
-fi
 if [[ " ${steps[*]} " == *" before "* ]]; then
   echo "== before: KVARN_OFFSET_CODES=0 build + quick benchmark"
   mkdir -p "$OUT/before"
