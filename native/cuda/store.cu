@@ -3,8 +3,8 @@
 // records. The store kernel follows native/cpu/scalar (the spec) operation by
 // operation -- the same butterflies, the factorised balancing statistics (float
 // sums in the CPU's order, finished in double, the double fallback where the mean
-// dominates), the CPU's polynomial log/exp, the spread in double, X / c[col] /
-// r[row] divisions in that order, round-half-even -- with explicit roundings
+// dominates), the CPU's polynomial log/exp, the spread in double, B = (X * 1/c[col])
+// * 1/r[row], (b - lo) / scale divided exactly, round-half-even -- with explicit roundings
 // where nvcc would contract into an FMA, so its records are the CPU's bytes
 // (tests/test_cuda.py checks them for equality).
 #include <cfloat>
@@ -385,11 +385,20 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
             rbest = er;
         }
     }
-    if (own_c) cb[t] = cbest;
-    if (own_r) rb[oi] = rbest;
+    // The best scales and their reciprocals (the CPU forms B = X * (1/c) * (1/r), 1af511e).
+    if (own_c) {
+        cb[t] = cbest;
+        ic[t] = __fdiv_rn(1.0f, cbest);
+    }
+    if (own_r) {
+        rb[oi] = rbest;
+        ir[oi] = __fdiv_rn(1.0f, rbest);
+    }
     __syncthreads();
 
-    // 4. RTN per row of the balanced matrix, folded fp16 vectors.
+    // 4. RTN per row of the balanced matrix B = (X * (1/c[col])) * (1/r[row]) (as the CPU: two
+    // products, not divisions), codes round((b - lo) / scale) with the exact division; folded
+    // fp16 vectors.
     const int bits = is_k ? a.c.kbits : a.c.vbits;
     const float qmax = (float)((1 << bits) - 1);
     uint8_t* rec = reinterpret_cast<uint8_t*>(a.c.pool) +
@@ -404,7 +413,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
         for (int i = warp; i < m.rows; i += kStoreWarps) {
             float lo = INFINITY, hi = -INFINITY;
             for (int j = lane; j < m.cols; j += 32) {
-                const float bval = m.x(i, j) / cb[j] / rb[i];
+                const float bval = __fmul_rn(__fmul_rn(m.x(i, j), ic[j]), ir[i]);
                 lo = fminf(lo, bval);
                 hi = fmaxf(hi, bval);
             }
@@ -413,12 +422,12 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
                 lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
                 hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
             }
-            const float scale = fmaxf((hi - lo) / qmax, 1e-10f);
+            const float scale = fmaxf(__fdiv_rn(__fsub_rn(hi, lo), qmax), 1e-10f);
             if (lane == 0) {
                 rlo[i] = lo;
                 rsc[i] = scale;
-                fa[i] = to_half_bits(rb[i] * scale, finite);
-                fz[i] = to_half_bits(rb[i] * lo, finite);
+                fa[i] = to_half_bits(__fmul_rn(rb[i], scale), finite);
+                fz[i] = to_half_bits(__fmul_rn(rb[i], lo), finite);
             }
         }
         for (int j = threadIdx.x; j < m.cols; j += kStoreThreads) fc[j] = to_half_bits(cb[j], finite);
@@ -428,12 +437,12 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
     const int row_bytes = m.cols / per_byte;
     for (int idx = threadIdx.x; idx < m.rows * row_bytes; idx += kStoreThreads) {
         const int i = idx / row_bytes, jb0 = (idx % row_bytes) * per_byte;
-        const float lo = rlo[i], scale = rsc[i], r = rb[i];
+        const float lo = rlo[i], scale = rsc[i], inv_r = ir[i];
         unsigned byte = 0;
         for (int e = 0; e < per_byte; ++e) {
             const int j = jb0 + e;
-            const float bval = m.x(i, j) / cb[j] / r;
-            const float c = clampf(rintf((bval - lo) / scale), 0.0f, qmax);
+            const float bval = __fmul_rn(__fmul_rn(m.x(i, j), ic[j]), inv_r);
+            const float c = clampf(rintf(__fdiv_rn(__fsub_rn(bval, lo), scale)), 0.0f, qmax);
             byte |= (unsigned)c << (e * bits);
         }
         codes[idx] = (uint8_t)byte;
