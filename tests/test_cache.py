@@ -23,7 +23,14 @@ def filled(rng, hk, d, n, preset="k4v2_g128", sink=None, chunks=None):
     return cache, k, v
 
 
+# The default score mode on AVX-512 VNNI CPUs is int16 (weights rounded to int16 per tile and
+# head, exact int32 sums): measured 8e-5 to 9e-5 relative L2 from float64, bounded here at 5e-4.
+# Tests using the `isa` fixture run the exact "float" mode at 1e-5.
+MODE_RTOL = {"float": 0.0, "int16": 5e-4, "int8": 0.1}
+
+
 def check_attention(cache, q, rtol=1e-5, scale=None):
+    rtol = max(rtol, MODE_RTOL[kvarn.score_mode()])
     out = kvarn.attend(q, cache, scale=scale)
     k_hat, v_hat = oracle.dequantize_cache(cache)
     s = 1 / np.sqrt(cache.head_dim) if scale is None else scale

@@ -118,9 +118,14 @@ def test_env_score_mode(mode):
     assert r.stdout.strip() == mode
 
 
-def test_score_mode_default_is_float():
+def test_score_mode_default_is_int16_with_vnni_else_float():
     r = _py("from kvarn import _native; print(_native.score_mode())")
-    assert r.stdout.strip() == "float"
+    assert r.stdout.strip() == ("int16" if _native.cpu_has_vnni() else "float")
+
+
+def test_env_unknown_score_mode_is_error():
+    r = _py("import kvarn", KVARN_SCORES="int4")
+    assert r.returncode != 0 and "KVARN_SCORES='int4' is not a score mode" in r.stderr
 
 
 def test_score_mode_api():

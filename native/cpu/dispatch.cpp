@@ -144,9 +144,11 @@ const KernelTable* active_kernels()
 bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
 
 namespace {
-// Default: float (within 1e-5 of float64 like scalar). int16 (VNNI) is ~1.35x
-// faster on k4 scores with ~5e-5 relative L2 extra error, int8 faster still and
-// much coarser (~4e-2); both opt-in, see docs/simd.md.
+// Default: int16 where AVX-512 VNNI runs it (k4 scores and 2-bit values in exact
+// int32 sums of int16-rounded weights: ~1.5x faster, relative L2 ~1e-4 from the
+// float path, thousands of times below the quantisation's own error), else float.
+// float (within 1e-5 of float64) and int8 (coarser, ~4e-2) by KVARN_SCORES or
+// set_score_mode; see docs/simd.md.
 std::atomic<int> g_score_mode{-1};  // -1: not read from the environment yet
 std::string g_score_env_error;
 
@@ -155,7 +157,7 @@ int score_mode_flag()
     int v = g_score_mode.load(std::memory_order_relaxed);
     if (v < 0) {
         const char* env = std::getenv("KVARN_SCORES");
-        v = kScoresFloat;
+        v = kScoresInt16;
         if (env && *env) {
             if (!std::strcmp(env, "float")) v = kScoresFloat;
             else if (!std::strcmp(env, "int16")) v = kScoresInt16;

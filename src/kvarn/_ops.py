@@ -6,6 +6,7 @@ input gets an exception that names the argument and the problem.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,9 +157,10 @@ SCORE_MODES = ("float", "int16", "int8")
 
 
 def set_score_mode(mode: str) -> None:
-    """How AVX-512 VNNI kernels compute 4-bit key scores and 2-bit value sums: "float" (default,
-    exact up to float reassociation), "int16" (~1.8e-4 relative extra error, ~1.5x faster) or
-    "int8" (~4e-2, faster still). Integer modes need AVX-512 VNNI. Also: KVARN_SCORES."""
+    """How AVX-512 VNNI kernels compute 4-bit key scores and 2-bit value sums: "int16" (the
+    default there: int16-rounded weights, exact int32 sums; ~1e-4 relative from the float path,
+    ~1.5x faster), "float" (fp32, equal to float64 up to reassociation) or "int8" (~4e-2, faster
+    still). Integer modes need AVX-512 VNNI; other CPUs always run float. Also: KVARN_SCORES."""
     if mode not in SCORE_MODES:
         raise ValueError(f"mode: unknown score mode {mode!r}; choose one of {list(SCORE_MODES)}")
     if _native.set_score_mode(mode) != _native.OK:
@@ -170,14 +172,17 @@ def score_mode() -> str:
     return _native.score_mode()
 
 
-def _check_forced_isa() -> None:
+def _check_environment() -> None:
     if _native.active_isa() == "none":
         raise RuntimeError(
             f"{_native.isa_error()}; unset KVARN_ISA or set it to one of {available_isas()}"
         )
+    forced = os.environ.get("KVARN_SCORES", "")
+    if forced and forced not in SCORE_MODES:
+        raise RuntimeError(f"KVARN_SCORES={forced!r} is not a score mode; unset it or use one of {list(SCORE_MODES)}")
 
 
-_check_forced_isa()
+_check_environment()
 
 
 # ---- Hadamard ------------------------------------------------------------------

@@ -148,12 +148,43 @@ inline __m256 fwht8(__m256 x)
     return _mm256_blend_ps(_mm256_add_ps(x, y), _mm256_sub_ps(y, x), 0xF0);
 }
 
-void hadamard_f32_avx2(float* x, int64_t rows, int head_dim)
+// One Hadamard block of NV vectors kept in registers: the same butterflies in the
+// same pairing as the memory loop below (and the scalar), then the norm multiply.
+template <int NV>
+inline void fwht_block_in_registers(const float* src, float* dst, __m256 norm)
+{
+    __m256 v[NV];
+    for (int i = 0; i < NV; ++i) v[i] = fwht8(_mm256_loadu_ps(src + 8 * i));
+    for (int h = 1; h < NV; h <<= 1)
+        for (int i = 0; i < NV; i += 2 * h)
+            for (int j = i; j < i + h; ++j) {
+                const __m256 a = v[j], c = v[j + h];
+                v[j] = _mm256_add_ps(a, c);
+                v[j + h] = _mm256_sub_ps(a, c);
+            }
+    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(dst + 8 * i, _mm256_mul_ps(v[i], norm));
+}
+
+template <int NV>
+void hadamard_rows_in_registers(const float* src, float* dst, int64_t rows, int head_dim, __m256 norm)
+{
+    for (int64_t i = 0; i < rows * head_dim; i += 8 * NV) fwht_block_in_registers<NV>(src + i, dst + i, norm);
+}
+
+// dst = Hadamard of src, row by row (dst may equal src).
+void hadamard_rows_avx2(const float* src, float* dst, int64_t rows, int head_dim)
 {
     const int block = kvarn_hadamard_block(head_dim);  // >= 16: head_dim % 16 == 0
     const __m256 norm = _mm256_set1_ps((float)(1.0 / sqrt((double)block)));
+    switch (block / 8) {  // up to 16 vectors: the 16 ymm registers (the loads stream, so few spill)
+        case 2: return hadamard_rows_in_registers<2>(src, dst, rows, head_dim, norm);
+        case 4: return hadamard_rows_in_registers<4>(src, dst, rows, head_dim, norm);
+        case 8: return hadamard_rows_in_registers<8>(src, dst, rows, head_dim, norm);
+        default: break;
+    }
+    if (dst != src) memcpy(dst, src, sizeof(float) * (size_t)(rows * head_dim));
     for (int64_t r = 0; r < rows; ++r) {
-        float* row = x + r * head_dim;
+        float* row = dst + r * head_dim;
         for (int b = 0; b < head_dim; b += block) {
             float* p = row + b;
             for (int i = 0; i < block; i += 8) _mm256_storeu_ps(p + i, fwht8(_mm256_loadu_ps(p + i)));
@@ -168,6 +199,8 @@ void hadamard_f32_avx2(float* x, int64_t rows, int head_dim)
         for (int d = 0; d < head_dim; d += 8) _mm256_storeu_ps(row + d, _mm256_mul_ps(_mm256_loadu_ps(row + d), norm));
     }
 }
+
+void hadamard_f32_avx2(float* x, int64_t rows, int head_dim) { hadamard_rows_avx2(x, x, rows, head_dim); }
 
 // ---- attention over quantised tiles ------------------------------------------------------
 // s[h][t] = sum_d qa[h][d] * code[d][t] for NH heads at once: the codes of a
@@ -464,7 +497,7 @@ void attend_dense_f16_avx2(const float* q_all, int n_q, int D, const uint16_t* k
 }
 
 // ---- quantiser (shared with avx512: quantize_simd.inc, compiled here with this file's flags) ----
-#define KVARN_SIMD_HADAMARD hadamard_f32_avx2
+#define KVARN_SIMD_HADAMARD hadamard_rows_avx2
 #include "quantize_simd.inc"
 #undef KVARN_SIMD_HADAMARD
 

@@ -128,12 +128,44 @@ inline __m512 fwht16(__m512 x)
     return _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xFF00, y, x);
 }
 
-void hadamard_f32_avx512(float* x, int64_t rows, int head_dim)
+// One Hadamard block of NV vectors kept in registers: the same butterflies in the
+// same pairing as the memory loop below (and the scalar), then the norm multiply.
+template <int NV>
+inline void fwht_block_in_registers(const float* src, float* dst, __m512 norm)
+{
+    __m512 v[NV];
+    for (int i = 0; i < NV; ++i) v[i] = fwht16(_mm512_loadu_ps(src + 16 * i));
+    for (int h = 1; h < NV; h <<= 1)
+        for (int i = 0; i < NV; i += 2 * h)
+            for (int j = i; j < i + h; ++j) {
+                const __m512 a = v[j], c = v[j + h];
+                v[j] = _mm512_add_ps(a, c);
+                v[j + h] = _mm512_sub_ps(a, c);
+            }
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(dst + 16 * i, _mm512_mul_ps(v[i], norm));
+}
+
+template <int NV>
+void hadamard_rows_in_registers(const float* src, float* dst, int64_t rows, int head_dim, __m512 norm)
+{
+    for (int64_t i = 0; i < rows * head_dim; i += 16 * NV) fwht_block_in_registers<NV>(src + i, dst + i, norm);
+}
+
+// dst = Hadamard of src, row by row (dst may equal src).
+void hadamard_rows_avx512(const float* src, float* dst, int64_t rows, int head_dim)
 {
     const int block = kvarn_hadamard_block(head_dim);  // >= 16
     const __m512 norm = _mm512_set1_ps((float)(1.0 / sqrt((double)block)));
+    switch (block / 16) {
+        case 1: return hadamard_rows_in_registers<1>(src, dst, rows, head_dim, norm);
+        case 2: return hadamard_rows_in_registers<2>(src, dst, rows, head_dim, norm);
+        case 4: return hadamard_rows_in_registers<4>(src, dst, rows, head_dim, norm);
+        case 8: return hadamard_rows_in_registers<8>(src, dst, rows, head_dim, norm);
+        default: break;
+    }
+    if (dst != src) memcpy(dst, src, sizeof(float) * (size_t)(rows * head_dim));
     for (int64_t r = 0; r < rows; ++r) {
-        float* row = x + r * head_dim;
+        float* row = dst + r * head_dim;
         for (int b = 0; b < head_dim; b += block) {
             float* p = row + b;
             for (int i = 0; i < block; i += 16) _mm512_storeu_ps(p + i, fwht16(_mm512_loadu_ps(p + i)));
@@ -148,6 +180,8 @@ void hadamard_f32_avx512(float* x, int64_t rows, int head_dim)
         for (int d = 0; d < head_dim; d += 16) _mm512_storeu_ps(row + d, _mm512_mul_ps(_mm512_loadu_ps(row + d), norm));
     }
 }
+
+void hadamard_f32_avx512(float* x, int64_t rows, int head_dim) { hadamard_rows_avx512(x, x, rows, head_dim); }
 
 // ---- attention over quantised tiles --------------------------------------------------------
 constexpr int kHeadGroup = 4;
@@ -737,7 +771,7 @@ void attend_dense_f16_avx512(const float* q_all, int n_q, int D, const uint16_t*
 }
 
 // ---- quantiser (quantize_simd.inc, compiled here with this file's flags) ----
-#define KVARN_SIMD_HADAMARD hadamard_f32_avx512
+#define KVARN_SIMD_HADAMARD hadamard_rows_avx512
 #include "quantize_simd.inc"
 #undef KVARN_SIMD_HADAMARD
 
