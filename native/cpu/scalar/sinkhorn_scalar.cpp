@@ -45,11 +45,13 @@ namespace {
 // the float sums cannot be trusted (the caller then takes the double path).
 double std_from_float_sums(float sum, float sum_sq, int n)
 {
+    // Multiplications by 1/n and 1/(n-1) (exact for n a power of two, < 1 ulp otherwise):
+    // the SIMD lanes avoid two slow double divisions per statistic.
     const double s = sum, q = sum_sq;
-    const double mean = s / n;
+    const double mean = s * (1.0 / n);
     const double dev = q - s * mean;  // Σ(y - mean)²
     if (!(dev >= kvarn_cancel_fraction * q) || !(q <= FLT_MAX)) return NAN;
-    return std::sqrt(dev / (n - 1));
+    return std::sqrt(dev * (1.0 / (n - 1)));
 }
 
 // out[j] = std over i of X[i][j] * w[i]   (each column, rows weighted)
