@@ -116,8 +116,9 @@ struct TileMatrix {
 // sums sum += y, sum_sq += y * y in k order, finished in double; where the mean dominates
 // (dev < q / 8) or sum_sq overflows, redone with sums in double (weighted_std_double). One
 // thread per column or row: the sums' order is the CPU's, so the result is bit-identical.
+// recip: 1/rows, 1/(rows - 1), 1/cols, 1/(cols - 1) (double, computed once per block).
 template <bool COL, bool ISK>
-__device__ __forceinline__ double weighted_std_t(const TileMatrix& m, int o, const float* w)
+__device__ __forceinline__ double weighted_std_t(const TileMatrix& m, int o, const float* w, const double* recip)
 {
     const int n = COL ? m.rows : m.cols;
     // X[i,j] = T[j * ld + i] (K) or T[i * ld + j] (V); element (k, o) of the walk.
@@ -132,10 +133,11 @@ __device__ __forceinline__ double weighted_std_t(const TileMatrix& m, int o, con
         sum_sq = __fadd_rn(sum_sq, __fmul_rn(y, y));
     }
     {
+        // Multiplications by 1/n and 1/(n-1), as the CPU since 1d232ed (exact for n a power of two).
         const double sd = sum, q = sum_sq;
-        const double mean = __ddiv_rn(sd, (double)n);
+        const double mean = __dmul_rn(sd, recip[COL ? 0 : 2]);
         const double dev = __dsub_rn(q, __dmul_rn(sd, mean));  // sum of (y - mean)^2
-        if (dev >= 0.125 * q && q <= (double)FLT_MAX) return sqrt(__ddiv_rn(dev, (double)(n - 1)));
+        if (dev >= 0.125 * q && q <= (double)FLT_MAX) return sqrt(__dmul_rn(dev, recip[COL ? 1 : 3]));
     }
     double sd = 0.0, q = 0.0;  // the double fallback
     for (int k = 0; k < n; ++k) {
@@ -149,10 +151,12 @@ __device__ __forceinline__ double weighted_std_t(const TileMatrix& m, int o, con
 }
 
 // Column o's std (over rows) of X * w[row] (col_stats), or row o's (over columns) of X * w[col].
-__device__ __forceinline__ double weighted_std(const TileMatrix& m, bool col_stats, int o, const float* w)
+__device__ __forceinline__ double weighted_std(const TileMatrix& m, bool col_stats, int o, const float* w,
+                                               const double* recip)
 {
-    if (col_stats) return m.is_k ? weighted_std_t<true, true>(m, o, w) : weighted_std_t<true, false>(m, o, w);
-    return m.is_k ? weighted_std_t<false, true>(m, o, w) : weighted_std_t<false, false>(m, o, w);
+    if (col_stats)
+        return m.is_k ? weighted_std_t<true, true>(m, o, w, recip) : weighted_std_t<true, false>(m, o, w, recip);
+    return m.is_k ? weighted_std_t<false, true>(m, o, w, recip) : weighted_std_t<false, false>(m, o, w, recip);
 }
 
 // Min and max of v over the threads [first, first + n) (n and first multiples of 32): per-warp
@@ -309,7 +313,8 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
     extern __shared__ double smem_d[];
     double* mmc = smem_d;                // per-warp min/max of the column stds [2 * 8]
     double* mmr = mmc + 16;              // and of the row stds
-    float* T = reinterpret_cast<float*>(mmr + 16);
+    double* recip = mmr + 16;            // 1/rows, 1/(rows-1), 1/cols, 1/(cols-1)
+    float* T = reinterpret_cast<float*>(recip + 4);
     float* ir = T + G * ld;  // 1 / er, 1 / ec: the statistics' weights
     float* ic = ir + nv;
     float* rb = ic + nv;  // best r
@@ -343,17 +348,21 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
     const bool own_c = t < m.cols, own_r = t >= kRowOwner && t < kRowOwner + m.rows;
     const int oi = t - kRowOwner;  // the owned row
     for (int i = t; i < nv; i += kStoreThreads) ir[i] = ic[i] = 1.0f;
+    if (t < 4) {
+        const int n = t < 2 ? m.rows : m.cols;
+        recip[t] = __ddiv_rn(1.0, (double)(t % 2 == 0 ? n : n - 1));
+    }
     __syncthreads();
     float lc = 0.0f, ec = 1.0f, icc = 1.0f, cs = 0.0f;  // column owners
     float lr = 0.0f, er = 1.0f, irr = 1.0f;             // row owners
     float cbest = 1.0f, rbest = 1.0f;
     // The identity is the first candidate (column and row statistics at once).
     if (own_c) {
-        const double raw = weighted_std(m, true, t, ir);
+        const double raw = weighted_std(m, true, t, ir, recip);
         cs = (float)raw;
         warp_minmax(raw, 0, m.cols, mmc);
     }
-    if (own_r) warp_minmax(weighted_std(m, false, oi, ic), kRowOwner, m.rows, mmr);
+    if (own_r) warp_minmax(weighted_std(m, false, oi, ic, recip), kRowOwner, m.rows, mmr);
     __syncthreads();
     double best = __dadd_rn(spread_of(mmc, m.cols), spread_of(mmr, m.rows));
     for (int it = 0; it < a.iters; ++it) {
@@ -364,7 +373,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
         }
         __syncthreads();
         if (own_r) {
-            const double raw = weighted_std(m, false, oi, ic);  // rows of X * ic
+            const double raw = weighted_std(m, false, oi, ic, recip);  // rows of X * ic
             er = update_log_scale(lr, (float)__dmul_rn(raw, (double)irr));  // with the old ir
             irr = __fdiv_rn(1.0f, er);
             ir[oi] = irr;
@@ -372,7 +381,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
         }
         __syncthreads();
         if (own_c) {
-            const double raw = weighted_std(m, true, t, ir);  // columns of X * ir
+            const double raw = weighted_std(m, true, t, ir, recip);  // columns of X * ir
             const double s = __dmul_rn(raw, (double)icc);
             cs = (float)s;
             warp_minmax(s, 0, m.cols, mmc);
@@ -455,7 +464,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
 size_t store_smem_bytes(int G, int D)
 {
     const int nv = G > D ? G : D;
-    return sizeof(double) * 32 + sizeof(float) * ((size_t)G * (D + 1) + 6 * (size_t)nv);
+    return sizeof(double) * 36 + sizeof(float) * ((size_t)G * (D + 1) + 6 * (size_t)nv);
 }
 
 }  // namespace
