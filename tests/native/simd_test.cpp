@@ -129,9 +129,11 @@ int main()
         }
         kvarn_set_isa(name);
         const KernelTable* t = !std::strcmp(name, "avx2") ? avx2_kernels() : avx512_kernels();
-        // The avx512 table falls back to avx2 for entries it lacks (quantize_tile).
+        // A table could leave entries to the lower ISA (none does today).
         KernelTable full = *t;
         if (!full.quantize_tile) full.quantize_tile = avx2_kernels()->quantize_tile;
+        // The exact (float) arithmetic first: int16 is the default on VNNI CPUs.
+        if (kvarn_cpu_has_vnni()) kvarn_set_score_mode(0);
         check_table(&full);
         if (!std::strcmp(name, "avx512")) {
             for (int mode : {1, 2}) {
