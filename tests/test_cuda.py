@@ -7,6 +7,7 @@ workload at the bottom of this file under compute-sanitizer:
 """
 import os
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -36,6 +37,11 @@ PRESETS = ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128"]
 REL_TOL = 2e-4
 
 
+def _seed(*key):
+    """A seed fixed by the case (Python's hash() of a str changes from process to process)."""
+    return zlib.crc32(repr(key).encode())
+
+
 def kv_like(rng, shape, outlier_channels=4):
     x = rng.standard_normal(shape)
     idx = rng.choice(shape[-1], size=min(outlier_channels, shape[-1]), replace=False)
@@ -61,7 +67,7 @@ def dev(x, dtype=None):
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_store_matches_cpu_records(preset, head_dim):
-    rng = np.random.default_rng(hash((preset, head_dim)) % 2**32)
+    rng = np.random.default_rng(_seed(preset, head_dim))
     p = kvarn.PRESETS[preset]
     n = 6
     k = kv_like(rng, (n, p.group, head_dim))
@@ -168,7 +174,7 @@ EDGE = [1, 127, 128, 129, 255, 256, 257, 1000]  # sink=128 and G=128: every boun
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("gqa", [1, 4, 8])
 def test_attend_matches_cpu(preset, head_dim, gqa):
-    rng = np.random.default_rng(hash((preset, head_dim, gqa)) % 2**32)
+    rng = np.random.default_rng(_seed(preset, head_dim, gqa))
     hk = 2
     G = kvarn.PRESETS[preset].group
     lengths = [1, G - 1, G, G + 1, 2 * G - 1, 2 * G + 1, 3 * G, 5 * G + 3] if head_dim != 256 else [G + 1, 3 * G + 5]
@@ -373,7 +379,7 @@ def test_graph_capture_with_plan():
 # ---- compute-sanitizer workload (no torch: only kvarn's own allocations) ---------
 def sanitizer_workload():
     rng = np.random.default_rng(0)
-    for preset, D, hq in (("k4v2_g128", 128, 32), ("k4v4_g64", 64, 8), ("k2v2_g128", 256, 2)):
+    for preset, D, hq in (("k4v2_g128", 128, 32), ("k4v4_g64", 64, 8), ("k2v2_g128", 128, 8), ("k2v2_g128", 256, 2)):
         cache = kc.PagedKVCache(2, D, preset, max_seqs=3, max_seq_len=700)
         ids = [cache.add_sequence() for _ in range(3)]
         for sid, n in zip(ids, (650, 200, 3)):
@@ -402,7 +408,7 @@ def precision_sweep(first, last):
         for preset in PRESETS:
             for D in (64, 128, 256):
                 for gqa in (1, 4, 8):
-                    rng = np.random.default_rng(1000003 * seed + hash((preset, D, gqa)) % 1000003)
+                    rng = np.random.default_rng(1000003 * seed + _seed(preset, D, gqa) % 1000003)
                     hk, G = 2, kvarn.PRESETS[preset].group
                     lengths = [1, G - 1, G, G + 1, 2 * G - 1, 2 * G + 1, 3 * G, 5 * G + 3] if D != 256 else [G + 1, 3 * G + 5]
                     cache, ids = build(preset, D, hk, lengths, rng)
