@@ -31,6 +31,7 @@ def test_info_lists_isas_and_presets():
     assert f"active: {kvarn.active_isa()}" in r.stdout
     assert "preset k4v2_g128: k4 v2 G=128, 13824 B/record" in r.stdout
     assert "CUDA:" in r.stdout
+    assert f"arithmetic (KVARN_SCORES): {kvarn.score_mode()} (" in r.stdout
 
 
 def test_bad_preset_is_a_clean_error():

@@ -21,6 +21,9 @@ def _cmd_info(args) -> int:
     print(f"kvarn {kvarn.__version__}")
     print(f"ISAs available: {', '.join(kvarn.available_isas())}; active: {kvarn.active_isa()}")
     print(f"threads: {kvarn.get_num_threads()}")
+    mode = kvarn.score_mode()
+    why = "exact fp32" if mode == "float" else "int16-rounded weights, exact int32 sums" if mode == "int16" else "coarse"
+    print(f"arithmetic (KVARN_SCORES): {mode} ({why}; integer modes need AVX-512 VNNI)")
     from . import cuda  # always importable; the compiled module and a GPU are optional
 
     print(f"CUDA: {'available' if cuda.is_available() else 'unavailable (' + cuda.unavailable_reason() + ')'}")
