@@ -306,3 +306,27 @@ def test_quantize_on_next_keeps_a_full_tail_exact(n, rng):
 def test_quantize_on_rejects_unknown_policy():
     with pytest.raises(ValueError, match="quantize_on"):
         kvarn.KVCache(2, 64, quantize_on="later")
+
+
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+def test_copy_is_independent(quantize_on, rng):
+    _, k, v = filled(rng, 2, 64, 300, preset="k4v2_g64")
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", quantize_on=quantize_on)
+    cache.append(k, v)
+    before = [a.copy() for a in cache.dequantize()]
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    out_before = kvarn.attend(q, cache)
+    twin = cache.copy()
+    assert repr(twin) == repr(cache) and twin.quantize_on == quantize_on
+    k2 = kv_like(rng, (2, 150, 64)) * 0.5
+    v2 = rng.standard_normal((2, 150, 64)).astype(np.float32)
+    twin.append(k2, v2)  # crosses tile edges: new records land in the twin's own buffer
+    for a, b in zip(cache.dequantize(), before):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(kvarn.attend(q, cache), out_before)
+    whole = kvarn.KVCache(2, 64, "k4v2_g64", quantize_on=quantize_on)
+    whole.append(np.concatenate([k, k2], axis=1), np.concatenate([v, v2], axis=1))
+    assert (len(twin), twin.num_tiles, twin.tail_len) == (len(whole), whole.num_tiles, whole.tail_len)
+    np.testing.assert_array_equal(twin.records, whole.records)
+    cache.append(k2[:, :1], v2[:, :1])  # and the original still appends on its own
+    assert len(cache) == 301 and len(twin) == 450

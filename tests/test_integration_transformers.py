@@ -7,7 +7,9 @@ Skips (with the reason) only when those are not installed.
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
+import numpy as np
 import pytest
 
 _MISSING = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
@@ -133,6 +135,50 @@ def test_continued_chunk_equals_token_by_token_and_batches_work(smol):
     assert a.get_seq_length() == b.get_seq_length() == 170
     torch.testing.assert_close(chunk, one, rtol=0, atol=1e-2)
     torch.testing.assert_close(both[1], second, rtol=0, atol=1e-2)
+
+
+def test_beam_search_and_several_sequences(smol):
+    model, tok, ids = smol
+    prompt = torch.tensor([ids[:180]])
+
+    def beams(cache, **kw):
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+            return model.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, num_beams=3,
+                                  past_key_values=cache, pad_token_id=model.config.eos_token_id, **kw)
+
+    ref = beams(None)[0, 180:].tolist()
+    cache = KVarNCache(model.config, preset="k4v4_g64")
+    out = beams(cache)[0, 180:].tolist()
+    print("fp32 beams :", repr(tok.decode(ref)))
+    print("kvarn beams:", repr(tok.decode(out)))
+    # reorder_cache ran every step: 3 rows, each its own KVCache object, all the same length.
+    rows = cache.kvarn_layers[0].caches
+    assert len(rows) == 3 and len({id(c) for c in rows}) == 3 and len({len(c) for c in rows}) == 1
+    assert kev.identical_prefix(ref, out) >= 8, (ref, out)
+    # num_return_sequences: rows repeated after the prompt, then selected.
+    two = beams(KVarNCache(model.config, preset="k4v4_g64"), num_return_sequences=2)
+    assert two.shape[0] == 2 and two[0, 180:].tolist() == out
+
+
+def test_cache_rows_reorder_repeat_and_select(smol):
+    model, _, ids = smol
+    cache = KVarNCache(model.config, preset="k4v2_g64")
+    with torch.no_grad():
+        model(torch.tensor([ids[:100], ids[1:101]]), use_cache=True, **cache_kwargs(model, cache))
+    layer = cache.kvarn_layers[0]
+    a, b = layer.caches
+    layer.reorder_cache(torch.tensor([1, 1]))
+    assert layer.caches[0] is b and layer.caches[1] is not b and len(layer.caches[1]) == len(b)
+    np.testing.assert_array_equal(layer.caches[1].dequantize()[0], b.dequantize()[0])
+    layer.batch_repeat_interleave(2)
+    assert len(layer.caches) == 4 and len({id(c) for c in layer.caches}) == 4
+    layer.batch_select_indices(torch.tensor([3]))
+    assert len(layer.caches) == 1
+    with pytest.raises(ValueError, match="beam_idx"):
+        layer.reorder_cache(torch.tensor([2]))
+    with pytest.raises(NotImplementedError, match="crop"):
+        cache.crop(-1)
 
 
 def test_padded_batch_is_refused(smol):

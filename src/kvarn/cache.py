@@ -220,6 +220,17 @@ class KVCache:
     def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
         return attend(q, self, scale, num_threads=num_threads)
 
+    def copy(self) -> "KVCache":
+        """An independent cache with the same settings and contents (appends to either leave the
+        other unchanged). The records are copied: appends write new ones in place."""
+        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
+        new = object.__new__(KVCache)
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_state", "_append_lock")})
+        new._append_lock = threading.Lock()
+        new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),
+                     tail_len)
+        return new
+
     def __repr__(self) -> str:
         return (
             f"KVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "

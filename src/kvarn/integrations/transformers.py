@@ -21,8 +21,10 @@ How it works
   ``DynamicSlidingWindowLayer``: they hold at most ``sliding_window`` tokens, and kvarn's attention
   has no window.
 
-Limits: no padding inside the cached part of a batch (one row per sequence, unpadded), no beam
-search (``reorder_cache``), no cropping. These raise ``NotImplementedError``.
+Batch rows can be reordered, repeated and selected (beam search, ``num_return_sequences``): a
+row that appears twice gets a copy of its ``kvarn.KVCache``. Limits: no padding inside the cached
+part of a batch (one row per sequence, unpadded) and no cropping (assisted decoding): quantised
+tiles cannot be un-appended. These raise ``NotImplementedError``.
 Needs the ``eval`` extra (torch, transformers >= 5).
 """
 from __future__ import annotations
@@ -203,19 +205,33 @@ class KVarNLayer(CacheLayerMixin):
     def prefetch(self):
         pass
 
+    def _select_rows(self, rows, what: str) -> None:
+        """The batch becomes caches[rows[0]], caches[rows[1]], ...: an old row's first use takes
+        its cache object, later uses take copies (each row must own its cache: appends mutate)."""
+        rows = [int(r) for r in (rows.tolist() if hasattr(rows, "tolist") else rows)]
+        if any(not 0 <= r < len(self.caches) for r in rows):
+            raise ValueError(f"{what}: batch rows {rows} out of range for a batch of {len(self.caches)}")
+        taken, caches = set(), []
+        for r in rows:
+            caches.append(self.caches[r] if r not in taken else self.caches[r].copy())
+            taken.add(r)
+        self.caches = caches
+
     def reorder_cache(self, beam_idx) -> None:
-        raise NotImplementedError("KVarNCache does not support beam search")
+        """Beam search: row i continues beam beam_idx[i]."""
+        if self.cumulative_length:
+            self._select_rows(beam_idx, "beam_idx")
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("KVarNCache cannot crop: quantised tiles cannot be un-appended")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.cumulative_length:
-            raise NotImplementedError("KVarNCache: cannot expand a non-empty cache's batch")
+            self._select_rows([b for b in range(len(self.caches)) for _ in range(int(repeats))], "repeats")
 
     def batch_select_indices(self, indices) -> None:
         if self.cumulative_length:
-            raise NotImplementedError("KVarNCache: cannot select batch rows of a non-empty cache")
+            self._select_rows(indices, "indices")
 
 
 class KVarNCache(Cache):
