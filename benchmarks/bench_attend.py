@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import kvarn
-from kvarn import _native
+from kvarn import _native, _ops
 from kvarn.fp16cache import FP16Cache, attend_fp16_batch
 
 from conftest import COPY_GBPS, QUICK, THREADS, record
@@ -240,8 +240,6 @@ def test_quantize_share(benchmark, shape, ctx):
     preset = kvarn.PRESETS[kvarn.DEFAULT_PRESET]
     k = dd["k"][:, : preset.group].astype(np.float32)  # one tile per kv head: [Hk, G, D]
     v = dd["v"][:, : preset.group].astype(np.float32)
-    from kvarn import _ops
-
     benchmark.group = f"quantise share {shape} ctx={ctx}"
     quant = lambda: _ops.quantize_tiles_native(k, v, preset, _ops.SINKHORN_ITERS, THREADS)  # noqa: E731
     benchmark.pedantic(quant, rounds=rounds_for(quant), iterations=1, warmup_rounds=1)
