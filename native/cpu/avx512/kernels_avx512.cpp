@@ -183,6 +183,22 @@ void hadamard_rows_avx512(const float* src, float* dst, int64_t rows, int head_d
 
 void hadamard_f32_avx512(float* x, int64_t rows, int head_dim) { hadamard_rows_avx512(x, x, rows, head_dim); }
 
+// acc + dot products. GCC 12 compiles _mm512_dpwssd_epi32 / _mm512_dpbusd_epi32
+// over an accumulator array with two register copies per accumulator per
+// iteration (24 extra moves per channel pair in the scores loop, seen with perf
+// annotate); asm that ties the accumulator to its output keeps it in place.
+// By value, not by reference: a reference makes GCC keep the array on the stack.
+inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b)
+{
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b)
+{
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
 // ---- attention over quantised tiles --------------------------------------------------------
 constexpr int kHeadGroup = 4;
 
@@ -244,48 +260,61 @@ void tile_scores_k4(const uint8_t* kc, int D, int G, const float* qa, float* s, 
     }
 }
 
+// What the integer score kernels need to finish a tile's scores: per head the
+// query's scale and zero-point term (qscale, qz), the tile's token scales kt,
+// and where the G scores of each head go.
+struct ScoreArgs {
+    const float* qscale;
+    const float* qz;
+    const float* kt;
+    int G;
+    float* s;  // [NH][G]
+};
+
 // Token order of the int8 path's accumulators: within a 64-token half, byte
 // position p of a row (p < 32: low nibbles = even tokens 2p, else odd tokens
 // 2(p-32)+1) lands in accumulator j = (p % 16) / 4, lane (p / 16) * 4 + p % 4.
 // Built at compile time (constexpr): a runtime constructor here would run at
 // load time with AVX-512 instructions, before dispatch has looked at the CPU.
-struct Int8Gather {
-    alignas(64) int32_t idx[64];  // for token t: index into acc[j] stored as [4][16]
+struct ScoreOrder {
+    alignas(64) int32_t idx[4][16];  // tokens 16b..16b+15: lanes of acc[2(b%2)] (0..15) and acc[2(b%2)+1] (16..31)
 };
-constexpr Int8Gather make_gather()
+constexpr ScoreOrder make_score_order()
 {
-    Int8Gather g{};
+    ScoreOrder o{};
     for (int t = 0; t < 64; ++t) {
         const int p = (t % 2 == 0) ? t / 2 : 32 + t / 2;
-        g.idx[t] = ((p % 16) / 4) * 16 + (p / 16) * 4 + p % 4;
+        const int j = (p % 16) / 4, lane = (p / 16) * 4 + p % 4;  // j / 2 == (t / 16) % 2 for every t
+        o.idx[t / 16][t % 16] = lane + 16 * (j % 2);
     }
-    return g;
+    return o;
 }
-constexpr Int8Gather kGather = make_gather();
+constexpr ScoreOrder kScoreOrder = make_score_order();
 
-// Int8 scores for 4-bit keys (VNNI): for each group of 4 channels the 4 rows'
-// nibbles are interleaved so that each dword holds one token's 4 codes, then
-// vpdpbusd multiplies them by the 4 int8 query values and sums in int32.
-// qi: [NH][D] int8, s: [NH][G] float (times qscale[h]).
-// Epilogue shared by the integer score kernels: 64 tokens' int32 sums per head, scaled back to
-// float and put into token order through kGather.
+// Epilogue shared by the integer score kernels: 64 tokens' int32 sums per head,
+// put into token order (one two-source permute per 16 tokens) and finished as
+// s = kt * (sum * qscale + qz); smax[h] keeps the running maximum.
 template <int NH>
-inline void store_int_scores(const __m512i (&acc)[NH][4], const float* qscale, int G, int half, float* s)
+inline void finish_int_scores(const __m512i (&acc)[NH][4], const ScoreArgs& a, int half, __m512* smax)
 {
-    alignas(64) float buf[64];
     for (int h = 0; h < NH; ++h) {
-        const __m512 sc = _mm512_set1_ps(qscale[h]);
-        for (int j = 0; j < 4; ++j) _mm512_store_ps(buf + 16 * j, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][j]), sc));
-        float* out = s + h * G + half * 64;
-        for (int t = 0; t < 64; t += 16)
-            _mm512_store_ps(out + t, _mm512_i32gather_ps(_mm512_load_si512(kGather.idx + t), buf, 4));
+        const __m512 sc = _mm512_set1_ps(a.qscale[h]), z = _mm512_set1_ps(a.qz[h]);
+        __m512 f[4];
+        for (int j = 0; j < 4; ++j) f[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][j]), sc);
+        for (int b = 0; b < 4; ++b) {
+            const int t = half * 64 + 16 * b;
+            const __m512 v = _mm512_permutex2var_ps(f[2 * (b % 2)], _mm512_load_si512(kScoreOrder.idx[b]), f[2 * (b % 2) + 1]);
+            const __m512 sv = _mm512_mul_ps(_mm512_load_ps(a.kt + t), _mm512_add_ps(v, z));
+            _mm512_store_ps(a.s + h * a.G + t, sv);
+            smax[h] = _mm512_max_ps(smax[h], sv);
+        }
     }
 }
 
 template <int NH>
-void tile_scores_k4_int8(const uint8_t* kc, int D, int G, const int8_t* qi, const float* qscale, float* s,
-                         Prefetcher& pf)
+void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const ScoreArgs& a, __m512* smax, Prefetcher& pf)
 {
+    const int G = a.G;
     const size_t row_bytes = (size_t)G / 2;
     const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);  // low 256: low nibbles, high: high
     const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -310,13 +339,13 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, int G, const int8_t* qi, cons
                 int32_t q4;
                 memcpy(&q4, qi + h * D + d, 4);
                 const __m512i qb = _mm512_set1_epi32(q4);
-                acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], w0, qb);
-                acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], w1, qb);
-                acc[h][2] = _mm512_dpbusd_epi32(acc[h][2], w2, qb);
-                acc[h][3] = _mm512_dpbusd_epi32(acc[h][3], w3, qb);
+                acc[h][0] = dpbusd(acc[h][0], w0, qb);
+                acc[h][1] = dpbusd(acc[h][1], w1, qb);
+                acc[h][2] = dpbusd(acc[h][2], w2, qb);
+                acc[h][3] = dpbusd(acc[h][3], w3, qb);
             }
         }
-        store_int_scores<NH>(acc, qscale, G, half, s);
+        finish_int_scores<NH>(acc, a, half, smax);
     }
 }
 
@@ -325,9 +354,10 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, int G, const int8_t* qi, cons
 // int16 pair (q16[d], q16[d+1]) and summed exactly in int32 (|sum| <= 2*15*32767
 // per pair, D/2 pairs: fits for D <= 1024). Same token order as the int8 path.
 template <int NH>
-void tile_scores_k4_int16(const uint8_t* kc, int D, int G, const int16_t* qi, const float* qscale, float* s,
+void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                           Prefetcher& pf)
 {
+    const int G = a.G;
     const size_t row_bytes = (size_t)G / 2;
     const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
     const __m512i nib = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
@@ -350,13 +380,13 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, int G, const int16_t* qi, co
                 int32_t q2;
                 memcpy(&q2, qi + h * D + d, 4);
                 const __m512i qb = _mm512_set1_epi32(q2);
-                acc[h][0] = _mm512_dpwssd_epi32(acc[h][0], w0, qb);
-                acc[h][1] = _mm512_dpwssd_epi32(acc[h][1], w1, qb);
-                acc[h][2] = _mm512_dpwssd_epi32(acc[h][2], w2, qb);
-                acc[h][3] = _mm512_dpwssd_epi32(acc[h][3], w3, qb);
+                acc[h][0] = dpwssd(acc[h][0], w0, qb);
+                acc[h][1] = dpwssd(acc[h][1], w1, qb);
+                acc[h][2] = dpwssd(acc[h][2], w2, qb);
+                acc[h][3] = dpwssd(acc[h][3], w3, qb);
             }
         }
-        store_int_scores<NH>(acc, qscale, G, half, s);
+        finish_int_scores<NH>(acc, a, half, smax);
     }
 }
 
@@ -394,67 +424,92 @@ void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp
 
 // Integer value aggregation for 2-bit values (integer score modes only):
 // w = p*va >= 0 rounded to int16 per (tile, head) against max w, and each dword
-// lane holds the centred codes y = 2c - 3 of tokens t and t+1 for one channel
-// as two int16, so vpdpwssd does two tokens x 16 channels per instruction with
-// exact int32 sums (<= 2*3*32767 per pair, G/2 pairs). Centring matters: with
-// raw codes (mean 1.5) the weights' rounding errors add up as a bias; with
-// y they mostly cancel, and sum_t w c = (sum_t w y + 3 sum_t w) / 2 takes the
-// 3 sum w part from the exact float weights (wsum).
+// lane holds the codes of tokens t and t+1 for one channel as two int16, so
+// vpdpwssd does two tokens x 16 channels per instruction with exact int32 sums
+// (<= 2*3*32767 per pair, G/2 pairs). The codes come out of one vpermw (the byte
+// holding channel j's code of each token, as a word) + vpsrlvw (its bit offset)
+// + and per 16 channels, from the two tokens' rows side by side in one register.
+// The result is formed with centred codes y = 2c - 3, whose weight-rounding
+// errors mostly cancel where raw codes (mean 1.5) would add them up as a bias:
+// sum_t w16 y = 2 sum_t w16 c - 3 W16 exactly in int32 (W16 = sum_t w16), and
+// sum_t w c = (wscale sum_t w16 y + 3 wsum) / 2 takes the 3 sum w part from the
+// exact float weights.
+struct V2Unpack {
+    alignas(64) int16_t word[32];   // chunk 0's vpermw indices; chunk c adds 2c
+    alignas(64) int16_t shift[32];
+};
+constexpr V2Unpack make_v2_unpack()
+{
+    V2Unpack u{};
+    for (int j = 0; j < 16; ++j) {  // channel j of a 16-channel chunk: byte j/4, bits 2(j%4)
+        u.word[2 * j] = (int16_t)(j / 8);          // token t: bytes 0..15 = words 0..7
+        u.word[2 * j + 1] = (int16_t)(8 + j / 8);  // token t+1: bytes 16..31
+        u.shift[2 * j] = u.shift[2 * j + 1] = (int16_t)(8 * ((j / 4) % 2) + 2 * (j % 4));
+    }
+    return u;
+}
+constexpr V2Unpack kV2Unpack = make_v2_unpack();
+
 template <int NH, int C>
 inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const int16_t* w16,
-                                  const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+                                  const int32_t* w16_sum, const float* wscale, const float* wsum, float* tmp,
+                                  Prefetcher& pf)
 {
     __m512i a[NH][C];
     for (int h = 0; h < NH; ++h)
         for (int c = 0; c < C; ++c) a[h][c] = _mm512_setzero_si512();
-    const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    __m512i idx[C];
+    idx[0] = _mm512_load_si512(kV2Unpack.word);
+    for (int c = 1; c < C; ++c) idx[c] = _mm512_add_epi16(idx[0], _mm512_set1_epi16((short)(2 * c)));
+    const __m512i sh = _mm512_load_si512(kV2Unpack.shift);
     const __m512i m = _mm512_set1_epi32(0x00030003);
+    const __mmask16 bytes = (__mmask16)((1u << (4 * C)) - 1);  // 4 bytes per 16 channels; never reads past the row
     const uint8_t* p = vcodes + d0 / 4;
     for (int t = 0; t < G; t += 2, p += 2 * row_bytes) {
         pf.step();
+        const __m128i r0 = C == 4 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_maskz_loadu_epi8(bytes, p);
+        const __m128i r1 = C == 4 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes))
+                                  : _mm_maskz_loadu_epi8(bytes, p + row_bytes);
+        const __m512i rows = _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1));
         __m512i x[C];
-        for (int c = 0; c < C; ++c) {
-            uint32_t r0, r1;
-            memcpy(&r0, p + 4 * c, 4);
-            memcpy(&r1, p + row_bytes + 4 * c, 4);
-            const __m512i x0 = _mm512_srlv_epi32(_mm512_set1_epi32((int)r0), sh);
-            const __m512i x1 = _mm512_slli_epi32(_mm512_srlv_epi32(_mm512_set1_epi32((int)r1), sh), 16);
-            const __m512i cc = _mm512_and_si512(_mm512_mask_blend_epi16(0xAAAAAAAAu, x0, x1), m);
-            x[c] = _mm512_sub_epi16(_mm512_slli_epi16(cc, 1), m);  // 2c - 3: centred codes
-        }
+        for (int c = 0; c < C; ++c)
+            x[c] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi16(idx[c], rows), sh), m);
         for (int h = 0; h < NH; ++h) {
             int32_t wp;
             memcpy(&wp, w16 + h * G + t, 4);
             const __m512i wb = _mm512_set1_epi32(wp);
-            for (int c = 0; c < C; ++c) a[h][c] = _mm512_dpwssd_epi32(a[h][c], x[c], wb);
+            for (int c = 0; c < C; ++c) a[h][c] = dpwssd(a[h][c], x[c], wb);
         }
     }
     for (int h = 0; h < NH; ++h) {
         const __m512 sc = _mm512_set1_ps(0.5f * wscale[h]), off = _mm512_set1_ps(1.5f * wsum[h]);
-        for (int c = 0; c < C; ++c)
-            _mm512_store_ps(tmp + h * D + d0 + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[h][c]), sc, off));
+        const __m512i w3 = _mm512_set1_epi32(3 * w16_sum[h]);
+        for (int c = 0; c < C; ++c) {
+            const __m512i y = _mm512_sub_epi32(_mm512_slli_epi32(a[h][c], 1), w3);  // sum_t w16 (2c - 3)
+            _mm512_store_ps(tmp + h * D + d0 + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(y), sc, off));
+        }
     }
 }
 
 template <int NH>
-void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const float* wscale,
-                          const float* wsum, float* tmp, Prefetcher& pf)
+void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
+                          const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
     const size_t row_bytes = (size_t)D / 4;
     int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) values_chunk_v2_int16<NH, 4>(vcodes, row_bytes, D, G, d0, w16, wscale, wsum, tmp, pf);
-    for (; d0 + 32 <= D; d0 += 32) values_chunk_v2_int16<NH, 2>(vcodes, row_bytes, D, G, d0, w16, wscale, wsum, tmp, pf);
-    for (; d0 < D; d0 += 16) values_chunk_v2_int16<NH, 1>(vcodes, row_bytes, D, G, d0, w16, wscale, wsum, tmp, pf);
+    for (; d0 + 64 <= D; d0 += 64) values_chunk_v2_int16<NH, 4>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+    for (; d0 + 32 <= D; d0 += 32) values_chunk_v2_int16<NH, 2>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+    for (; d0 < D; d0 += 16) values_chunk_v2_int16<NH, 1>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
 }
 
-void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const float* wscale,
-                              const float* wsum, float* tmp, Prefetcher& pf)
+void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
+                              const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
     switch (nh) {
-        case 1: tile_values_v2_int16<1>(vcodes, D, G, w16, wscale, wsum, tmp, pf); break;
-        case 2: tile_values_v2_int16<2>(vcodes, D, G, w16, wscale, wsum, tmp, pf); break;
-        case 3: tile_values_v2_int16<3>(vcodes, D, G, w16, wscale, wsum, tmp, pf); break;
-        default: tile_values_v2_int16<4>(vcodes, D, G, w16, wscale, wsum, tmp, pf); break;
+        case 1: tile_values_v2_int16<1>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        case 2: tile_values_v2_int16<2>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        case 3: tile_values_v2_int16<3>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        default: tile_values_v2_int16<4>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
     }
 }
 
@@ -477,25 +532,25 @@ void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, f
     }
 }
 
-void scores_int16_dispatch(int nh, const uint8_t* kc, int D, int G, const int16_t* qi, const float* qscale, float* s,
+void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                            Prefetcher& pf)
 {
     switch (nh) {
-        case 1: tile_scores_k4_int16<1>(kc, D, G, qi, qscale, s, pf); break;
-        case 2: tile_scores_k4_int16<2>(kc, D, G, qi, qscale, s, pf); break;
-        case 3: tile_scores_k4_int16<3>(kc, D, G, qi, qscale, s, pf); break;
-        default: tile_scores_k4_int16<4>(kc, D, G, qi, qscale, s, pf); break;
+        case 1: tile_scores_k4_int16<1>(kc, D, qi, a, smax, pf); break;
+        case 2: tile_scores_k4_int16<2>(kc, D, qi, a, smax, pf); break;
+        case 3: tile_scores_k4_int16<3>(kc, D, qi, a, smax, pf); break;
+        default: tile_scores_k4_int16<4>(kc, D, qi, a, smax, pf); break;
     }
 }
 
-void scores_int8_dispatch(int nh, const uint8_t* kc, int D, int G, const int8_t* qi, const float* qscale, float* s,
+void scores_int8_dispatch(int nh, const uint8_t* kc, int D, const int8_t* qi, const ScoreArgs& a, __m512* smax,
                           Prefetcher& pf)
 {
     switch (nh) {
-        case 1: tile_scores_k4_int8<1>(kc, D, G, qi, qscale, s, pf); break;
-        case 2: tile_scores_k4_int8<2>(kc, D, G, qi, qscale, s, pf); break;
-        case 3: tile_scores_k4_int8<3>(kc, D, G, qi, qscale, s, pf); break;
-        default: tile_scores_k4_int8<4>(kc, D, G, qi, qscale, s, pf); break;
+        case 1: tile_scores_k4_int8<1>(kc, D, qi, a, smax, pf); break;
+        case 2: tile_scores_k4_int8<2>(kc, D, qi, a, smax, pf); break;
+        case 3: tile_scores_k4_int8<3>(kc, D, qi, a, smax, pf); break;
+        default: tile_scores_k4_int8<4>(kc, D, qi, a, smax, pf); break;
     }
 }
 
@@ -507,6 +562,23 @@ void values_dispatch(int nh, const uint8_t* vcodes, int D, int G, const float* w
         case 2: tile_values<VB, 2>(vcodes, D, G, w, tmp, pf); break;
         case 3: tile_values<VB, 3>(vcodes, D, G, w, tmp, pf); break;
         default: tile_values<VB, 4>(vcodes, D, G, w, tmp, pf); break;
+    }
+}
+
+// Online-softmax bookkeeping for a block whose largest score is block_max: when
+// it raises the running max m, l and both accumulators are rescaled by
+// exp(m_old - m_new) (exp(-inf) = 0 for the first block); otherwise nothing changes.
+inline void softmax_rescale(float block_max, float* m, float* l, float* acc_orig, float* acc_rot, int D)
+{
+    if (!(block_max > *m)) return;
+    const float alpha = expf(*m - block_max);
+    *m = block_max;
+    if (alpha == 1.0f) return;
+    *l *= alpha;
+    const __m512 av = _mm512_set1_ps(alpha);
+    for (int d = 0; d < D; d += 16) {
+        _mm512_storeu_ps(acc_orig + d, _mm512_mul_ps(_mm512_loadu_ps(acc_orig + d), av));
+        _mm512_storeu_ps(acc_rot + d, _mm512_mul_ps(_mm512_loadu_ps(acc_rot + d), av));
     }
 }
 
@@ -595,49 +667,70 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     }
                 }
             }
-            if (mode == kScoresInt16)
-                scores_int16_dispatch(nh, rec + L.k_codes, D, G, qi16, qscale, s, pf);
-            else if (mode == kScoresInt8)
-                scores_int8_dispatch(nh, rec + L.k_codes, D, G, qi8, qscale, s, pf);
-            else
+            __m512 smax[kHeadGroup];
+            for (int h = 0; h < nh; ++h) smax[h] = _mm512_set1_ps(-INFINITY);
+            const ScoreArgs args{qscale, qz, kt, G, s};
+            if (mode == kScoresInt16) {
+                scores_int16_dispatch(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+            } else if (mode == kScoresInt8) {
+                scores_int8_dispatch(nh, rec + L.k_codes, D, qi8, args, smax, pf);
+            } else {
                 scores_dispatch<KB>(nh, rec + L.k_codes, D, G, qa, s, pf);
-            float pz[kHeadGroup];
-            for (int h = 0; h < nh; ++h) {
-                float* sh = s + h * G;
-                const __m512 qzv = _mm512_set1_ps(qz[h]);
-                for (int t = 0; t < G; t += 16)
-                    _mm512_store_ps(sh + t, _mm512_mul_ps(_mm512_load_ps(kt + t), _mm512_add_ps(_mm512_load_ps(sh + t), qzv)));
-                const int hq = h0 + h;
-                softmax_update(sh, G, st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D, st.acc_rot + (size_t)hq * D, D);
-                __m512 z = _mm512_setzero_ps();
-                for (int t = 0; t < G; t += 16) {
-                    const __m512 p = _mm512_load_ps(sh + t);
-                    z = _mm512_fmadd_ps(p, _mm512_load_ps(vz + t), z);
-                    _mm512_store_ps(sh + t, _mm512_mul_ps(p, _mm512_load_ps(va + t)));
-                }
-                pz[h] = _mm512_reduce_add_ps(z);
-            }
-            if (int_values) {
-                float wscale[kHeadGroup], wsum[kHeadGroup];
                 for (int h = 0; h < nh; ++h) {
-                    const float* sh = s + h * G;
-                    __m512 mx = _mm512_setzero_ps(), sm = _mm512_setzero_ps();
+                    float* sh = s + h * G;
+                    const __m512 qzv = _mm512_set1_ps(qz[h]);
                     for (int t = 0; t < G; t += 16) {
-                        mx = _mm512_max_ps(mx, _mm512_load_ps(sh + t));
-                        sm = _mm512_add_ps(sm, _mm512_load_ps(sh + t));
+                        const __m512 sv = _mm512_mul_ps(_mm512_load_ps(kt + t), _mm512_add_ps(_mm512_load_ps(sh + t), qzv));
+                        _mm512_store_ps(sh + t, sv);
+                        smax[h] = _mm512_max_ps(smax[h], sv);
                     }
-                    wsum[h] = _mm512_reduce_add_ps(sm);
-                    const float wmax = _mm512_reduce_max_ps(mx);
+                }
+            }
+            float pz[kHeadGroup], wscale[kHeadGroup], wsum[kHeadGroup];
+            int32_t w16_sum[kHeadGroup];
+            for (int h = 0; h < nh; ++h) {
+                const int hq = h0 + h;
+                float* sh = s + h * G;
+                softmax_rescale(_mm512_reduce_max_ps(smax[h]), st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D,
+                                st.acc_rot + (size_t)hq * D, D);
+                // One pass: p = exp(s - m) -> l, pz = sum p vz, the value weights w = p va (in s)
+                // and, for the integer value path, max w and sum w.
+                const __m512 mv = _mm512_set1_ps(st.m[hq]);
+                __m512 psum = _mm512_setzero_ps(), z = _mm512_setzero_ps();
+                __m512 wmx = _mm512_setzero_ps(), wsm = _mm512_setzero_ps();
+                for (int t = 0; t < G; t += 16) {
+                    const __m512 p = exp_ps(_mm512_sub_ps(_mm512_load_ps(sh + t), mv));
+                    psum = _mm512_add_ps(psum, p);
+                    z = _mm512_fmadd_ps(p, _mm512_load_ps(vz + t), z);
+                    const __m512 w = _mm512_mul_ps(p, _mm512_load_ps(va + t));
+                    _mm512_store_ps(sh + t, w);
+                    if (int_values) {
+                        wmx = _mm512_max_ps(wmx, w);
+                        wsm = _mm512_add_ps(wsm, w);
+                    }
+                }
+                st.l[hq] += _mm512_reduce_add_ps(psum);
+                pz[h] = _mm512_reduce_add_ps(z);
+                if (int_values) {
+                    wsum[h] = _mm512_reduce_add_ps(wsm);
+                    const float wmax = _mm512_reduce_max_ps(wmx);
                     wscale[h] = wmax > 0.0f ? wmax / 32767.0f : 0.0f;
                     const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
-                    for (int t = 0; t < G; t += 16)
-                        _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t),
-                                           _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sh + t), inv))));
+                    __m512i isum = _mm512_setzero_si512();
+                    for (int t = 0; t < G; t += 16) {
+                        // min: a product rounded past 32767 saturates, and W16 must sum what is stored
+                        const __m512i r = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sh + t), inv)),
+                                                           _mm512_set1_epi32(32767));
+                        isum = _mm512_add_epi32(isum, r);
+                        _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t), _mm512_cvtepi32_epi16(r));
+                    }
+                    w16_sum[h] = _mm512_reduce_add_epi32(isum);
                 }
-                values_v2_int16_dispatch(nh, rec + L.v_codes, D, G, w16, wscale, wsum, tmp, pf);
-            } else {
-                values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             }
+            if (int_values)
+                values_v2_int16_dispatch(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+            else
+                values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             for (int h = 0; h < nh; ++h) {
                 float* acc = st.acc_rot + (size_t)(h0 + h) * D;
                 const __m512 pzv = _mm512_set1_ps(pz[h]);
