@@ -64,8 +64,28 @@ inline __m512 exp_ps(__m512 x)
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(ok, y, _mm512_castsi512_ps(e));
+    // y * 2^n in one vscalefps (exact, as the multiplication by a built 2^n is
+    // for n >= -126, which the clamp above guarantees)
+    return _mm512_maskz_scalef_ps(ok, y, n);
+}
+
+// exp(x) for x <= 0 in the integer score modes, whose weights are rounded to 15
+// bits anyway: 2^(x log2 e) with a degree-5 polynomial for 2^f, |f| <= 1/2
+// (<= 2.4e-7 relative in fp32, fitted for relative error; plus |x| 2^-24 from
+// rounding x log2 e), and vscalefps, which also returns 0 for very negative x:
+// 9 instructions where exp_ps takes 17.
+inline __m512 exp_int_mode_ps(__m512 x)
+{
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 y = _mm512_set1_ps(1.327647129073739e-3f);
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.675541892647743e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.550713092088699e-2f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022120237350464e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931469440460205e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0000001192092896f));
+    return _mm512_scalef_ps(y, n);
 }
 
 inline void f16_to_f32(const uint16_t* src, float* dst, int n)  // n % 16 == 0
@@ -610,6 +630,30 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
     *m = m_new;
 }
 
+// One pass over a head's G scores in s: p = exp(s - m) summed into psum, z = sum
+// p vz, and the value weights w = p va written back to s; for the integer value
+// path also their max and sum. Wherever integer arithmetic is on (integer scores
+// or integer value weights), the cheaper exp serves.
+template <bool kIntExp, bool kIntWeights>
+inline void weights_pass(float* s, const float* va, const float* vz, float m, int G, __m512& psum, __m512& z,
+                         __m512& wmx, __m512& wsm)
+{
+    const __m512 mv = _mm512_set1_ps(m);
+    psum = z = wmx = wsm = _mm512_setzero_ps();
+    for (int t = 0; t < G; t += 16) {
+        const __m512 x = _mm512_sub_ps(_mm512_load_ps(s + t), mv);
+        const __m512 p = kIntExp ? exp_int_mode_ps(x) : exp_ps(x);
+        psum = _mm512_add_ps(psum, p);
+        z = _mm512_fmadd_ps(p, _mm512_load_ps(vz + t), z);
+        const __m512 w = _mm512_mul_ps(p, _mm512_load_ps(va + t));
+        _mm512_store_ps(s + t, w);
+        if (kIntWeights) {
+            wmx = _mm512_max_ps(wmx, w);
+            wsm = _mm512_add_ps(wsm, w);
+        }
+    }
+}
+
 template <int KB, int VB>
 void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t* first_record,
                        int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
@@ -693,22 +737,13 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 float* sh = s + h * G;
                 softmax_rescale(_mm512_reduce_max_ps(smax[h]), st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D,
                                 st.acc_rot + (size_t)hq * D, D);
-                // One pass: p = exp(s - m) -> l, pz = sum p vz, the value weights w = p va (in s)
-                // and, for the integer value path, max w and sum w.
-                const __m512 mv = _mm512_set1_ps(st.m[hq]);
-                __m512 psum = _mm512_setzero_ps(), z = _mm512_setzero_ps();
-                __m512 wmx = _mm512_setzero_ps(), wsm = _mm512_setzero_ps();
-                for (int t = 0; t < G; t += 16) {
-                    const __m512 p = exp_ps(_mm512_sub_ps(_mm512_load_ps(sh + t), mv));
-                    psum = _mm512_add_ps(psum, p);
-                    z = _mm512_fmadd_ps(p, _mm512_load_ps(vz + t), z);
-                    const __m512 w = _mm512_mul_ps(p, _mm512_load_ps(va + t));
-                    _mm512_store_ps(sh + t, w);
-                    if (int_values) {
-                        wmx = _mm512_max_ps(wmx, w);
-                        wsm = _mm512_add_ps(wsm, w);
-                    }
-                }
+                __m512 psum, z, wmx, wsm;
+                if (int_values)
+                    weights_pass<true, true>(sh, va, vz, st.m[hq], G, psum, z, wmx, wsm);
+                else if (mode != kScoresFloat)
+                    weights_pass<true, false>(sh, va, vz, st.m[hq], G, psum, z, wmx, wsm);
+                else
+                    weights_pass<false, false>(sh, va, vz, st.m[hq], G, psum, z, wmx, wsm);
                 st.l[hq] += _mm512_reduce_add_ps(psum);
                 pz[h] = _mm512_reduce_add_ps(z);
                 if (int_values) {
