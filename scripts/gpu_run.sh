@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds kvarn with its CUDA module, tests it (pytest + compute-sanitizer) and
 # benchmarks it, in one go, on a machine with an NVIDIA GPU and nvcc.
-#   scripts/gpu_run.sh [all|build|test|sanitize|bench|quick|before] ...   (default: all)
+#   scripts/gpu_run.sh [all|build|test|sanitize|bench|quick|sweep|ab|before] ...   (default: all)
+#   sweep: tests/test_cuda.py --sweep 0 $SWEEP_SEEDS (15); ab: kvarn-only timings of the attend variants
+#   $AB_VARIANTS (KVARN_ATTEND_VARIANT) at $AB_POINTS, alternating.
 #   Order: build, test, bench (or quick), sanitize, profile, before -- the timings before the
 #   slow sanitizer runs, so a run cut short by a time limit still has them.
 #   before: rebuild with the previous attend arithmetic (KVARN_OFFSET_CODES=0) in build/old and
@@ -78,6 +80,23 @@ if [[ " ${steps[*]} " == *" profile "* ]]; then
   grep -E "Duration|Throughput|Warp Cycles|Stall|Issued|Occupancy|Registers|Eligible|No Eligible" "$OUT/ncu.log" | head -40
   obj=$(find build/gpu /tmp/kvarn-head/build -name 'attend_d128.cu.o' 2>/dev/null | head -1)
   [ -n "$obj" ] && cuobjdump -sass "$obj" >"$OUT/attend_d128.sass" 2>&1
+fi
+
+if [[ " ${steps[*]} " == *" sweep "* ]]; then
+  echo "== precision sweep (tests/test_cuda.py --sweep 0 ${SWEEP_SEEDS:-15})"
+  $PY tests/test_cuda.py --sweep 0 "${SWEEP_SEEDS:-15}" 2>&1 | tee "$OUT/sweep.log" | tail -8 || status=1
+fi
+
+if [[ " ${steps[*]} " == *" ab "* ]]; then
+  # Same-run A/B of the k4v2_g128 D 128 attend variants (KVARN_ATTEND_VARIANT, attend_d128.cu),
+  # kvarn only, alternating so that clock drift hits every variant alike.
+  echo "== A/B: variants ${AB_VARIANTS:-0 1 0 1} at ${AB_POINTS:-32768x8,4096x1}"
+  abn=0
+  for v in ${AB_VARIANTS:-0 1 0 1}; do
+    abn=$((abn + 1))
+    KVARN_ATTEND_VARIANT=$v $PY benchmarks/bench_cuda.py --kvarn-only --points "${AB_POINTS:-32768x8,4096x1}" \
+      --out "$OUT/ab" --tag "_v${v}_$abn" 2>&1 | grep -E "^ctx|Error|error" | sed "s/^/v$v /" | tee -a "$OUT/ab.log"
+  done
 fi
 
 if [[ " ${steps[*]} " == *" before "* ]]; then

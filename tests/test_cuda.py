@@ -172,7 +172,7 @@ EDGE = [1, 127, 128, 129, 255, 256, 257, 1000]  # sink=128 and G=128: every boun
 @need_torch
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("gqa", [1, 4, 8])
+@pytest.mark.parametrize("gqa", [1, 3, 4, 8])
 def test_attend_matches_cpu(preset, head_dim, gqa):
     rng = np.random.default_rng(_seed(preset, head_dim, gqa))
     hk = 2
@@ -379,7 +379,8 @@ def test_graph_capture_with_plan():
 # ---- compute-sanitizer workload (no torch: only kvarn's own allocations) ---------
 def sanitizer_workload():
     rng = np.random.default_rng(0)
-    for preset, D, hq in (("k4v2_g128", 128, 32), ("k4v4_g64", 64, 8), ("k2v2_g128", 128, 8), ("k2v2_g128", 256, 2)):
+    for preset, D, hq in (("k4v2_g128", 128, 32), ("k4v2_g128", 128, 8), ("k4v4_g64", 64, 8), ("k2v2_g128", 128, 8),
+                          ("k2v2_g128", 256, 2)):  # k4v2_g128 D 128 at GQA 16 and 4 (the swapped-operand tiles)
         cache = kc.PagedKVCache(2, D, preset, max_seqs=3, max_seq_len=700)
         ids = [cache.add_sequence() for _ in range(3)]
         for sid, n in zip(ids, (650, 200, 3)):

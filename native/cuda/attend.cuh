@@ -132,7 +132,8 @@ __host__ __device__ constexpr bool offset_codes_for()
 // tensor cores take fp16 subnormal inputs. Magic: (0x6400 | bits) - 1024 (u = 1). The factor
 // 1 / (2^shift u) is applied per output column in the epilogues (code_unshift).
 template <int BITS, int NBITS, bool OFF = kOffsetCodes>
-__device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t* w1, uint32_t* out)
+__device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t* w1, uint32_t* out,
+                                             uint32_t sel_even = 0x5410, uint32_t sel_odd = 0x7632)
 {
     constexpr int PER = 8 / BITS;
     constexpr int NBYTES = NBITS / 8;
@@ -144,7 +145,8 @@ __device__ __forceinline__ void unpack_pairs(const uint32_t* w0, const uint32_t*
     for (int bp = 0; bp < NBYTES / 2; ++bp) {
         const int wi = bp / 2;
         // low half: row0's bytes (2p, 2p+1); high half: row1's.
-        const uint32_t y = __byte_perm(w0[wi], w1[wi], (bp % 2) == 0 ? 0x5410 : 0x7632);
+        // (a per-thread selector pair 0x1054 / 0x3276 takes the rows the other way round)
+        const uint32_t y = __byte_perm(w0[wi], w1[wi], (bp % 2) == 0 ? sel_even : sel_odd);
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
             const uint32_t z = b ? (y >> 8) : y;
@@ -228,14 +230,32 @@ __device__ __forceinline__ void split_pack4(const float (&a)[4], const float (&b
 // Offset codes: the accumulators' start values -1024 * sum_k A[row, k], computed on the tensor
 // cores (one more MMA per k-step with B = -1024 everywhere; see above for its precision):
 // start[0..1] for row g (hi), start[2..3] for row g + 8 (lo) -- the C fragment layout.
-template <int STEPS, bool OFF = kOffsetCodes>
+// CH > 1: CH independent MMA chains (STEPS / CH deep instead of STEPS) added at the end; the hi
+// row's partial sums are multiples of 2^(kHiGrid + 10) below 2^32, so they add exactly.
+template <int STEPS, bool OFF = kOffsetCodes, int CH = 1>
 __device__ __forceinline__ void offset_start(const uint32_t (&A)[STEPS][4], float (&start)[4])
 {
     constexpr uint32_t kNeg1024 = 0xE400E400u;  // fp16 -1024 in both halves
     start[0] = start[1] = start[2] = start[3] = 0.0f;
     if constexpr (OFF) {
+        constexpr int NC = CH < STEPS ? CH : STEPS;
+        static_assert(STEPS % NC == 0, "chains divide the steps");
+        float part[NC][4];
 #pragma unroll
-        for (int s = 0; s < STEPS; ++s) mma_16816(start, A[s][0], A[s][1], A[s][2], A[s][3], kNeg1024, kNeg1024);
+        for (int h = 0; h < NC; ++h) part[h][0] = part[h][1] = part[h][2] = part[h][3] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s)
+            mma_16816(part[s % NC], A[s][0], A[s][1], A[s][2], A[s][3], kNeg1024, kNeg1024);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float x = part[0][q];
+            if constexpr (NC == 4) x = (part[0][q] + part[1][q]) + (part[2][q] + part[3][q]);
+            else {
+#pragma unroll
+                for (int h = 1; h < NC; ++h) x += part[h][q];
+            }
+            start[q] = x;
+        }
     }
 }
 
@@ -371,12 +391,261 @@ __device__ __forceinline__ void store_program_state(const AttendArgs& a, const f
     }
 }
 
+// ---- VAR 4: swapped operands (k4v2, G = D = 128, <= 4 query heads per program) -----------------
+// The scores as S^T = Kcodes^T (16 tokens x 16 channels, A) * (q ka)^T (16 channels x 8 columns, B),
+// the output as out^T = Vcodes^T (16 channels x 16 tokens, A) * P'^T (16 tokens x 8 columns, B):
+// the 8 columns of B are 4 heads x (hi, lo) parts, so no fragment row is left empty at GQA <= 4
+// (the served layout puts heads in A's rows g (hi) and g + 8 (lo) and half of them are padding at
+// GQA 4) -- half the MMAs (64 + 8 per product instead of 128 + 8) and half the per-score and
+// per-output work per thread. Same arithmetic: codes as 1024 + code * 2^shift (here a per-ROW
+// scale of A), hi on the 2^kHiGrid grid, lo = rest, accumulators starting at -1024 * (column sum
+// of B) from one more MMA per k-step with A = -1024.
+// Maps (g = lane / 4, c = lane % 4):
+//   QK, k-step s: k = 2c+e+8f <-> channel 16s + 4c + (e+2f); m-tile m: row g <-> token 16g + 2m,
+//     row g+8 <-> token 16g + 2m + 1 (x 16: the high nibble); B column n = g <-> head g/2, part g%2.
+//     C: thread (g, c) gets head c, hi and lo, for tokens 16g + 2m + {0, 1}: a thread's 16 scores.
+//   PV, k-step u: k = 2c+e+8f <-> token 16u + 4(e+2f) + c; m-tile mm: row g <-> channel 16g + 2mm,
+//     row g+8 <-> channel 16g + 2mm + 1 (x 4^(channel % 4)); B column n = g as above, read from a
+//     per-warp transpose buffer in the stage's (consumed) K-code bytes; C: head c, hi and lo, for
+//     channels 16g + i.
+template <int KB, int VB, int G, int D>
+__device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stages, uint64_t* my_bars, const uint8_t* pool,
+                                              const int* bt, int n_my, int nsw, int R, int Hk, int t_begin, int warp,
+                                              int nw, int lane, int nq, const float* qs, float* ws_m, float* ws_l,
+                                              float* ws_acc)
+{
+    using C = AttendCfg<KB, VB, G, D>;
+    static_assert(KB == 4 && VB == 2 && G == 128 && D == 128, "swapped-operand tiles: k4v2, G = D = 128");
+    constexpr uint32_t kNeg1024 = 0xE400E400u;
+    constexpr int kPbufRow = 288;  // bytes per B column of the transpose buffer (256 + 32: 2 wavefronts per store)
+    const int g = lane >> 2, c = lane & 3;
+    const int part = g & 1;
+    const float* qb = qs + (g >> 1) * C::QLD;  // rows >= nq are zero
+    const uint32_t sw = (uint32_t)(c & 1);
+    const uint32_t sel_even = sw ? 0x1054u : 0x5410u, sel_odd = sw ? 0x3276u : 0x7632u;
+
+    float m_run = -CUDART_INF_F, l_run = 0.0f;
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+
+    for (int k = 0; k < n_my; ++k) {
+        const int s = k % nsw;
+        int next_page = 0;
+        if (lane == 0 && k + nsw < n_my) next_page = bt[t_begin + warp + (k + nsw) * nw];
+        mbar_wait(&my_bars[s], (uint32_t)((k / nsw) & 1));
+        uint8_t* rec = stages + (size_t)s * R;
+        const __half* ka = reinterpret_cast<const __half*>(rec + a.L.ka);
+        const __half* kz = reinterpret_cast<const __half*>(rec + a.L.kz);
+        const __half* kt = reinterpret_cast<const __half*>(rec + a.L.kt);
+        const __half* vc = reinterpret_cast<const __half*>(rec + a.L.vc);
+        const __half* va = reinterpret_cast<const __half*>(rec + a.L.va);
+        const __half* vz = reinterpret_cast<const __half*>(rec + a.L.vz);
+        const uint8_t* kcodes = rec + a.L.k_codes;
+        const uint8_t* vcodes = rec + a.L.v_codes;
+        uint8_t* pbuf = rec + a.L.k_codes;  // after the QK loop: B of the PV product
+
+        // B of QK: part `part` of x = q[g/2] * ka (scaled), channels 16 s2 + 4c + q; qz = q[g/2] . kz
+        float xb[C::KS][4];
+        float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < C::KS; ++s2) {
+            const int d0 = 16 * s2 + 4 * c;
+            const float4 qv4 = *reinterpret_cast<const float4*>(qb + d0);
+            const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
+            float kav[4], kzv[4];
+            halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
+            halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                xb[s2][q] = qv[q] * kav[q];
+                qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
+                amp[q] = fmaxf(amp[q], fabsf(xb[s2][q]));
+            }
+        }
+        const float qz_b = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
+        const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
+        float s1, inv_s1;
+        pow2_scale(amax, s1, inv_s1);
+        uint32_t Bq[C::KS][2];
+#pragma unroll
+        for (int s2 = 0; s2 < C::KS; ++s2) {
+            float v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float hi, lo;
+                split_grid(xb[s2][q], s1, hi, lo);
+                v[q] = part ? lo : hi;
+            }
+            Bq[s2][0] = pack_half2(__float2half_rn(v[0]), __float2half_rn(v[1]));
+            Bq[s2][1] = pack_half2(__float2half_rn(v[2]), __float2half_rn(v[3]));
+        }
+        // start values -1024 * sum_k B[k][n]: every row alike; [0] column 2c (head c hi), [1] 2c + 1 (lo)
+        float kst[4][4];
+#pragma unroll
+        for (int h = 0; h < 4; ++h) kst[h][0] = kst[h][1] = kst[h][2] = kst[h][3] = 0.0f;
+#pragma unroll
+        for (int s2 = 0; s2 < C::KS; ++s2) mma_16816(kst[s2 % 4], kNeg1024, kNeg1024, kNeg1024, kNeg1024, Bq[s2][0], Bq[s2][1]);
+        const float k_hi = (kst[0][0] + kst[1][0]) + (kst[2][0] + kst[3][0]);
+        const float k_lo = (kst[0][1] + kst[1][1]) + (kst[2][1] + kst[3][1]);
+
+        // S^T = Kcodes^T * B
+        float sc[8][4];
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+            sc[m][0] = sc[m][2] = k_hi;
+            sc[m][1] = sc[m][3] = k_lo;
+        }
+#pragma unroll
+        for (int s2 = 0; s2 < C::KS; ++s2) {
+            Words<64> r[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) r[q].load(kcodes + (16 * s2 + 4 * c + (q ^ (int)sw)) * C::KROW + g * 8);
+            uint32_t P01[16], P23[16];
+            unpack_pairs<4, 64, true>(r[0].w, r[1].w, P01, sel_even, sel_odd);
+            unpack_pairs<4, 64, true>(r[2].w, r[3].w, P23, sel_even, sel_odd);
+#pragma unroll
+            for (int m = 0; m < 8; ++m) mma_16816(sc[m], P01[2 * m], P01[2 * m + 1], P23[2 * m], P23[2 * m + 1], Bq[s2][0], Bq[s2][1]);
+        }
+
+        // Scores (log2 domain) of head c, tokens 16g + j, and the online softmax.
+        const float inv_s1_c = __shfl_sync(0xffffffffu, inv_s1, 8 * c);  // lane (g = 2c, 0): head c
+        const float qz_c = __shfl_sync(0xffffffffu, qz_b, 8 * c);
+        float ktv[16];
+        load_halves<16>(kt + 16 * g, ktv);
+        float sv[16];
+        float tmp[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+#pragma unroll
+            for (int f = 0; f < 2; ++f) {
+                const int j = 2 * m + f;
+                const float unshift = inv_s1_c * (f ? 1.0f / 16.0f : 1.0f);
+                sv[j] = ktv[j] * fmaf(sc[m][2 * f] + sc[m][2 * f + 1], unshift, qz_c);
+                tmp[j % 4] = fmaxf(tmp[j % 4], sv[j]);
+            }
+        float tmax = fmaxf(fmaxf(tmp[0], tmp[1]), fmaxf(tmp[2], tmp[3]));
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+        const float m_new = fmaxf(m_run, tmax);
+        const float alpha = fast_exp2(m_run - m_new);
+        m_run = m_new;
+
+        float vav[16], vzv[16];
+        load_halves<16>(va + 16 * g, vav);
+        load_halves<16>(vz + 16 * g, vzv);
+        float vm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) vm[j % 4] = fmaxf(vm[j % 4], fabsf(vav[j]));
+        float vmax = fmaxf(fmaxf(vm[0], vm[1]), fmaxf(vm[2], vm[3]));
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+        const int sh2 = pow2_shift(vmax, 64);
+        const float inv_s2 = exp2i(-sh2);
+        const float m_adj = m_new - (float)sh2;
+        float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float ph[16], pl[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const float p = fast_exp2(sv[j] - m_adj);  // p * 2^sh2
+            lsp[j % 4] += p;
+            pzp[j % 4] = fmaf(p, vzv[j], pzp[j % 4]);
+            split_grid(p, vav[j], ph[j], pl[j]);
+        }
+        l_run = fmaf(l_run, alpha, ((lsp[0] + lsp[1]) + (lsp[2] + lsp[3])) * inv_s2);  // this thread's tokens
+        float pz = (pzp[0] + pzp[1]) + (pzp[2] + pzp[3]);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) pz += __shfl_xor_sync(0xffffffffu, pz, o);
+        pz *= inv_s2;
+
+        // P'^T to B fragments through the transpose buffer: column n = 2c + part, reader c' gets
+        // tokens 16u + 4q + c' (u = this thread's g) as halves [n][c'][u][q].
+        __syncwarp();  // every lane is done with the K codes
+#pragma unroll
+        for (int cr = 0; cr < 4; ++cr) {
+            uint2 hv, lv;
+            hv.x = pack_half2(__float2half_rn(ph[cr]), __float2half_rn(ph[4 + cr]));
+            hv.y = pack_half2(__float2half_rn(ph[8 + cr]), __float2half_rn(ph[12 + cr]));
+            lv.x = pack_half2(__float2half_rn(pl[cr]), __float2half_rn(pl[4 + cr]));
+            lv.y = pack_half2(__float2half_rn(pl[8 + cr]), __float2half_rn(pl[12 + cr]));
+            *reinterpret_cast<uint2*>(pbuf + (2 * c) * kPbufRow + cr * 64 + g * 8) = hv;
+            *reinterpret_cast<uint2*>(pbuf + (2 * c + 1) * kPbufRow + cr * 64 + g * 8) = lv;
+        }
+        __syncwarp();
+        uint32_t pb[8][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 x = *reinterpret_cast<const uint4*>(pbuf + g * kPbufRow + c * 64 + i * 16);
+            pb[2 * i][0] = x.x;
+            pb[2 * i][1] = x.y;
+            pb[2 * i + 1][0] = x.z;
+            pb[2 * i + 1][1] = x.w;
+        }
+        float vst[4][4];
+#pragma unroll
+        for (int h = 0; h < 4; ++h) vst[h][0] = vst[h][1] = vst[h][2] = vst[h][3] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < C::US; ++u) mma_16816(vst[u % 4], kNeg1024, kNeg1024, kNeg1024, kNeg1024, pb[u][0], pb[u][1]);
+        const float v_hi = (vst[0][0] + vst[1][0]) + (vst[2][0] + vst[3][0]);
+        const float v_lo = (vst[0][1] + vst[1][1]) + (vst[2][1] + vst[3][1]);
+
+        // out^T = Vcodes^T * P'^T
+        float o[8][4];
+#pragma unroll
+        for (int mm = 0; mm < 8; ++mm) {
+            o[mm][0] = o[mm][2] = v_hi;
+            o[mm][1] = o[mm][3] = v_lo;
+        }
+#pragma unroll
+        for (int u = 0; u < C::US; ++u) {
+            uint32_t w[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) w[q] = *reinterpret_cast<const uint32_t*>(vcodes + (16 * u + 4 * q + c) * C::VROW + 4 * g);
+            uint32_t V01[16], V23[16];
+            unpack_pairs<2, 32, true>(&w[0], &w[1], V01);
+            unpack_pairs<2, 32, true>(&w[2], &w[3], V23);
+#pragma unroll
+            for (int mm = 0; mm < 8; ++mm) mma_16816(o[mm], V01[2 * mm], V01[2 * mm + 1], V23[2 * mm], V23[2 * mm + 1], pb[u][0], pb[u][1]);
+        }
+        float vcv[16];
+        load_halves<16>(vc + 16 * g, vcv);
+#pragma unroll
+        for (int mm = 0; mm < 8; ++mm)
+#pragma unroll
+            for (int r8 = 0; r8 < 2; ++r8) {
+                const int i = 2 * mm + r8;  // channel 16g + i, scale 4^(i % 4)
+                const float unshift = inv_s2 * code_unshift<2>(i);
+                const float tv = fmaf(o[mm][2 * r8] + o[mm][2 * r8 + 1], unshift, pz);
+                acc[i] = fmaf(acc[i], alpha, vcv[i] * tv);
+            }
+
+        fence_proxy_async();  // every lane's generic reads and writes of this stage before the async-proxy overwrite
+        __syncwarp();
+        if (lane == 0 && k + nsw < n_my) {
+            fence_proxy_async();
+            mbar_expect_tx(&my_bars[s], (uint32_t)R);
+            bulk_load(stages + (size_t)s * R, pool + (size_t)next_page * Hk * R, (uint32_t)R, &my_bars[s]);
+        }
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
+    __syncthreads();  // every warp is done with the stages: reuse them for the warp states
+    if (c < nq) {
+        if (g == 0) {
+            ws_m[warp * 8 + c] = m_run;
+            ws_l[warp * 8 + c] = l_run;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ws_acc[(warp * 8 + c) * D + 16 * g + i] = acc[i];
+    }
+}
+
 // Grid (splits, Hk * q_chunks, B). Program `split` reads tiles [split * tps, ...) and its
 // share of the full-precision sink + tail tokens; it writes two states: slot `split`
 // (tiles, Hadamard frame) and slot `splits + split` (sink/tail, original frame).
 // WARPS: the most warps a program runs (the launch bound: 8 -> up to 255 registers, 12 -> 168,
 // 16 -> 128); NIPC: output n-chunks per PV pass (fewer: fewer live accumulators, more passes).
-template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16>
+template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16, int VAR = 1>
 __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 {
     using C = AttendCfg<KB, VB, G, D, NIPC>;
@@ -394,6 +663,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const int g = lane >> 2, c = lane & 3;
     const int R = (int)a.L.total;
     const int nsw = a.stages_per_warp;
+    const int nbw = nsw > 2 ? nsw : 2;  // mbarriers per warp (VAR 2: one for the K part, one for the V part)
+    // VAR 2, 3: one stage per warp, loaded in two parts -- the K part [0, v_codes) of the next record
+    // as soon as this tile's scores are done, the V part after its PV -- so each part has the other
+    // half of a tile to arrive, and shared memory holds 12 warps' stages.
+    constexpr bool kSplitKV = VAR == 2 || VAR == 3;
+    const uint32_t kbytes = (uint32_t)a.L.v_codes, vbytes = (uint32_t)(R - a.L.v_codes);
 
     extern __shared__ __align__(128) uint8_t smem[];
     const size_t stage_bytes = (size_t)nw * nsw * R;
@@ -412,7 +687,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 
     // q for this program's heads, pre-scaled; rows >= nq are zero.
     load_q<D>(a, qs, C::QLD, b, h0, nq);
-    if (has_tiles && threadIdx.x < nw * nsw) mbar_init(&bars[threadIdx.x], 1);
+    if (has_tiles && threadIdx.x < nw * nbw) mbar_init(&bars[threadIdx.x], 1);
     fence_proxy_async();
     __syncthreads();
 
@@ -426,12 +701,20 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     } else {
         // ---- tiles: the first records' loads go out before the q rotation ----------------
         uint8_t* stages = smem + (size_t)warp * nsw * R;
-        uint64_t* my_bars = bars + warp * nsw;
+        uint64_t* my_bars = bars + warp * nbw;
         const uint8_t* pool = reinterpret_cast<const uint8_t*>(a.c.pool) +
                               (size_t)a.layer * a.c.num_pages * Hk * R + (size_t)kvh * R;
         const int* bt = reinterpret_cast<const int*>(a.c.block_table) + (size_t)slot * a.c.max_tiles;
         const int n_my = t_begin + warp < t_end ? (t_end - t_begin - warp + nw - 1) / nw : 0;
-        if (lane == 0) {
+        if (kSplitKV) {
+            if (lane == 0 && n_my > 0) {
+                const uint8_t* src = pool + (size_t)bt[t_begin + warp] * Hk * R;
+                mbar_expect_tx(&my_bars[0], kbytes);
+                bulk_load(stages, src, kbytes, &my_bars[0]);
+                mbar_expect_tx(&my_bars[1], vbytes);
+                bulk_load(stages + kbytes, src + kbytes, vbytes, &my_bars[1]);
+            }
+        } else if (lane == 0) {
             for (int s = 0; s < nsw && s < n_my; ++s) {
                 const int page = bt[t_begin + warp + s * nw];
                 mbar_expect_tx(&my_bars[s], (uint32_t)R);
@@ -457,15 +740,30 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
         __syncthreads();
 
 
+        if constexpr (VAR == 4) {
+            tiles_swapped<KB, VB, G, D>(a, stages, my_bars, pool, bt, n_my, nsw, R, Hk, t_begin, warp, nw, lane, nq, qs,
+                                        ws_m, ws_l, ws_acc);
+        } else {
         float m_run = -CUDART_INF_F, l_run = 0.0f;
         float acc[C::NI][2];
 #pragma unroll
         for (int i = 0; i < C::NI; ++i) acc[i][0] = acc[i][1] = 0.0f;
         const float* qrow = qs + g * C::QLD;
+        // VAR >= 1: QK k-step s maps k = 2c+e+8f to channel 16s + 4c + (e+2f), so a thread's four
+        // channels per step are adjacent (q, ka, kz as vector loads); it reads the K code rows of
+        // slot r as channel 16s + 4c + (r ^ (c & 1)) (odd c the other way round: no bank conflict
+        // between lanes c and c + 1), and the byte_perm selectors put them back in order.
+        const uint32_t sw = (uint32_t)(c & 1);
+        const uint32_t sel_even = sw ? 0x1054u : 0x5410u, sel_odd = sw ? 0x3276u : 0x7632u;
+        constexpr int kStartChains = VAR >= 1 ? 4 : 1;
 
         for (int k = 0; k < n_my; ++k) {
             const int s = k % nsw;
-            mbar_wait(&my_bars[s], (uint32_t)((k / nsw) & 1));
+            // The next record's page, read now (a global load) rather than after this tile's maths.
+            int next_page = 0;
+            if constexpr (VAR >= 1)
+                if (lane == 0 && k + nsw < n_my) next_page = bt[t_begin + warp + (k + nsw) * nw];
+            mbar_wait(&my_bars[kSplitKV ? 0 : s], (uint32_t)((k / nsw) & 1));
             const uint8_t* rec = stages + (size_t)s * R;
             const __half* ka = reinterpret_cast<const __half*>(rec + a.L.ka);
             const __half* kz = reinterpret_cast<const __half*>(rec + a.L.kz);
@@ -480,16 +778,34 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             float xa[C::KS][4];
             // four partial chains each for amax and qz, not one 32-deep chain
             float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if constexpr (VAR >= 1) {
 #pragma unroll
-            for (int s2 = 0; s2 < C::KS; ++s2)
+                for (int s2 = 0; s2 < C::KS; ++s2) {
+                    const int d0 = 16 * s2 + 4 * c;
+                    const float4 qv4 = *reinterpret_cast<const float4*>(qrow + d0);
+                    const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
+                    float kav[4], kzv[4];
+                    halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
+                    halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int d = 16 * s2 + 4 * q + c;
-                    const float qv = qrow[d];
-                    xa[s2][q] = qv * __half2float(ka[d]);
-                    qzp[q] = fmaf(qv, __half2float(kz[d]), qzp[q]);
-                    amp[q] = fmaxf(amp[q], fabsf(xa[s2][q]));
+                    for (int q = 0; q < 4; ++q) {
+                        xa[s2][q] = qv[q] * kav[q];
+                        qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
+                        amp[q] = fmaxf(amp[q], fabsf(xa[s2][q]));
+                    }
                 }
+            } else {
+#pragma unroll
+                for (int s2 = 0; s2 < C::KS; ++s2)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const int d = 16 * s2 + 4 * q + c;
+                        const float qv = qrow[d];
+                        xa[s2][q] = qv * __half2float(ka[d]);
+                        qzp[q] = fmaf(qv, __half2float(kz[d]), qzp[q]);
+                        amp[q] = fmaxf(amp[q], fabsf(xa[s2][q]));
+                    }
+            }
             float qz = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
             // per head (A row): its quad holds all its channels
             const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
@@ -502,7 +818,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
                 split_pack4<OFF>(xa[s2], sv4, A[s2]);
             }
             float k_start[4];
-            offset_start<C::KS, OFF>(A, k_start);
+            offset_start<C::KS, OFF, kStartChains>(A, k_start);
 
             // S = A * Kcodes
             float sc[C::NJ][4];
@@ -513,12 +829,20 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 #pragma unroll
             for (int s2 = 0; s2 < C::KS; ++s2) {
                 Words<C::KBITS_T> r[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    r[q].load(kcodes + (16 * s2 + 4 * q + c) * C::KROW + g * (C::KBITS_T / 8));
                 uint32_t B0[C::NJ], B1[C::NJ];
-                unpack_pairs<KB, C::KBITS_T, OFF>(r[0].w, r[1].w, B0);
-                unpack_pairs<KB, C::KBITS_T, OFF>(r[2].w, r[3].w, B1);
+                if constexpr (VAR >= 1) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+                        r[q].load(kcodes + (16 * s2 + 4 * c + (q ^ (int)sw)) * C::KROW + g * (C::KBITS_T / 8));
+                    unpack_pairs<KB, C::KBITS_T, OFF>(r[0].w, r[1].w, B0, sel_even, sel_odd);
+                    unpack_pairs<KB, C::KBITS_T, OFF>(r[2].w, r[3].w, B1, sel_even, sel_odd);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+                        r[q].load(kcodes + (16 * s2 + 4 * q + c) * C::KROW + g * (C::KBITS_T / 8));
+                    unpack_pairs<KB, C::KBITS_T, OFF>(r[0].w, r[1].w, B0);
+                    unpack_pairs<KB, C::KBITS_T, OFF>(r[2].w, r[3].w, B1);
+                }
 #pragma unroll
                 for (int j = 0; j < C::NJ; ++j) mma_16816(sc[j], A[s2][0], A[s2][1], A[s2][2], A[s2][3], B0[j], B1[j]);
             }
@@ -542,6 +866,16 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             const float m_new = fmaxf(m_run, tmax);
             const float alpha = fast_exp2(m_run - m_new);
             m_run = m_new;
+            if constexpr (kSplitKV) {
+                // This tile's K part is read (codes, ka, kz, kt): the next record's K part can come.
+                __syncwarp();
+                if (lane == 0 && k + 1 < n_my) {
+                    fence_proxy_async();
+                    mbar_expect_tx(&my_bars[0], kbytes);
+                    bulk_load(stages, pool + (size_t)next_page * Hk * R, kbytes, &my_bars[0]);
+                }
+                mbar_wait(&my_bars[1], (uint32_t)(k & 1));  // this tile's V part
+            }
             float vav[2][C::NJ], vzv[2][C::NJ];
             load_halves<C::NJ>(va + C::NJ * (2 * c), vav[0]);
             load_halves<C::NJ>(va + C::NJ * (2 * c + 1), vav[1]);
@@ -561,14 +895,24 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
                 const int sh2 = pow2_shift(vmax, 64);
                 inv_s2 = exp2i(-sh2);
                 const float m_adj = m_new - (float)sh2;
+                float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int j = 0; j < C::NJ; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         p[j][e] = fast_exp2(p[j][e] - m_adj);
-                        lsum += p[j][e];
-                        pz = fmaf(p[j][e], vzv[e][j], pz);
+                        if constexpr (VAR >= 1) {  // four partial chains, not one 2 NJ deep
+                            lsp[(j % 2) * 2 + e] += p[j][e];
+                            pzp[(j % 2) * 2 + e] = fmaf(p[j][e], vzv[e][j], pzp[(j % 2) * 2 + e]);
+                        } else {
+                            lsum += p[j][e];
+                            pz = fmaf(p[j][e], vzv[e][j], pz);
+                        }
                     }
+                if constexpr (VAR >= 1) {
+                    lsum = (lsp[0] + lsp[1]) + (lsp[2] + lsp[3]);
+                    pz = (pzp[0] + pzp[1]) + (pzp[2] + pzp[3]);
+                }
                 l_run = fmaf(l_run, alpha, lsum * inv_s2);
                 pz = quad_sum(pz) * inv_s2;
 #pragma unroll
@@ -600,7 +944,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
                 }
             }
             float v_start[4];
-            offset_start<C::US, OFF>(PA, v_start);
+            offset_start<C::US, OFF, kStartChains>(PA, v_start);
 
             // out += vc * (P' * Vcodes + pz)
 #pragma unroll
@@ -639,9 +983,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             }
 
             __syncwarp();
-            if (lane == 0 && k + nsw < n_my) {
+            if (kSplitKV) {
+                if (lane == 0 && k + 1 < n_my) {
+                    fence_proxy_async();
+                    mbar_expect_tx(&my_bars[1], vbytes);
+                    bulk_load(stages + kbytes, pool + (size_t)next_page * Hk * R + kbytes, vbytes, &my_bars[1]);
+                }
+            } else if (lane == 0 && k + nsw < n_my) {
                 fence_proxy_async();  // our generic reads of this stage before the async-proxy overwrite
-                const int page = bt[t_begin + warp + (k + nsw) * nw];
+                const int page = VAR >= 1 ? next_page : bt[t_begin + warp + (k + nsw) * nw];
                 mbar_expect_tx(&my_bars[s], (uint32_t)R);
                 bulk_load(stages + (size_t)s * R, pool + (size_t)page * Hk * R, (uint32_t)R, &my_bars[s]);
             }
@@ -658,6 +1008,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) ws_acc[(warp * 8 + g) * D + C::NI * (2 * c + e) + i] = acc[i][e];
         }
+        }  // VAR != 4
         __syncthreads();
         store_program_state<D>(a, ws_m, ws_l, ws_acc, nw, b, h0, nq, split);
         __syncthreads();  // the state is read out of ws before the sink/tail part reuses it
@@ -748,7 +1099,7 @@ size_t attend_smem_bytes(int nw, int nsw, int R)
     const size_t stage_bytes = (size_t)nw * nsw * R;
     const size_t ws_bytes = (size_t)nw * 8 * (D + 2) * sizeof(float);
     const size_t front = stage_bytes > ws_bytes ? stage_bytes : ws_bytes;
-    return ((front + 127) & ~(size_t)127) + 8 * (D + 4) * sizeof(float) + (size_t)nw * nsw * 8;
+    return ((front + 127) & ~(size_t)127) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
 }
 
 // Per head_dim launchers (attend_d*.cu).
@@ -756,20 +1107,20 @@ int launch_attend_d64(int kbits, int vbits, int group, const AttendArgs& a, int 
 int launch_attend_d128(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
 int launch_attend_d256(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
 
-template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16>
+template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16, int VAR = 1>
 int launch_attend_t(const AttendArgs& args, int batch, int max_smem, cudaStream_t stream)
 {
     static_assert(AttendCfg<KB, VB, G, D, NIPC>::QLD == D + 4, "q row stride");
     AttendArgs a = args;
     const int R = (int)a.L.total;
     // As many warps (<= WARPS) and stages per warp (<= 2) as shared memory holds.
-    int nw = WARPS, nsw = 2;
+    int nw = WARPS, nsw = (VAR == 2 || VAR == 3) ? 1 : 2;
     while (nsw > 1 && attend_smem_bytes<D>(nw, nsw, R) > (size_t)max_smem) --nsw;
     while (nw > 1 && attend_smem_bytes<D>(nw, nsw, R) > (size_t)max_smem) --nw;
     const size_t smem = attend_smem_bytes<D>(nw, nsw, R);
     if (smem > (size_t)max_smem) return KVARN_CUDA_ERR_ARGUMENT;
     a.stages_per_warp = nsw;
-    auto kernel = attend_kernel<KB, VB, G, D, WARPS, NIPC>;
+    auto kernel = attend_kernel<KB, VB, G, D, WARPS, NIPC, VAR>;
     KVARN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                    "attend kernel shared memory");
     dim3 grid((unsigned)a.splits, (unsigned)(a.c.num_kv_heads * a.q_chunks), (unsigned)batch);
