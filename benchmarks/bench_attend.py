@@ -84,12 +84,17 @@ def data(shape, ctx):
 
 
 def clone(cache):
-    """A copy of a cache with its own arrays (so batch rows read distinct memory).
-    Shallow copy + array copies: caches may hold locks, which deepcopy cannot copy."""
-    c = copy.copy(cache)
-    for name, val in vars(cache).items():
-        if isinstance(val, np.ndarray):
-            setattr(c, name, val.copy())
+    """A copy of a cache with its own arrays (so batch rows and layers read distinct memory)."""
+    if isinstance(cache, kvarn.KVCache):
+        c = cache.copy()  # its arrays live in one state tuple, which a shallow copy would share
+    else:  # FP16Cache: shallow copy + array copies
+        c = copy.copy(cache)
+        for name, val in vars(cache).items():
+            if isinstance(val, np.ndarray):
+                setattr(c, name, val.copy())
+    for key in ("sink_k", "records", "tail_k"):
+        a, b = cache._native_parts()[key], c._native_parts()[key]
+        assert a.size == 0 or not np.shares_memory(a, b), f"clone shares {key}"
     return c
 
 
@@ -222,6 +227,49 @@ def test_attend(benchmark, shape, ctx, batch, impl):
         tol = 1e-3
     err = np.abs(out[0] - want).max() / np.abs(want).max()
     assert err < tol, f"{impl}: {err:.3g}"
+
+
+COLD_BYTES = 256 << 20  # fp16 bytes touched between two reads of one layer's cache (8x this box's L3)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("ctx", CONTEXTS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_decode_cold(benchmark, shape, ctx, batch):
+    """A decode step as a model runs it: each layer's cache is read once per token, so by the
+    next read the other layers have pushed it out of the caches. Here M copies ("layers") of the
+    kvarn and of the fp16 cache are read in turn, fp16 then kvarn per layer, with at least
+    COLD_BYTES of fp16 cache in between two reads of one copy; per-call minima of both and
+    their ratio are recorded. The per-impl rows above re-read one warm cache, which favours
+    whatever fits in the last-level cache (the fp16 cache at short contexts)."""
+    hq, hk, d = SHAPES[shape]
+    dense_bytes = 2 * hk * ctx * d * 2 * batch
+    if batch > 1 and ctx >= 131072:
+        pytest.skip("the batch-1 128K row is already far beyond the caches")
+    dd = data(shape, ctx)
+    layers = max(1, -(-COLD_BYTES // dense_bytes))
+    if layers > 1 and 1.3 * layers * dense_bytes > _avail_bytes():
+        pytest.skip("not enough memory for the layer copies")
+    q = np.ascontiguousarray(dd["q"][:batch])
+    best = "avx512" if "avx512" in ISAS else ISAS[-1]
+    kvarn.set_isa(best)
+    if VNNI:
+        _native.set_score_mode("int16")  # the default
+    kv_layers = [[clone(dd["cache"]) for _ in range(batch)] for _ in range(layers)]
+    f16_layers = [[clone(dd["f16"]) for _ in range(batch)] for _ in range(layers)]
+    t_kv, t_f16 = [], []
+
+    def step():  # one token through every layer
+        for kc, fc in zip(kv_layers, f16_layers):
+            t_f16.append(_timed(lambda: attend_fp16_batch(q, fc, num_threads=THREADS)))
+            t_kv.append(_timed(lambda: kvarn.attend_batch(q, kc, num_threads=THREADS)))
+
+    benchmark.group = f"cold {shape} ctx={ctx} batch={batch}"
+    benchmark.pedantic(step, rounds=rounds_for(step), iterations=1, warmup_rounds=1)
+    ratio = min(t_f16) / min(t_kv)
+    record(benchmark, sum(c.nbytes for c in kv_layers[0]), impl=f"{layers}-layer-step-kvarn-{best}-and-fp16",
+           layers=layers, kvarn_ms=round(min(t_kv) * 1e3, 4), fp16_ms=round(min(t_f16) * 1e3, 4),
+           ratio=round(ratio, 3))
 
 
 @pytest.mark.parametrize("ctx", CONTEXTS)

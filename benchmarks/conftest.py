@@ -86,6 +86,11 @@ def _table():
                 f"| {label} | {mn * 1e3:.3f} | {med * 1e3:.3f} | {nbytes / 1e6:.2f} | {gbps:.2f} | {frac} | " + " | ".join(ratios) + " |"
             )
         for *_, extra in rows:
+            if "ratio" in extra:
+                lines.append(
+                    f"cold ({extra['layers']} layer copies read in turn): kvarn {extra['kvarn_ms']} ms, "
+                    f"fp16 {extra['fp16_ms']} ms per call (minima) -> kvarn {extra['ratio']}x faster"
+                )
             if "share_pct" in extra:
                 lines.append(
                     f"quantise per generated token {extra['quant_us_per_token']} us = {extra['share_pct']}% of a "
