@@ -123,6 +123,26 @@ def test_chunked_appends_equal_one_append(chunk_sizes, seed):
     np.testing.assert_array_equal(kvarn.attend(q, a), kvarn.attend(q, b))
 
 
+def test_attend_between_appends_sees_every_token(rng):
+    # attend caches the native view of a state; each append must publish a fresh one.
+    from kvarn.fp16cache import FP16Cache
+
+    k = kv_like(rng, (2, 400, 64))
+    v = kv_like(rng, (2, 400, 64))
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    cache, f16 = kvarn.KVCache(2, 64, sink_tokens=16), FP16Cache(2, 64)
+    done = 0
+    for n in (1, 20, 100, 150, 129):
+        cache.append(k[:, done : done + n], v[:, done : done + n])
+        f16.append(k[:, done : done + n], v[:, done : done + n])
+        done += n
+        fresh, fresh16 = kvarn.KVCache(2, 64, sink_tokens=16), FP16Cache(2, 64)
+        fresh.append(k[:, :done], v[:, :done])
+        fresh16.append(k[:, :done], v[:, :done])
+        np.testing.assert_array_equal(cache.attend(q), fresh.attend(q))
+        np.testing.assert_array_equal(f16.attend(q), fresh16.attend(q))
+
+
 def test_token_by_token_decode(rng):
     cache = kvarn.KVCache(1, 64, sink_tokens=16)
     k = kv_like(rng, (1, 300, 64))

@@ -6,6 +6,7 @@ input gets an exception that names the argument and the problem.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -269,7 +270,7 @@ def check_queries(q, num_kv_heads: int, head_dim: int, ndim: int, name: str = "q
 
 def check_scale(scale, head_dim: int) -> float:
     if scale is None:
-        return 1.0 / float(np.sqrt(head_dim))
+        return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
         raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
     scale = float(scale)

@@ -185,8 +185,14 @@ class KVCache:
 
     # ---- reading -------------------------------------------------------------
     def _native_parts(self) -> dict:
-        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
-        return {
+        # Built once per state: a decode loop calls attend far more often than append. The
+        # (state, parts) pair is one attribute, so a reader never pairs parts with another state.
+        state = self._state  # one snapshot
+        cached = self.__dict__.get("_parts_cache")
+        if cached is not None and cached[0] is state:
+            return cached[1]
+        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = state
+        parts = {
             "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
             "group": self.preset.group,
@@ -201,6 +207,8 @@ class KVCache:
             "tail_v": tail_v.view(np.uint16),
             "tail_len": tail_len,
         }
+        self._parts_cache = (state, parts)
+        return parts
 
     def dequantize(self):
         """(K̂, V̂) float32 [num_kv_heads, len, head_dim]: what attention sees. For tests and
@@ -225,7 +233,7 @@ class KVCache:
         other unchanged). The records are copied: appends write new ones in place."""
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
         new = object.__new__(KVCache)
-        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_state", "_append_lock")})
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_state", "_append_lock", "_parts_cache")})
         new._append_lock = threading.Lock()
         new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),
                      tail_len)

@@ -64,9 +64,14 @@ class FP16Cache:
         return self._k[:, : self._len], self._v[:, : self._len]
 
     def _native_parts(self) -> dict:
+        # Built once per (buffers, length), as KVCache does: same per-call Python cost on both paths.
+        key = (self._k, self._v, self._len)
+        cached = self.__dict__.get("_parts_cache")
+        if cached is not None and cached[0][0] is self._k and cached[0][1] is self._v and cached[0][2] == self._len:
+            return cached[1]
         H, D = self.num_kv_heads, self.head_dim
         empty16 = np.zeros((H, 0, D), np.uint16)
-        return {
+        parts = {
             "num_kv_heads": H,
             "head_dim": D,
             # Unused while num_tiles == 0, but must be a valid format.
@@ -83,6 +88,8 @@ class FP16Cache:
             "tail_v": empty16,
             "tail_len": 0,
         }
+        self._parts_cache = (key, parts)
+        return parts
 
     def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
         """Decode attention of q [Hq, D] over every cached token; float32 [Hq, D]."""
