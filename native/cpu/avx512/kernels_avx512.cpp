@@ -136,16 +136,22 @@ inline __m512 codes16<8>(const uint8_t* row, int i0)
 // ---- Hadamard ---------------------------------------------------------------------
 // In-register stages h = 1, 2, 4, 8: y = x with partners swapped; lanes with
 // bit h clear take x + y (a + b), the others y - x (a - b): the scalar's operands.
+// One butterfly stage inside a vector: lanes without the sign bit become x + y,
+// lanes with it y - x (y = x's partner lane), as x * (+-1) + y in one FMA, which is
+// exact (x * +-1 is) and rounds like the add or sub it replaces: bit-identical, on
+// the FMA pipes, where an add + masked sub took two ops on the adder pipes.
+inline __m512 butterfly(__m512 x, __m512 y, __m512 sign) { return _mm512_fmadd_ps(x, sign, y); }
+
 inline __m512 fwht16(__m512 x)
 {
-    __m512 y = _mm512_permute_ps(x, 0xB1);
-    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xAAAA, y, x);
-    y = _mm512_permute_ps(x, 0x4E);
-    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xCCCC, y, x);
-    y = _mm512_shuffle_f32x4(x, x, 0xB1);  // 128-bit lanes 1 0 3 2
-    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xF0F0, y, x);
-    y = _mm512_shuffle_f32x4(x, x, 0x4E);  // 2 3 0 1
-    return _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xFF00, y, x);
+    const __m512 s1 = _mm512_setr_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+    const __m512 s2 = _mm512_setr_ps(1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1);
+    const __m512 s4 = _mm512_setr_ps(1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1);
+    const __m512 s8 = _mm512_setr_ps(1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1);
+    x = butterfly(x, _mm512_permute_ps(x, 0xB1), s1);
+    x = butterfly(x, _mm512_permute_ps(x, 0x4E), s2);
+    x = butterfly(x, _mm512_shuffle_f32x4(x, x, 0xB1), s4);  // 128-bit lanes 1 0 3 2
+    return butterfly(x, _mm512_shuffle_f32x4(x, x, 0x4E), s8);  // 2 3 0 1
 }
 
 // One Hadamard block of NV vectors kept in registers: the same butterflies in the
@@ -159,8 +165,8 @@ inline void fwht_block_in_registers(const float* src, float* dst, __m512 norm)
         for (int i = 0; i < NV; i += 2 * h)
             for (int j = i; j < i + h; ++j) {
                 const __m512 a = v[j], c = v[j + h];
-                v[j] = _mm512_add_ps(a, c);
-                v[j + h] = _mm512_sub_ps(a, c);
+                v[j] = _mm512_add_ps(a, c);                                // adder pipes
+                v[j + h] = _mm512_fnmadd_ps(c, _mm512_set1_ps(1.0f), a);  // a - c, exactly, on the FMA pipes
             }
     for (int i = 0; i < NV; ++i) _mm512_storeu_ps(dst + 16 * i, _mm512_mul_ps(v[i], norm));
 }
