@@ -663,12 +663,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const int g = lane >> 2, c = lane & 3;
     const int R = (int)a.L.total;
     const int nsw = a.stages_per_warp;
-    const int nbw = nsw > 2 ? nsw : 2;  // mbarriers per warp (VAR 2: one for the K part, one for the V part)
-    // VAR 2, 3: one stage per warp, loaded in two parts -- the K part [0, v_codes) of the next record
-    // as soon as this tile's scores are done, the V part after its PV -- so each part has the other
-    // half of a tile to arrive, and shared memory holds 12 warps' stages.
-    constexpr bool kSplitKV = VAR == 2 || VAR == 3;
-    const uint32_t kbytes = (uint32_t)a.L.v_codes, vbytes = (uint32_t)(R - a.L.v_codes);
+    const int nbw = nsw > 2 ? nsw : 2;  // mbarriers per warp (at least 2)
 
     extern __shared__ __align__(128) uint8_t smem[];
     const size_t stage_bytes = (size_t)nw * nsw * R;
@@ -706,15 +701,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
                               (size_t)a.layer * a.c.num_pages * Hk * R + (size_t)kvh * R;
         const int* bt = reinterpret_cast<const int*>(a.c.block_table) + (size_t)slot * a.c.max_tiles;
         const int n_my = t_begin + warp < t_end ? (t_end - t_begin - warp + nw - 1) / nw : 0;
-        if (kSplitKV) {
-            if (lane == 0 && n_my > 0) {
-                const uint8_t* src = pool + (size_t)bt[t_begin + warp] * Hk * R;
-                mbar_expect_tx(&my_bars[0], kbytes);
-                bulk_load(stages, src, kbytes, &my_bars[0]);
-                mbar_expect_tx(&my_bars[1], vbytes);
-                bulk_load(stages + kbytes, src + kbytes, vbytes, &my_bars[1]);
-            }
-        } else if (lane == 0) {
+        if (lane == 0) {
             for (int s = 0; s < nsw && s < n_my; ++s) {
                 const int page = bt[t_begin + warp + s * nw];
                 mbar_expect_tx(&my_bars[s], (uint32_t)R);
@@ -763,7 +750,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             int next_page = 0;
             if constexpr (VAR >= 1)
                 if (lane == 0 && k + nsw < n_my) next_page = bt[t_begin + warp + (k + nsw) * nw];
-            mbar_wait(&my_bars[kSplitKV ? 0 : s], (uint32_t)((k / nsw) & 1));
+            mbar_wait(&my_bars[s], (uint32_t)((k / nsw) & 1));
             const uint8_t* rec = stages + (size_t)s * R;
             const __half* ka = reinterpret_cast<const __half*>(rec + a.L.ka);
             const __half* kz = reinterpret_cast<const __half*>(rec + a.L.kz);
@@ -866,16 +853,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             const float m_new = fmaxf(m_run, tmax);
             const float alpha = fast_exp2(m_run - m_new);
             m_run = m_new;
-            if constexpr (kSplitKV) {
-                // This tile's K part is read (codes, ka, kz, kt): the next record's K part can come.
-                __syncwarp();
-                if (lane == 0 && k + 1 < n_my) {
-                    fence_proxy_async();
-                    mbar_expect_tx(&my_bars[0], kbytes);
-                    bulk_load(stages, pool + (size_t)next_page * Hk * R, kbytes, &my_bars[0]);
-                }
-                mbar_wait(&my_bars[1], (uint32_t)(k & 1));  // this tile's V part
-            }
             float vav[2][C::NJ], vzv[2][C::NJ];
             load_halves<C::NJ>(va + C::NJ * (2 * c), vav[0]);
             load_halves<C::NJ>(va + C::NJ * (2 * c + 1), vav[1]);
@@ -983,13 +960,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             }
 
             __syncwarp();
-            if (kSplitKV) {
-                if (lane == 0 && k + 1 < n_my) {
-                    fence_proxy_async();
-                    mbar_expect_tx(&my_bars[1], vbytes);
-                    bulk_load(stages + kbytes, pool + (size_t)next_page * Hk * R + kbytes, vbytes, &my_bars[1]);
-                }
-            } else if (lane == 0 && k + nsw < n_my) {
+            if (lane == 0 && k + nsw < n_my) {
                 fence_proxy_async();  // our generic reads of this stage before the async-proxy overwrite
                 const int page = VAR >= 1 ? next_page : bt[t_begin + warp + (k + nsw) * nw];
                 mbar_expect_tx(&my_bars[s], (uint32_t)R);
@@ -1114,7 +1085,7 @@ int launch_attend_t(const AttendArgs& args, int batch, int max_smem, cudaStream_
     AttendArgs a = args;
     const int R = (int)a.L.total;
     // As many warps (<= WARPS) and stages per warp (<= 2) as shared memory holds.
-    int nw = WARPS, nsw = (VAR == 2 || VAR == 3) ? 1 : 2;
+    int nw = WARPS, nsw = 2;
     while (nsw > 1 && attend_smem_bytes<D>(nw, nsw, R) > (size_t)max_smem) --nsw;
     while (nw > 1 && attend_smem_bytes<D>(nw, nsw, R) > (size_t)max_smem) --nw;
     const size_t smem = attend_smem_bytes<D>(nw, nsw, R);
