@@ -1,0 +1,76 @@
+"""Medians over several runs of the CPU benchmarks' summary tables (KVARN_BENCH_TABLE files).
+
+This shared host is noisy: one run can put a row in a slow spell. RESULTS.md reports, per point,
+the median over runs of each row's minimum, the ratios of those medians, and the range of the
+per-run ratios.
+
+    python benchmarks/aggregate_tables.py results/epyc_2t_table_s3_run1.md results/..._run2.md ...
+
+Prints markdown rows: warm attention groups, cold decode steps, quantise shares, quantiser groups.
+"""
+import re
+import statistics
+import sys
+
+
+def parse(text):
+    """-> (copy GB/s or None, {group: (rows {impl: (min_ms, MB)}, notes {kind: tuple})})"""
+    m = re.search(r"copy bandwidth.*?([0-9.]+)\s*$", text.split("\n")[0])
+    copy = float(m.group(1)) if m else None
+    groups = {}
+    for block in text.split("\n## ")[1:]:
+        lines = block.strip().split("\n")
+        rows, notes = {}, {}
+        for line in lines[3:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if line.startswith("|") and len(cells) >= 9:
+                rows[cells[0]] = (float(cells[1]), float(cells[3]))
+            m = re.search(r"\((\d+) layer copies.*kvarn ([0-9.]+) ms, fp16 ([0-9.]+) ms.*?([0-9.]+)x faster", line)
+            if m:
+                notes["cold"] = (int(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4)))
+            m = re.search(r"= ([0-9.]+)% of a ([0-9.]+) ms", line)
+            if m:
+                notes["share"] = (float(m.group(1)), float(m.group(2)))
+        groups[lines[0]] = (rows, notes)
+    return copy, groups
+
+
+def fmt(x):
+    return "–" if x is None else f"{x:.3f}"
+
+
+def main(paths):
+    runs = [parse(open(p).read()) for p in paths]
+    median = statistics.median
+    print("copy bandwidth (read + write GB/s) per run:", [r[0] for r in runs])
+    for group in runs[0][1]:
+        present = [r[1][group] for r in runs if group in r[1]]
+        if group.startswith("attend "):
+            impls = present[0][0]
+            mins = {k: median(p[0][k][0] for p in present if k in p[0]) for k in impls}
+            fp16 = min(v for k, v in mins.items() if k.startswith("fp16"))
+            best = mins["kvarn-avx512-int16"] if "kvarn-avx512-int16" in mins else mins.get("kvarn-avx2")
+            key = "kvarn-avx512-int16" if "kvarn-avx512-int16" in mins else "kvarn-avx2"
+            per_run = [min(v[0] for k, v in p[0].items() if k.startswith("fp16")) / p[0][key][0] for p in present]
+            gbps = impls[key][1] / best  # MB / ms
+            ratio = lambda k: f"{mins[k] / best:.1f}x" if k in mins else "–"  # noqa: E731
+            print(f"| {group[7:]} | {best:.3f} | {fmt(mins.get('kvarn-avx512-float'))} | {fmt(mins.get('kvarn-avx2'))} | "
+                  f"{fp16:.3f} | {fmt(mins.get('numpy'))} | {fmt(mins.get('torch'))} | **{fp16 / best:.2f}x** "
+                  f"({min(per_run):.2f}–{max(per_run):.2f}) | {ratio('numpy')} | {ratio('torch')} | {gbps:.1f} |")
+        elif group.startswith("cold "):
+            cold = [p[1]["cold"] for p in present]
+            ratios = [c[3] for c in cold]
+            print(f"| {group[5:]} | {cold[0][0]} | {median(c[1] for c in cold):.4f} | {median(c[2] for c in cold):.4f} | "
+                  f"**{median(ratios):.2f}x** ({min(ratios):.2f}–{max(ratios):.2f}) |")
+        elif group.startswith("quantise share "):
+            shares = [p[1]["share"] for p in present]
+            pct = [s[0] for s in shares]
+            print(f"| {group[15:]} | {median(pct):.2f} % ({min(pct):.2f}–{max(pct):.2f}) | "
+                  f"{median(s[1] for s in shares):.4f} ms |")
+        elif group.startswith(("quantize ", "hadamard ")):
+            impls = present[0][0]
+            print(f"| {group} | " + ", ".join(f"{k} {median(p[0][k][0] for p in present):.3f} ms" for k in impls) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
