@@ -297,7 +297,7 @@ struct ScoreArgs {
     float* s;  // [NH][G]
 };
 
-// Token order of the int8 path's accumulators: within a 64-token half, byte
+// Token order of the integer score kernels' accumulators: within a 64-token half, byte
 // position p of a row (p < 32: low nibbles = even tokens 2p, else odd tokens
 // 2(p-32)+1) lands in accumulator j = (p % 16) / 4, lane (p / 16) * 4 + p % 4.
 // Built at compile time (constexpr): a runtime constructor here would run at
@@ -337,6 +337,10 @@ inline void finish_int_scores(const __m512i (&acc)[NH][4], const ScoreArgs& a, i
     }
 }
 
+// Int8 scores for 4-bit keys (VNNI): for each group of 4 channels the 4 rows'
+// nibbles are interleaved so that each dword holds one token's 4 codes, then
+// vpdpbusd multiplies them by the 4 int8 query values and sums in int32.
+// qi: [NH][D] int8; finished by finish_int_scores.
 template <int NH>
 void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const ScoreArgs& a, __m512* smax, Prefetcher& pf)
 {
