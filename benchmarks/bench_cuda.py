@@ -29,6 +29,22 @@ import kvarn.cuda as kc
 HQ, HK, D = 32, 8, 128
 L2_ROTATE_BYTES = 512 << 20  # walk through at least this much data per graph replay
 
+# Exploration of the split-K heuristic (src/kvarn/cuda.py, _choose_splits): KVARN_BENCH_MIN_PROGRAMS=N
+# raises a plan's split count until it has >= N programs (or one tile per split). Timing only.
+_MIN_PROGRAMS = int(os.environ.get("KVARN_BENCH_MIN_PROGRAMS", "0"))
+if _MIN_PROGRAMS > 0:
+    _choose0 = kc.PagedKVCache._choose_splits
+
+    def _choose_more(self, tiles, programs_per_seq):
+        s, tps = _choose0(self, tiles, programs_per_seq)
+        nmax = int(tiles.max()) if len(tiles) else 0
+        while tps > 1 and programs_per_seq * int(np.sum(-(-tiles // tps))) < _MIN_PROGRAMS:
+            tps -= 1
+            s = -(-nmax // tps)
+        return s, tps
+
+    kc.PagedKVCache._choose_splits = _choose_more
+
 
 def graph_time(fn, n_calls, reps=30):
     """Median ms of one fn(i) over CUDA-graph replays of fn(0..n_calls-1)."""

@@ -90,12 +90,16 @@ fi
 if [[ " ${steps[*]} " == *" ab "* ]]; then
   # Same-run A/B of the k4v2_g128 D 128 attend variants (KVARN_ATTEND_VARIANT, attend_d128.cu),
   # kvarn only, alternating so that clock drift hits every variant alike.
+  # An entry of $AB_VARIANTS is a variant number (KVARN_ATTEND_VARIANT) or a comma-separated list of
+  # VAR=VALUE settings (e.g. KVARN_ATTEND_FUSED=0,KVARN_ATTEND_QPF=0).
   echo "== A/B: variants ${AB_VARIANTS:-0 1 0 1} at ${AB_POINTS:-32768x8,4096x1}"
   abn=0
   for v in ${AB_VARIANTS:-0 1 0 1}; do
     abn=$((abn + 1))
-    KVARN_ATTEND_VARIANT=$v $PY benchmarks/bench_cuda.py --kvarn-only --points "${AB_POINTS:-32768x8,4096x1}" \
-      --out "$OUT/ab" --tag "_v${v}_$abn" 2>&1 | grep -E "^ctx|Error|error" | sed "s/^/v$v /" | tee -a "$OUT/ab.log"
+    if [[ "$v" == *=* ]]; then envs=(${v//,/ }); tag=$(echo "$v" | tr -c 'A-Za-z0-9=\n' '_' | tr '=' '-'); label=$v
+    else envs=("KVARN_ATTEND_VARIANT=$v"); tag="v$v"; label="v$v"; fi
+    env "${envs[@]}" $PY benchmarks/bench_cuda.py --kvarn-only --points "${AB_POINTS:-32768x8,4096x1}" \
+      --out "$OUT/ab" --tag "_${tag}_$abn" 2>&1 | grep -E "^ctx|Error|error" | sed "s/^/$label /" | tee -a "$OUT/ab.log"
   done
 fi
 
