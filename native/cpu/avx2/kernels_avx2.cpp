@@ -415,10 +415,24 @@ inline __m256 sum8(const __m256 (&v)[8])
     return _mm256_add_ps(_mm256_permute2f128_ps(x[0], x[1], 0x20), _mm256_permute2f128_ps(x[0], x[1], 0x31));
 }
 
-// Scores of nb fp16 keys for NH heads. No software prefetch (it made the
-// avx512 twin slower: sequential rows suit the hardware prefetcher).
+// Rows of the next 64-token block towards L2 while this block computes, as in the
+// avx512 file (where it is measured: only for rows of >= 256 bytes).
+struct RowPrefetch {
+    const uint16_t* next = nullptr;  // first row of the next block, or nullptr
+    int64_t rows = 0;                // rows in the next block
+    int64_t rs = 0;                  // row stride (elements)
+    int row_bytes = 0;
+    inline void row(int64_t r) const
+    {
+        if (next == nullptr || r >= rows) return;
+        const char* p = reinterpret_cast<const char*>(next + r * rs);
+        for (int off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+    }
+};
+
+// Scores of nb fp16 keys for NH heads; pf brings the next block's keys.
 template <int NH>
-void dense_scores(const float* q, int D, const uint16_t* k, int64_t nb, int64_t rs, float* s)
+void dense_scores(const float* q, int D, const uint16_t* k, int64_t nb, int64_t rs, float* s, const RowPrefetch& pf)
 {
     int64_t t = 0;
     // 2 tokens x NH heads per pass, reduced together by sum8: v[4i + h] is
@@ -429,6 +443,8 @@ void dense_scores(const float* q, int D, const uint16_t* k, int64_t nb, int64_t 
         const uint16_t* k1 = k0 + rs;
         __m256 v[8];
         for (int i = 0; i < 8; ++i) v[i] = _mm256_setzero_ps();
+        pf.row(t);
+        pf.row(t + 1);
         for (int d = 0; d < D; d += 8) {
             const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k0 + d)));
             const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k1 + d)));
@@ -443,6 +459,7 @@ void dense_scores(const float* q, int D, const uint16_t* k, int64_t nb, int64_t 
         for (int h = 0; h < NH; ++h) memcpy(s + h * kDenseBlock + t, r + 2 * h, 2 * sizeof(float));
     }
     for (; t < nb; ++t) {
+        pf.row(t);
         const uint16_t* k0 = k + t * rs;
         __m256 a0[NH];
         for (int h = 0; h < NH; ++h) a0[h] = _mm256_setzero_ps();
@@ -456,7 +473,8 @@ void dense_scores(const float* q, int D, const uint16_t* k, int64_t nb, int64_t 
 
 // acc[h][d] += sum_t p[h][t] v[t][d], 16 channels at a time, accumulators in registers.
 template <int NH>
-void dense_values(const float* p, int D, const uint16_t* v, int64_t nb, int64_t rs, float* const* acc)
+void dense_values(const float* p, int D, const uint16_t* v, int64_t nb, int64_t rs, float* const* acc,
+                  const RowPrefetch& pf)
 {
     for (int d0 = 0; d0 < D; d0 += 16) {
         __m256 a0[NH], a1[NH];
@@ -466,6 +484,7 @@ void dense_values(const float* p, int D, const uint16_t* v, int64_t nb, int64_t 
         }
         const uint16_t* vr = v + d0;
         for (int64_t t = 0; t < nb; ++t, vr += rs) {
+            if (d0 == 0) pf.row(t);
             const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr)));
             const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8)));
             for (int h = 0; h < NH; ++h) {
@@ -489,14 +508,20 @@ void attend_dense_f16_avx2(const float* q_all, int n_q, int D, const uint16_t* k
         const int64_t nb = n - t0 < kDenseBlock ? n - t0 : kDenseBlock;
         const uint16_t* kb = k + t0 * row_stride;
         const uint16_t* vb = v + t0 * row_stride;
+        const int64_t next_rows = n - t0 - nb < kDenseBlock ? n - t0 - nb : kDenseBlock;
         for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
             const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
             const float* q = q_all + (size_t)h0 * D;
+            RowPrefetch pk, pv;  // the first head group brings the next block
+            if (h0 == 0 && next_rows > 0 && 2 * D >= 256) {
+                pk = {kb + nb * row_stride, next_rows, row_stride, 2 * D};
+                pv = {vb + nb * row_stride, next_rows, row_stride, 2 * D};
+            }
             switch (nh) {
-                case 1: dense_scores<1>(q, D, kb, nb, row_stride, s); break;
-                case 2: dense_scores<2>(q, D, kb, nb, row_stride, s); break;
-                case 3: dense_scores<3>(q, D, kb, nb, row_stride, s); break;
-                default: dense_scores<4>(q, D, kb, nb, row_stride, s); break;
+                case 1: dense_scores<1>(q, D, kb, nb, row_stride, s, pk); break;
+                case 2: dense_scores<2>(q, D, kb, nb, row_stride, s, pk); break;
+                case 3: dense_scores<3>(q, D, kb, nb, row_stride, s, pk); break;
+                default: dense_scores<4>(q, D, kb, nb, row_stride, s, pk); break;
             }
             float* acc[kHeadGroup];
             for (int h = 0; h < nh; ++h) {
@@ -509,10 +534,10 @@ void attend_dense_f16_avx2(const float* q_all, int n_q, int D, const uint16_t* k
                 acc[h] = st.acc_orig + (size_t)hq * D;
             }
             switch (nh) {
-                case 1: dense_values<1>(s, D, vb, nb, row_stride, acc); break;
-                case 2: dense_values<2>(s, D, vb, nb, row_stride, acc); break;
-                case 3: dense_values<3>(s, D, vb, nb, row_stride, acc); break;
-                default: dense_values<4>(s, D, vb, nb, row_stride, acc); break;
+                case 1: dense_values<1>(s, D, vb, nb, row_stride, acc, pv); break;
+                case 2: dense_values<2>(s, D, vb, nb, row_stride, acc, pv); break;
+                case 3: dense_values<3>(s, D, vb, nb, row_stride, acc, pv); break;
+                default: dense_values<4>(s, D, vb, nb, row_stride, acc, pv); break;
             }
         }
     }
