@@ -3,7 +3,9 @@
 - kvarn over a k4v2_g128 cache (every ISA; on VNNI CPUs also the int16/int8 score modes),
 - kvarn's equally optimised kernel over an fp16 cache (FP16Cache -> attend_dense_f16),
 - numpy fp32 attention (BLAS matmuls) and torch SDPA fp32 with GQA, over the same tokens,
-- a large memory copy, the bandwidth floor these are measured against.
+- a large memory copy, the bandwidth floor these are measured against,
+- cold decode steps (test_decode_cold): kvarn and fp16 over M layer copies read in turn, as a
+  model reads each layer's cache once per token (the rows above re-read one warm cache).
 
 One group per (shape, context, batch). Bytes moved = cache bytes read per call
 (packed records + fp16 sink/tail for kvarn; K and V for the dense rows).
