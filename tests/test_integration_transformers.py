@@ -182,14 +182,50 @@ def test_cache_rows_reorder_repeat_and_select(smol):
         cache.crop(-1)
 
 
-def test_padded_batch_is_refused(smol):
+def test_left_padded_batch_matches_each_row_alone(smol):
+    model, tok, ids = smol
+    prompts = [ids[:150], ids[10:80]]  # 150 and 70 tokens: row 1 gets 80 positions of left padding
+    L, eos = max(len(p) for p in prompts), model.config.eos_token_id
+
+    def gen(x, mask, cache):
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+            return model.generate(x, attention_mask=mask, max_new_tokens=10, min_new_tokens=10, do_sample=False,
+                                  past_key_values=cache, pad_token_id=eos)
+
+    x = torch.full((2, L), eos, dtype=torch.long)
+    mask = torch.zeros(2, L, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        x[b, L - len(p) :] = torch.tensor(p)
+        mask[b, L - len(p) :] = 1
+    cache = KVarNCache(model.config, preset="k4v2_g64")
+    batch = gen(x, mask, cache)[:, L:]
+    layer = cache.kvarn_layers[0]
+    # The padding is not in row 1's cache; both rows hold prompt + 9 fed-back tokens.
+    assert layer.pads == [0, L - len(prompts[1])]
+    assert [len(c) for c in layer.caches] == [len(p) + 9 for p in prompts]
+    for b, p in enumerate(prompts):
+        alone = gen(torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long),
+                    KVarNCache(model.config, preset="k4v2_g64"))[0, len(p):]
+        assert kev.identical_prefix(alone.tolist(), batch[b].tolist()) >= 8, (b, alone, batch[b])
+
+
+def test_other_padding_is_refused(smol):
     model, _, ids = smol
+    eos = model.config.eos_token_id
+    right = torch.ones(2, 40, dtype=torch.long)
+    right[1, -5:] = 0  # right padding in row 1
+    with pytest.raises(NotImplementedError, match="left padding"):
+        model.generate(torch.tensor([ids[:40], ids[:40]]), attention_mask=right, max_new_tokens=3, do_sample=False,
+                       past_key_values=KVarNCache(model.config, preset="k4v2_g128"), pad_token_id=eos)
+    # Padding that appears after the prompt (a mask hiding a cached position) is refused too.
     cache = KVarNCache(model.config, preset="k4v2_g128")
-    mask = torch.ones(2, 40, dtype=torch.long)
-    mask[1, :5] = 0  # left padding in row 1
-    with pytest.raises(NotImplementedError, match="padded"):
-        model.generate(torch.tensor([ids[:40], ids[:40]]), attention_mask=mask, max_new_tokens=3, do_sample=False,
-                       past_key_values=cache, pad_token_id=model.config.eos_token_id)
+    with torch.no_grad():
+        model(torch.tensor([ids[:40]]), use_cache=True, **cache_kwargs(model, cache))
+        late = torch.ones(1, 41, dtype=torch.long)
+        late[0, 3] = 0
+        with pytest.raises(NotImplementedError, match="after the prompt"):
+            model(torch.tensor([[ids[40]]]), attention_mask=late, use_cache=True, **cache_kwargs(model, cache))
 
 
 def test_pseudo_decode_mask_matches_the_cache_rule():
@@ -228,7 +264,7 @@ def test_gemma3_second_head_dim_decode_path_agrees():
     dec, cache = kev.decode_path_logits(model, seq, P, S, "k4v2_g128", 128)
     assert all(type(layer).__name__ == "DynamicSlidingWindowLayer"
                for layer, t in zip(cache.layers, model.config.layer_types) if t == "sliding_attention")
-    assert cache.kvarn_layers[0].caches[0].num_tiles == 4
+    assert cache.kvarn_layers[0].caches[0].num_tiles == 3
     m = [mm for mm in kev.build_methods(256, presets=("k4v2_g128",), baselines=False) if mm.preset][0]
     pseudo = kev.forward_logits(model, seq, kev.PseudoDecode(m, 128, 128, exact_prefix=P))[P:]
     # No tile fills while decoding here, so the two paths differ by float summation order only.

@@ -22,9 +22,12 @@ How it works
   has no window.
 
 Batch rows can be reordered, repeated and selected (beam search, ``num_return_sequences``): a
-row that appears twice gets a copy of its ``kvarn.KVCache``. Limits: no padding inside the cached
-part of a batch (one row per sequence, unpadded) and no cropping (assisted decoding): quantised
-tiles cannot be un-appended. These raise ``NotImplementedError``.
+row that appears twice gets a copy of its ``kvarn.KVCache``. Left-padded batches (what
+``generate`` builds for prompts of different lengths with ``padding_side="left"``) work: a row's
+padding positions are left out of its ``kvarn.KVCache`` at prefill, and later steps check that
+the mask hides exactly those. Limits: other padding (right padding, padding in a later chunk)
+and cropping (assisted decoding; quantised tiles cannot be un-appended) raise
+``NotImplementedError``.
 Needs the ``eval`` extra (torch, transformers >= 5).
 """
 from __future__ import annotations
@@ -43,6 +46,7 @@ import kvarn
 
 ATTN_IMPLEMENTATION = "kvarn"
 _TAG = "_kvarn_layer"  # attribute set on a key tensor whose attention kvarn must do
+_PREFILL_TAG = "_kvarn_prefill"  # ...on a prompt's key tensor: attention as usual, then store it
 
 # An optional replacement for the whole attention computation, used by the evaluation
 # (pseudo-decode) and the sample capture: fn(module, query, key, value, mask, scaling) -> [B, q, Hq, D].
@@ -60,10 +64,16 @@ def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scal
             layer._pending = None
             raise NotImplementedError("KVarNCache: kvarn attention has no logit soft-capping or sliding window")
         return layer.attend_pending(query, attention_mask, scaling), None
+    prefill = getattr(key, _PREFILL_TAG, None)
     fn = _override.get()
     if fn is not None:
-        return fn(module, query, key, value, attention_mask, scaling), None
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        out = fn(module, query, key, value, attention_mask, scaling)
+    else:
+        out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                     **kwargs)[0]
+    if prefill is not None:
+        prefill.store_prefill(attention_mask)
+    return out, None
 
 
 def register() -> str:
@@ -106,19 +116,29 @@ def _to_numpy(x: torch.Tensor) -> np.ndarray:
     return x.detach().to("cpu", torch.float32).numpy()
 
 
-def _check_no_padding(attention_mask, n_new: int) -> None:
-    # The last query row of a causal mask without padding allows every cached position.
+def _visible_keys(attention_mask, batch: int, n_keys: int) -> np.ndarray:
+    """[batch, n_keys] bool: the keys the last query of each row may attend (None: all)."""
     if attention_mask is None:
-        return
-    if attention_mask.dim() != 4:
+        return np.ones((batch, n_keys), bool)
+    if attention_mask.dim() != 4 or attention_mask.shape[-1] != n_keys:
         raise NotImplementedError("KVarNCache: unsupported attention mask layout")
-    last = attention_mask[..., -1, :]
-    ok = last.all() if last.dtype == torch.bool else (last == 0).all()
-    if not bool(ok):
-        raise NotImplementedError(
-            "KVarNCache: padded batches are not supported (kvarn attention has no mask); "
-            "generate one unpadded sequence per row"
-        )
+    last = attention_mask[:, 0, -1, :]
+    visible = last if last.dtype == torch.bool else last == 0
+    return np.broadcast_to(visible.cpu().numpy(), (batch, n_keys))
+
+
+def _left_padding(visible: np.ndarray) -> list[int]:
+    """Per row, the number of hidden keys, which must all come first (left padding)."""
+    pads = []
+    for b, row in enumerate(visible):
+        p = int(len(row) - row.sum())
+        if p == len(row) or row[:p].any() or not row[p:].all():
+            raise NotImplementedError(
+                f"KVarNCache: batch row {b}'s mask is not left padding followed by the sequence; kvarn "
+                "attention has no mask, so only left-padded prompts are supported"
+            )
+        pads.append(p)
+    return pads
 
 
 class KVarNLayer(CacheLayerMixin):
@@ -135,8 +155,10 @@ class KVarNLayer(CacheLayerMixin):
         self.sink_tokens = sink_tokens
         self.quantize_on = quantize_on
         self.caches: list[kvarn.KVCache] = []
+        self.pads: list[int] = []  # per row: left-padding positions, not stored in its cache
         self.cumulative_length = 0
         self._pending = None
+        self._prefill = None
 
     def lazy_initialization(self, key_states, value_states) -> None:
         B, Hk, _, D = key_states.shape
@@ -152,18 +174,29 @@ class KVarNLayer(CacheLayerMixin):
         if key_states.shape[0] != len(self.caches):
             raise ValueError(f"key_states: batch {key_states.shape[0]} differs from the cache's {len(self.caches)}")
         n = key_states.shape[-2]
+        if self._pending is not None or self._prefill is not None:
+            raise RuntimeError("KVarNCache: the previous step's attention never ran; is attn_implementation 'kvarn'?")
         if self.cumulative_length == 0:
-            # Prefill: store, and let the prompt attend over its own full-precision K/V.
-            k, v = _to_numpy(key_states), _to_numpy(value_states)
-            for b, c in enumerate(self.caches):
-                c.append(k[b], v[b])
+            # Prefill: the prompt attends over its own full-precision K/V; the attention function
+            # then stores it (store_prefill), leaving out the padding its mask hides.
+            self._prefill = (key_states, value_states)
+            setattr(key_states, _PREFILL_TAG, self)
             self.cumulative_length = n
             return key_states, value_states
-        if self._pending is not None:
-            raise RuntimeError("KVarNCache: the previous step's attention never ran; is attn_implementation 'kvarn'?")
         self._pending = (key_states, value_states)
         setattr(key_states, _TAG, self)
         return key_states, value_states
+
+    def store_prefill(self, attention_mask) -> None:
+        """Appends the prompt's K/V to each row's cache, without the row's left padding."""
+        key_states, value_states = self._prefill
+        self._prefill = None
+        B, _, n, _ = key_states.shape
+        pads = _left_padding(_visible_keys(attention_mask, B, n))
+        k, v = _to_numpy(key_states), _to_numpy(value_states)
+        for b, c in enumerate(self.caches):
+            c.append(k[b, :, pads[b] :], v[b, :, pads[b] :])
+        self.pads = pads
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
         """Appends the kept-aside tokens one at a time, each followed by kvarn decode attention."""
@@ -172,7 +205,13 @@ class KVarNLayer(CacheLayerMixin):
         key_states, value_states = self._pending
         self._pending = None
         B, Hq, n, D = query.shape
-        _check_no_padding(attention_mask, n)
+        visible = _visible_keys(attention_mask, B, self.cumulative_length + n)
+        for b, p in enumerate(self.pads):  # the mask must hide exactly the prompt's left padding
+            if visible[b, :p].any() or not visible[b, p:].all():
+                raise NotImplementedError(
+                    f"KVarNCache: batch row {b}: padding after the prompt is not supported (kvarn attention "
+                    "has no mask)"
+                )
         k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
         out = np.empty((B, n, Hq, D), np.float32)
         for i in range(n):
@@ -196,7 +235,7 @@ class KVarNLayer(CacheLayerMixin):
         return sum(c.nbytes for c in self.caches)
 
     def reset(self) -> None:
-        self.caches, self.cumulative_length, self._pending = [], 0, None
+        self.caches, self.pads, self.cumulative_length, self._pending, self._prefill = [], [], 0, None, None
         self.is_initialized = False
 
     def offload(self):  # the packed cache lives in host memory already
@@ -216,6 +255,7 @@ class KVarNLayer(CacheLayerMixin):
             caches.append(self.caches[r] if r not in taken else self.caches[r].copy())
             taken.add(r)
         self.caches = caches
+        self.pads = [self.pads[r] for r in rows]
 
     def reorder_cache(self, beam_idx) -> None:
         """Beam search: row i continues beam beam_idx[i]."""
