@@ -215,9 +215,11 @@ def test_other_padding_is_refused(smol):
     eos = model.config.eos_token_id
     right = torch.ones(2, 40, dtype=torch.long)
     right[1, -5:] = 0  # right padding in row 1
+    refused = KVarNCache(model.config, preset="k4v2_g128")
     with pytest.raises(NotImplementedError, match="left padding"):
         model.generate(torch.tensor([ids[:40], ids[:40]]), attention_mask=right, max_new_tokens=3, do_sample=False,
-                       past_key_values=KVarNCache(model.config, preset="k4v2_g128"), pad_token_id=eos)
+                       past_key_values=refused, pad_token_id=eos)
+    assert refused.get_seq_length() == 0 and all(not layer.caches for layer in refused.kvarn_layers)
     # Padding that appears after the prompt (a mask hiding a cached position) is refused too.
     cache = KVarNCache(model.config, preset="k4v2_g128")
     with torch.no_grad():
@@ -226,6 +228,8 @@ def test_other_padding_is_refused(smol):
         late[0, 3] = 0
         with pytest.raises(NotImplementedError, match="after the prompt"):
             model(torch.tensor([[ids[40]]]), attention_mask=late, use_cache=True, **cache_kwargs(model, cache))
+    # Refused before anything was appended: the cache still holds the 40 prompt tokens.
+    assert [len(layer.caches[0]) for layer in cache.kvarn_layers] == [40] * len(cache.kvarn_layers)
 
 
 def test_pseudo_decode_mask_matches_the_cache_rule():

@@ -192,7 +192,11 @@ class KVarNLayer(CacheLayerMixin):
         key_states, value_states = self._prefill
         self._prefill = None
         B, _, n, _ = key_states.shape
-        pads = _left_padding(_visible_keys(attention_mask, B, n))
+        try:
+            pads = _left_padding(_visible_keys(attention_mask, B, n))
+        except NotImplementedError:
+            self.reset()  # refused: the layer is empty again, as before the prompt
+            raise
         k, v = _to_numpy(key_states), _to_numpy(value_states)
         for b, c in enumerate(self.caches):
             c.append(k[b, :, pads[b] :], v[b, :, pads[b] :])
