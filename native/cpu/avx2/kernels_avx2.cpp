@@ -150,6 +150,23 @@ inline __m256 fwht8(__m256 x)
     return butterfly(x, _mm256_permute2f128_ps(x, x, 0x01), _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1));
 }
 
+// The cross-vector butterflies of distance H, 2H, ... < NV: one template level per stage, so
+// every loop has constant bounds and unrolls (with one loop over h <<= 1, GCC 12 kept v[] on
+// the stack: 8 spills and reloads per row).
+template <int NV, int H>
+inline void cross_stages(__m256 (&v)[NV])
+{
+    if constexpr (H < NV) {
+        for (int i = 0; i < NV; i += 2 * H)
+            for (int j = i; j < i + H; ++j) {
+                const __m256 a = v[j], c = v[j + H];
+                v[j] = _mm256_add_ps(a, c);                                // adder pipes
+                v[j + H] = _mm256_fnmadd_ps(c, _mm256_set1_ps(1.0f), a);  // a - c, exactly, on the FMA pipes
+            }
+        cross_stages<NV, 2 * H>(v);
+    }
+}
+
 // One Hadamard block of NV vectors kept in registers: the same butterflies in the
 // same pairing as the memory loop below (and the scalar), then the norm multiply.
 template <int NV>
@@ -157,13 +174,7 @@ inline void fwht_block_in_registers(const float* src, float* dst, __m256 norm)
 {
     __m256 v[NV];
     for (int i = 0; i < NV; ++i) v[i] = fwht8(_mm256_loadu_ps(src + 8 * i));
-    for (int h = 1; h < NV; h <<= 1)
-        for (int i = 0; i < NV; i += 2 * h)
-            for (int j = i; j < i + h; ++j) {
-                const __m256 a = v[j], c = v[j + h];
-                v[j] = _mm256_add_ps(a, c);                                // adder pipes
-                v[j + h] = _mm256_fnmadd_ps(c, _mm256_set1_ps(1.0f), a);  // a - c, exactly, on the FMA pipes
-            }
+    cross_stages<NV, 1>(v);
     for (int i = 0; i < NV; ++i) _mm256_storeu_ps(dst + 8 * i, _mm256_mul_ps(v[i], norm));
 }
 

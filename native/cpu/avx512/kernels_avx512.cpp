@@ -154,6 +154,23 @@ inline __m512 fwht16(__m512 x)
     return butterfly(x, _mm512_shuffle_f32x4(x, x, 0x4E), s8);  // 2 3 0 1
 }
 
+// The cross-vector butterflies of distance H, 2H, ... < NV: one template level per stage, so
+// every loop has constant bounds and unrolls (with one loop over h <<= 1, GCC 12 kept v[] on
+// the stack: 8 spills and reloads per row).
+template <int NV, int H>
+inline void cross_stages(__m512 (&v)[NV])
+{
+    if constexpr (H < NV) {
+        for (int i = 0; i < NV; i += 2 * H)
+            for (int j = i; j < i + H; ++j) {
+                const __m512 a = v[j], c = v[j + H];
+                v[j] = _mm512_add_ps(a, c);                                // adder pipes
+                v[j + H] = _mm512_fnmadd_ps(c, _mm512_set1_ps(1.0f), a);  // a - c, exactly, on the FMA pipes
+            }
+        cross_stages<NV, 2 * H>(v);
+    }
+}
+
 // One Hadamard block of NV vectors kept in registers: the same butterflies in the
 // same pairing as the memory loop below (and the scalar), then the norm multiply.
 template <int NV>
@@ -161,13 +178,7 @@ inline void fwht_block_in_registers(const float* src, float* dst, __m512 norm)
 {
     __m512 v[NV];
     for (int i = 0; i < NV; ++i) v[i] = fwht16(_mm512_loadu_ps(src + 16 * i));
-    for (int h = 1; h < NV; h <<= 1)
-        for (int i = 0; i < NV; i += 2 * h)
-            for (int j = i; j < i + h; ++j) {
-                const __m512 a = v[j], c = v[j + h];
-                v[j] = _mm512_add_ps(a, c);                                // adder pipes
-                v[j + h] = _mm512_fnmadd_ps(c, _mm512_set1_ps(1.0f), a);  // a - c, exactly, on the FMA pipes
-            }
+    cross_stages<NV, 1>(v);
     for (int i = 0; i < NV; ++i) _mm512_storeu_ps(dst + 16 * i, _mm512_mul_ps(v[i], norm));
 }
 
