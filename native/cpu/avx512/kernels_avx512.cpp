@@ -822,7 +822,8 @@ constexpr int kDenseBlock = 64;
 // Rows of the next 64-token block (if any) towards L2 while this block computes, a row
 // per token: the same kind of software prefetch the quantised kernels get (Prefetcher).
 // Only for rows of >= 256 bytes (head_dim >= 128): measured on Zen 4 with caches cold,
-// a decode step at head_dim 128 got 18-20 % faster with it, at head_dim 64 30-55 % slower;
+// a decode step at head_dim 128 got 18-20 % faster with it; at head_dim 64 it was no faster
+// (A/B: equal at 1K-32K, 5-12 % slower at 128K; a first, noisier run showed 30-55 % slower);
 // into L1 (T0) it was slower at both (the block being read already fills L1).
 struct RowPrefetch {
     const uint16_t* next = nullptr;  // first row of the next block, or nullptr
