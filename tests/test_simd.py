@@ -23,6 +23,12 @@ ISAS = kvarn.available_isas()
 SIMD_ISAS = [i for i in ISAS if i != "scalar"]
 ODD_LENGTHS = [1, 2, 3, 7, 15, 17, 31, 33, 127, 129, 255, 257, 300, 385]
 HAS_VNNI = _native.cpu_has_vnni() and "avx512" in ISAS
+# The ISAs whose kernels run each integer mode (dispatch.cpp's score_mode()).
+MODE_ISAS = {
+    "float": SIMD_ISAS,
+    "int16": ["avx2"] * ("avx2" in ISAS) + ["avx512"] * HAS_VNNI,
+    "int8": ["avx512"] * HAS_VNNI,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +37,7 @@ def restore_isa():
     mode = _native.score_mode()
     yield
     kvarn.set_isa(before)
-    if HAS_VNNI:
-        _native.set_score_mode(mode)
+    _native.set_score_mode(mode)
 
 
 def run_isa(isa, fn, *args, **kw):
@@ -118,9 +123,24 @@ def test_env_score_mode(mode):
     assert r.stdout.strip() == mode
 
 
-def test_score_mode_default_is_int16_with_vnni_else_float():
-    r = _py("from kvarn import _native; print(_native.score_mode())")
-    assert r.stdout.strip() == ("int16" if _native.cpu_has_vnni() else "float")
+def test_score_mode_default_is_int16_where_the_kernels_run_it():
+    code = "import kvarn; from kvarn import _native; print(kvarn.active_isa(), _native.score_mode())"
+    for isa in ISAS:
+        r = _py(code, KVARN_ISA=isa)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [isa, "int16" if isa in MODE_ISAS["int16"] else "float"]
+
+
+@pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")
+def test_avx2_runs_int16_for_int8_and_scalar_runs_float():
+    r = _py("import kvarn; from kvarn import _native; print(_native.score_mode())", KVARN_ISA="avx2",
+            KVARN_SCORES="int8")
+    assert r.stdout.strip() == "int16", r.stderr
+    _native.set_score_mode("int16")
+    kvarn.set_isa("scalar")
+    assert _native.score_mode() == "float"
+    kvarn.set_isa("avx2")
+    assert _native.score_mode() == "int16"
 
 
 def test_env_unknown_score_mode_is_error():
@@ -128,11 +148,50 @@ def test_env_unknown_score_mode_is_error():
     assert r.returncode != 0 and "KVARN_SCORES='int4' is not a score mode" in r.stderr
 
 
+def test_avx_vnni_switch():
+    if _native.cpu_has_avx_vnni():
+        assert _native.avx_vnni()  # on by default where the CPU has it
+    else:
+        assert not _native.avx_vnni()
+        assert _native.set_avx_vnni(True) == _native.ERR_ISA
+        assert not _native.avx_vnni()
+    assert _native.set_avx_vnni(False) == _native.OK and not _native.avx_vnni()
+    if _native.cpu_has_avx_vnni():
+        assert _native.set_avx_vnni(True) == _native.OK and _native.avx_vnni()
+
+
+@pytest.mark.skipif(not _native.cpu_has_avx_vnni() or "avx2" not in ISAS, reason="needs AVX-VNNI (not on this CPU)")
+@pytest.mark.parametrize("preset,Hk,D,Hq,n", [("k4v2_g128", 8, 128, 32, 4096 + 77), ("k4v2_g128", 3, 64, 9, 1000),
+                                              ("k2v2_g128", 2, 48, 10, 700), ("k4v4_g64", 2, 256, 2, 333),
+                                              ("k4v2_g128", 1, 16, 5, 300)])
+def test_avx2_int16_avx_vnni_is_bit_identical(preset, Hk, D, Hq, n, rng):
+    """AVX-VNNI's vpdpwssd and vpmaddwd + vpaddd give the same int32 sums: the outputs match bit for bit."""
+    c = _cache(rng, preset, Hk, D, n)
+    q = rng.standard_normal((Hq, D)).astype(np.float32)
+    kvarn.set_isa("avx2")
+    _native.set_score_mode("int16")
+    try:
+        assert _native.set_avx_vnni(False) == _native.OK
+        madd = kvarn.attend(q, c)
+        assert _native.set_avx_vnni(True) == _native.OK
+        vnni = kvarn.attend(q, c)
+    finally:
+        _native.set_avx_vnni(_native.cpu_has_avx_vnni())
+    np.testing.assert_array_equal(madd, vnni)
+
+
 def test_score_mode_api():
     assert _native.set_score_mode("bogus") == _native.ERR_ARGUMENT
     if HAS_VNNI:
+        kvarn.set_isa("avx512")
         assert _native.set_score_mode("int8") == _native.OK
         assert _native.score_mode() == "int8"
+    else:
+        assert _native.set_score_mode("int8") == _native.ERR_ISA
+    if "avx2" in ISAS:
+        kvarn.set_isa("avx2")
+        assert _native.set_score_mode("int16") == _native.OK
+        assert _native.score_mode() == "int16"
     else:
         assert _native.set_score_mode("int16") == _native.ERR_ISA
         assert _native.score_mode() == "float"
@@ -226,16 +285,16 @@ def _check_attend(cache, q, tol_floor=2e-5, modes=("float",)):
     base = rel_err(run_isa("scalar", kvarn.attend, q, cache), ref)
     for isa in SIMD_ISAS:
         for mode in modes:
-            if mode != "float" and (isa != "avx512" or not HAS_VNNI):
+            if isa not in MODE_ISAS[mode]:
                 continue
-            if HAS_VNNI:
-                _native.set_score_mode(mode)
+            _native.set_score_mode(mode)
+            kvarn.set_isa(isa)
+            assert _native.score_mode() == mode  # the kernels run what is checked
             err = rel_err(run_isa(isa, kvarn.attend, q, cache), ref)
             # int modes: the query's rounding is a stated, bounded extra error.
             limit = {"float": max(2 * base, tol_floor), "int16": max(2 * base, 5e-3), "int8": 0.2}[mode]
             assert err <= limit, f"{isa}/{mode}: {err:.3g} > {limit:.3g} (scalar {base:.3g})"
-    if HAS_VNNI:
-        _native.set_score_mode("float")
+    _native.set_score_mode("float")
 
 
 @pytest.mark.parametrize("n", ODD_LENGTHS)
@@ -347,32 +406,44 @@ def test_fp16_cache_batch_and_errors(rng):
 
 
 def test_int_score_error_measured(rng):
-    """Reports (and bounds) the extra error of the integer score modes vs the float path."""
-    if not HAS_VNNI:
-        pytest.skip("needs AVX-512 VNNI")
+    """Reports (and bounds) the extra error of the integer score modes vs the float path, on
+    every ISA that runs them; avx2's int16 (vpmaddwd) and avx512's (VNNI) do the same integer
+    sums, so they differ by float summation order only."""
+    if not MODE_ISAS["int16"]:
+        pytest.skip("no ISA here runs the integer modes")
     c = _cache(rng, "k4v2_g128", 8, 128, 4096 + 77)
     q = rng.standard_normal((32, 128)).astype(np.float32)
-    kvarn.set_isa("avx512")
     outs = {}
     for mode in ("float", "int16", "int8"):
-        _native.set_score_mode(mode)
-        outs[mode] = kvarn.attend(q, c)
+        for isa in MODE_ISAS[mode]:
+            _native.set_score_mode(mode)
+            kvarn.set_isa(isa)
+            assert _native.score_mode() == mode
+            outs[isa, mode] = kvarn.attend(q, c)
     K, V = c.dequantize()
     ref = reference(q, K, V, 1 / np.sqrt(128))
-    e = {m: np.linalg.norm(o - ref) / np.linalg.norm(ref) for m, o in outs.items()}
+    e = {k: np.linalg.norm(o - ref) / np.linalg.norm(ref) for k, o in outs.items()}
     print("relative L2 error vs float64 on the dequantised cache:", e)
-    assert e["float"] < 1e-5 and e["int16"] < 1e-3 and e["int8"] < 0.1
+    limit = {"float": 1e-5, "int16": 1e-3, "int8": 0.1}
+    for (isa, mode), err in e.items():
+        assert err < limit[mode], (isa, mode, err)
+    if ("avx2", "int16") in outs and ("avx512", "int16") in outs:
+        d = np.abs(outs["avx2", "int16"] - outs["avx512", "int16"]).max() / np.abs(ref).max()
+        assert d < 2e-5, d
 
 
 def test_public_score_mode_api():
     before = kvarn.score_mode()
     with pytest.raises(ValueError, match="mode: unknown"):
         kvarn.set_score_mode("bogus")
-    if _native.cpu_has_vnni():
+    if "avx2" in ISAS:
         kvarn.set_score_mode("int16")
         assert kvarn.score_mode() == "int16"
     else:
-        with pytest.raises(ValueError, match="VNNI"):
+        with pytest.raises(ValueError, match="mode: 'int16' needs AVX2"):
             kvarn.set_score_mode("int16")
+    if not HAS_VNNI:
+        with pytest.raises(ValueError, match="mode: 'int8' needs AVX-512 VNNI"):
+            kvarn.set_score_mode("int8")
     kvarn.set_score_mode(before)
     assert kvarn.score_mode() == before

@@ -34,14 +34,23 @@ int kvarn_set_isa(const char* name);
 /* Error text of the last failed kvarn_set_isa / forced KVARN_ISA (thread-unsafe, diagnostic only). */
 const char* kvarn_isa_error(void);
 
-/* How the avx512 attention computes q.k on 4-bit keys: 0 float FMA,
- * the default; 1 query rounded to int16 per (tile, head) and dotted exactly in
- * int32 with the codes (VNNI vpdpwssd), 2 the same in int8
- * (vpdpbusd; faster, coarser). Environment: KVARN_SCORES=float|int16|int8.
- * Integer modes without VNNI: KVARN_ERR_ISA. kvarn_score_mode: mode in effect. */
+/* How the SIMD attention computes q.k on 4-bit keys and p.v on 2-bit values:
+ * 0 float FMA; 1 (the default) query and weights rounded to int16 per (tile,
+ * head) and dotted exactly in int32 with the codes (avx512: VNNI vpdpwssd; avx2:
+ * vpmaddwd + vpaddd, or AVX-VNNI vpdpwssd where the CPU has it); 2 the query in
+ * int8 (vpdpbusd; avx512 with VNNI only, coarser). Environment:
+ * KVARN_SCORES=float|int16|int8. int8 without AVX-512 VNNI, int16 without AVX2:
+ * KVARN_ERR_ISA. kvarn_score_mode: the mode the active kernels run (float on the
+ * scalar kernels and on AVX-512 without VNNI; int16 for int8 on the avx2 kernels). */
 int kvarn_set_score_mode(int32_t mode);
 int kvarn_score_mode(void);
 int kvarn_cpu_has_vnni(void);
+/* AVX-VNNI (VEX vpdpwssd on ymm) in the avx2 int16 kernels: on by default where the
+ * CPU has it; kvarn_set_avx_vnni(0) turns it off (tests, A/B timings), 1 without it:
+ * KVARN_ERR_ISA. */
+int kvarn_cpu_has_avx_vnni(void);
+int kvarn_set_avx_vnni(int32_t on);
+int kvarn_avx_vnni(void);
 
 /* ---- Kernels ----------------------------------------------------------------- */
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim);

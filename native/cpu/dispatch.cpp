@@ -23,6 +23,7 @@ struct CpuFeatures {
     bool avx2 = false;    // AVX2 + FMA + F16C with YMM state enabled by the OS
     bool avx512 = false;  // AVX-512 F/BW/VL/DQ with ZMM state enabled by the OS
     bool avx512_vnni = false;
+    bool avx_vnni = false;  // AVX-VNNI: VEX-encoded vpdpwssd on ymm (cpuid 7.1 eax bit 4)
 };
 
 #ifdef KVARN_X86
@@ -53,6 +54,8 @@ CpuFeatures detect()
     f.avx2 = ymm_state && avx2 && fma && f16c;
     f.avx512 = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl;
     f.avx512_vnni = f.avx512 && vnni;
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx_vnni = f.avx2 && (a & (1u << 4));
 #endif
     return f;
 }
@@ -144,9 +147,19 @@ const KernelTable* active_kernels()
 bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
 
 namespace {
-// Default: int16 where AVX-512 VNNI runs it (k4 scores and 2-bit values in exact
-// int32 sums of int16-rounded weights: ~1.5x faster, relative L2 ~1e-4 from the
-// float path, thousands of times below the quantisation's own error), else float.
+std::atomic<int> g_avx_vnni{-1};  // -1: default (cpuid)
+}  // namespace
+
+bool avx_vnni_on()
+{
+    const int v = g_avx_vnni.load(std::memory_order_relaxed);
+    return v < 0 ? features().avx_vnni : v != 0;
+}
+
+namespace {
+// Default: int16 (k4 scores and 2-bit values in exact int32 sums of int16-rounded
+// weights: relative L2 ~1e-4 from the float path, thousands of times below the
+// quantisation's own error) wherever the active kernels run it (score_mode()), else float.
 // float (within 1e-5 of float64) and int8 (coarser, ~4e-2) by KVARN_SCORES or
 // set_score_mode; see docs/simd.md.
 std::atomic<int> g_score_mode{-1};  // -1: not read from the environment yet
@@ -170,7 +183,18 @@ int score_mode_flag()
 }
 }  // namespace
 
-int score_mode() { return features().avx512_vnni ? score_mode_flag() : kScoresFloat; }
+// The mode the active kernels run: avx512 runs every mode with VNNI (float without
+// it); avx2 runs int16 by vpmaddwd + vpaddd, and int16 for an int8 request (its
+// closest, more precise mode); scalar runs float.
+int score_mode()
+{
+    const KernelTable* t = active_kernels();
+    const int want = score_mode_flag();
+    if (want == kScoresFloat || t == nullptr) return kScoresFloat;
+    if (t == &tables().avx512) return features().avx512_vnni ? want : kScoresFloat;
+    if (t == &tables().avx2) return kScoresInt16;
+    return kScoresFloat;
+}
 
 }  // namespace kvarn
 
@@ -201,7 +225,9 @@ int kvarn_set_isa(const char* name)
 int kvarn_set_score_mode(int32_t mode)
 {
     if (mode < kvarn::kScoresFloat || mode > kvarn::kScoresInt8) return KVARN_ERR_ARGUMENT;
-    if (mode != kvarn::kScoresFloat && !kvarn::features().avx512_vnni) return KVARN_ERR_ISA;
+    // int8 needs AVX-512 VNNI; int16 runs wherever a SIMD table does
+    if (mode == kvarn::kScoresInt8 && !kvarn::features().avx512_vnni) return KVARN_ERR_ISA;
+    if (mode == kvarn::kScoresInt16 && !kvarn::features().avx2) return KVARN_ERR_ISA;
     kvarn::score_mode_flag();  // read the environment first so it cannot overwrite this choice
     kvarn::g_score_mode = mode;
     return KVARN_OK;
@@ -210,6 +236,17 @@ int kvarn_set_score_mode(int32_t mode)
 int kvarn_score_mode(void) { return kvarn::score_mode(); }
 
 int kvarn_cpu_has_vnni(void) { return kvarn::features().avx512_vnni ? 1 : 0; }
+
+int kvarn_cpu_has_avx_vnni(void) { return kvarn::features().avx_vnni ? 1 : 0; }
+
+int kvarn_set_avx_vnni(int32_t on)
+{
+    if (on && !kvarn::features().avx_vnni) return KVARN_ERR_ISA;
+    kvarn::g_avx_vnni = on ? 1 : 0;
+    return KVARN_OK;
+}
+
+int kvarn_avx_vnni(void) { return kvarn::avx_vnni_on() ? 1 : 0; }
 
 const char* kvarn_isa_error(void)
 {

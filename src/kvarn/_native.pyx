@@ -38,7 +38,7 @@ SCORE_MODES = ("float", "int16", "int8")
 
 
 def set_score_mode(str mode):
-    """0 on success; ERR_ISA without VNNI; ERR_ARGUMENT for an unknown mode."""
+    """0 on success; ERR_ISA when no kernel table here runs it; ERR_ARGUMENT for an unknown mode."""
     if mode not in SCORE_MODES:
         return KVARN_ERR_ARGUMENT
     return kvarn_set_score_mode(SCORE_MODES.index(mode))
@@ -50,6 +50,19 @@ def score_mode():
 
 def cpu_has_vnni():
     return bool(kvarn_cpu_has_vnni())
+
+
+def cpu_has_avx_vnni():
+    return bool(kvarn_cpu_has_avx_vnni())
+
+
+def set_avx_vnni(bint on):
+    """0 on success; ERR_ISA to turn it on without AVX-VNNI."""
+    return kvarn_set_avx_vnni(on)
+
+
+def avx_vnni():
+    return bool(kvarn_avx_vnni())
 
 
 def default_threads():

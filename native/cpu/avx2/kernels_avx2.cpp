@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch.h"
 #include "kvarn/kernels.h"
 #include "sinkhorn.h"
 
@@ -92,6 +93,27 @@ inline __m256 exp_ps(__m256 x)
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// exp(x) for x <= 0 in the int16 mode, whose weights are rounded to 15 bits anyway:
+// the avx512 file's 2^(x log2 e) with the same degree-5 polynomial for 2^f (<= 2.4e-7
+// relative, plus |x| 2^-24 from rounding x log2 e); 2^n built in the exponent bits
+// (exact for n >= -126; below that the result is 0, where avx512's vscalefps would
+// give a subnormal that the int16 weights round away).
+inline __m256 exp_int_mode_ps(__m256 x)
+{
+    const __m256 t = _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(-127.0f));
+    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(t, n);
+    __m256 y = _mm256_set1_ps(1.327647129073739e-3f);
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(9.675541892647743e-3f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.550713092088699e-2f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(2.4022120237350464e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(6.931469440460205e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.0000001192092896f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 under = _mm256_cmp_ps(t, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
     return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
@@ -293,6 +315,170 @@ void values_dispatch(int nh, const uint8_t* vcodes, int D, int G, const float* w
 
 constexpr int kHeadGroup = 4;  // query heads sharing one pass over a tile's codes
 
+// ---- int16 mode (the avx512 file's arithmetic without VNNI) ------------------------------
+// acc + the int32 sums of int16 pairs a*b: vpmaddwd + vpaddd, exactly what vpdpwssd
+// computes (no pair here can reach the one overflowing case, -32768 * -32768 twice).
+// The add is asm with the accumulator tied to its output: with the intrinsic GCC 12
+// added into a fresh register and copied it back (a vmovdqa per product, one
+// accumulator spilled at 4 heads), as it did with the avx512 file's dpwssd.
+// kVnni: CPUs with AVX-VNNI (Alder Lake and later, Sapphire Rapids, Zen 5) do both in
+// one VEX-encoded vpdpwssd, the same int32 result. It is asm, not an intrinsic, so this
+// file needs no -mavxvnni and the compiler never emits it elsewhere; the instantiation
+// that runs it is chosen at run time (avx_vnni_on(), from cpuid).
+template <bool kVnni>
+inline __m256i dp16(__m256i acc, __m256i a, __m256i b)
+{
+    if constexpr (kVnni) {
+        asm("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    } else {
+        const __m256i prod = _mm256_madd_epi16(a, b);
+        asm("vpaddd %1, %0, %0" : "+x"(acc) : "x"(prod));
+    }
+    return acc;
+}
+
+// What the int16 score kernel needs to finish a tile's scores (as in the avx512 file).
+struct ScoreArgs {
+    const float* qscale;
+    const float* qz;
+    const float* kt;
+    int G;
+    float* s;  // [NH][G]
+};
+
+// Int16 scores for 4-bit keys, 16 tokens per pass: the 8 bytes of rows d and d+1
+// interleaved and widened to words give, per dword, one even token's two codes in
+// the low nibbles and the next odd token's in the high ones, so an and and a shift
+// make the even and the odd tokens' (code_d, code_d+1) pairs for vpmaddwd with the
+// int16 query pair (q16[d], q16[d+1]). Sums exact in int32 (D <= 1024, as avx512);
+// s = kt (sum qscale + qz) per element as there, so the scores are the same floats.
+template <int NH, bool kVnni>
+void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m256* smax, Prefetcher& pf)
+{
+    const int G = a.G;
+    const size_t row_bytes = (size_t)G / 2;
+    const __m256i nib = _mm256_set1_epi16(0x0F);
+    for (int t0 = 0; t0 < G; t0 += 16) {
+        __m256i ev[NH], od[NH];
+        for (int h = 0; h < NH; ++h) ev[h] = od[h] = _mm256_setzero_si256();
+        const uint8_t* p = kc + t0 / 2;
+        for (int d = 0; d < D; d += 2, p += 2 * row_bytes) {
+            if ((d & 7) == 0) pf.step();
+            const __m128i u = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + row_bytes)));
+            const __m256i y = _mm256_cvtepu8_epi16(u);
+            const __m256i we = _mm256_and_si256(y, nib), wo = _mm256_srli_epi16(y, 4);
+            for (int h = 0; h < NH; ++h) {
+                int32_t q2;
+                memcpy(&q2, qi + h * D + d, 4);
+                const __m256i qb = _mm256_set1_epi32(q2);
+                ev[h] = dp16<kVnni>(ev[h], we, qb);
+                od[h] = dp16<kVnni>(od[h], wo, qb);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            const __m256 sc = _mm256_set1_ps(a.qscale[h]), z = _mm256_set1_ps(a.qz[h]);
+            const __m256 fe = _mm256_mul_ps(_mm256_cvtepi32_ps(ev[h]), sc), fo = _mm256_mul_ps(_mm256_cvtepi32_ps(od[h]), sc);
+            const __m256 lo = _mm256_unpacklo_ps(fe, fo), hi = _mm256_unpackhi_ps(fe, fo);  // tokens 0-3 | 8-11, 4-7 | 12-15
+            const __m256 v[2] = {_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31)};
+            for (int i = 0; i < 2; ++i) {
+                const int t = t0 + 8 * i;
+                const __m256 sv = _mm256_mul_ps(_mm256_load_ps(a.kt + t), _mm256_add_ps(v[i], z));
+                _mm256_store_ps(a.s + h * G + t, sv);
+                smax[h] = _mm256_max_ps(smax[h], sv);
+            }
+        }
+    }
+}
+
+// Int16 value sums for 2-bit values, 16 channels x 2 tokens per step (the avx512
+// file's scheme: w = p va rounded to int16, centred codes, exact int32 sums). The 4
+// bytes of rows t and t+1 interleaved and widened give per dword one byte of each
+// token, holding channels 4b..4b+3; a per-dword shift by 0/2 (4/6) and a mask make
+// the (code_t, code_t+1) pairs of channels 4b, 4b+1 (4b+2, 4b+3), put back in order at the end.
+template <int NH, bool kVnni>
+void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
+                          const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)D / 4;
+    const __m256i sh01 = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), sh23 = _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6);
+    const __m256i m = _mm256_set1_epi32(0x00030003);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m256i a0[NH], a1[NH];
+        for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm256_setzero_si256();
+        const uint8_t* p = vcodes + d0 / 4;
+        for (int t = 0; t < G; t += 2, p += 2 * row_bytes) {
+            if ((t & 15) == 0) pf.step();
+            int32_t r0, r1;
+            memcpy(&r0, p, 4);
+            memcpy(&r1, p + row_bytes, 4);
+            const __m128i y = _mm_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(r0), _mm_cvtsi32_si128(r1)));
+            const __m256i yb = _mm256_broadcastsi128_si256(y);
+            const __m256i x0 = _mm256_and_si256(_mm256_srlv_epi32(yb, sh01), m);  // channels 4b | 4b+1
+            const __m256i x1 = _mm256_and_si256(_mm256_srlv_epi32(yb, sh23), m);  // channels 4b+2 | 4b+3
+            for (int h = 0; h < NH; ++h) {
+                int32_t wp;
+                memcpy(&wp, w16 + h * G + t, 4);
+                const __m256i wb = _mm256_set1_epi32(wp);
+                a0[h] = dp16<kVnni>(a0[h], x0, wb);
+                a1[h] = dp16<kVnni>(a1[h], x1, wb);
+            }
+        }
+        for (int h = 0; h < NH; ++h) {
+            const __m256 sc = _mm256_set1_ps(0.5f * wscale[h]), off = _mm256_set1_ps(1.5f * wsum[h]);
+            const __m256i w3 = _mm256_set1_epi32(3 * w16_sum[h]);
+            // sum_t w16 (2c - 3) per channel, then as the avx512 file: (wscale y + 3 wsum) / 2
+            const __m256 f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(a0[h], 1), w3)), sc, off);
+            const __m256 f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(a1[h], 1), w3)), sc, off);
+            // f0 = channels 0 4 8 12 | 1 5 9 13, f1 = 2 6 10 14 | 3 7 11 15
+            const __m256 lo = _mm256_unpacklo_ps(f0, f1), hi = _mm256_unpackhi_ps(f0, f1);  // 0 2 4 6 | 1 3 5 7, 8.. | 9..
+            _mm256_store_ps(tmp + h * D + d0, _mm256_permutevar8x32_ps(lo, order));
+            _mm256_store_ps(tmp + h * D + d0 + 8, _mm256_permutevar8x32_ps(hi, order));
+        }
+    }
+}
+
+template <bool kVnni>
+void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m256* smax,
+                           Prefetcher& pf)
+{
+    switch (nh) {
+        case 1: tile_scores_k4_int16<1, kVnni>(kc, D, qi, a, smax, pf); break;
+        case 2: tile_scores_k4_int16<2, kVnni>(kc, D, qi, a, smax, pf); break;
+        case 3: tile_scores_k4_int16<3, kVnni>(kc, D, qi, a, smax, pf); break;
+        default: tile_scores_k4_int16<4, kVnni>(kc, D, qi, a, smax, pf); break;
+    }
+}
+
+template <bool kVnni>
+void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
+                              const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+{
+    switch (nh) {
+        case 1: tile_values_v2_int16<1, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        case 2: tile_values_v2_int16<2, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        case 3: tile_values_v2_int16<3, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        default: tile_values_v2_int16<4, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+    }
+}
+
+// Online-softmax bookkeeping for a block whose largest score is block_max: when it
+// raises the running max m, l and both accumulators are rescaled by exp(m_old - m_new).
+inline void softmax_rescale(float block_max, float* m, float* l, float* acc_orig, float* acc_rot, int D)
+{
+    if (!(block_max > *m)) return;
+    const float alpha = expf(*m - block_max);
+    *m = block_max;
+    if (alpha == 1.0f) return;
+    *l *= alpha;
+    const __m256 av = _mm256_set1_ps(alpha);
+    for (int d = 0; d < D; d += 8) {
+        _mm256_storeu_ps(acc_orig + d, _mm256_mul_ps(_mm256_loadu_ps(acc_orig + d), av));
+        _mm256_storeu_ps(acc_rot + d, _mm256_mul_ps(_mm256_loadu_ps(acc_rot + d), av));
+    }
+}
+
 // Online-softmax step for one head over n scores (n % 8 == 0): rescales l and
 // both accumulators when the max grows, leaves p = exp(s - m) in s, returns nothing.
 inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig, float* acc_rot, int D)
@@ -321,16 +507,63 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
     *m = m_new;
 }
 
+// The int16 mode's per-head work on one tile: p = exp(s - m) with the cheaper exp, l,
+// pz = sum p vz, the weights w = p va and, for 2-bit values, w rounded to int16 against
+// its max (wscale), their exact int sum and the float sum, as the avx512 file does.
+template <bool kIntWeights>
+inline void int_mode_weights(float* sh, const float* va, const float* vz, float m, int G, float* l, float* pz,
+                             int16_t* w16h, float* wscale, float* wsum, int32_t* w16_sum)
+{
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 psum = _mm256_setzero_ps(), z = psum, wmx = psum, wsm = psum;
+    for (int t = 0; t < G; t += 8) {
+        const __m256 p = exp_int_mode_ps(_mm256_sub_ps(_mm256_load_ps(sh + t), mv));
+        psum = _mm256_add_ps(psum, p);
+        z = _mm256_fmadd_ps(p, _mm256_load_ps(vz + t), z);
+        const __m256 w = _mm256_mul_ps(p, _mm256_load_ps(va + t));
+        _mm256_store_ps(sh + t, w);
+        if (kIntWeights) {
+            wmx = _mm256_max_ps(wmx, w);
+            wsm = _mm256_add_ps(wsm, w);
+        }
+    }
+    *l += hsum(psum);
+    *pz = hsum(z);
+    if (!kIntWeights) return;
+    *wsum = hsum(wsm);
+    const float wmax = hmax(wmx);
+    *wscale = wmax > 0.0f ? wmax / 32767.0f : 0.0f;
+    const __m256 inv = _mm256_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
+    __m256i isum = _mm256_setzero_si256();
+    for (int t = 0; t < G; t += 16) {
+        // min: a product rounded past 32767 saturates, and W16 must sum what is stored
+        const __m256i r0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(sh + t), inv)), _mm256_set1_epi32(32767));
+        const __m256i r1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(sh + t + 8), inv)), _mm256_set1_epi32(32767));
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(r0, r1));
+        // packs works per 128-bit lane: words 0-3 r0, 4-7 r1, 8-11 r0, 12-15 r1 -> reorder the qwords
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w16h + t), _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8));
+    }
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    *w16_sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+}
+
 template <int KB, int VB>
 void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t* first_record,
                        int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
 {
     const int G = fmt.group, D = fmt.head_dim;
     const kvarn_record_layout L = fmt.layout();
+    // int16 mode: 4-bit key scores and 2-bit value sums in integers (other widths stay float)
+    const bool int_on = score_mode() != kScoresFloat;
+    const bool int_scores = KB == 4 && int_on, int_values = VB == 2 && int_on, int_mode = int_scores || int_values;
+    const bool vnni = int_mode && avx_vnni_on();
     alignas(32) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
     alignas(32) float kt[128], va[128], vz[128];
     alignas(32) float qa[kHeadGroup * KVARN_MAX_HEAD_DIM], tmp[kHeadGroup * KVARN_MAX_HEAD_DIM];
+    alignas(32) int16_t qi16[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(32) float s[kHeadGroup * 128];
+    alignas(32) int16_t w16[kHeadGroup * 128];
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
         Prefetcher pf{nullptr, nullptr};
@@ -346,25 +579,74 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
         for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
             const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
-            float qz[kHeadGroup];
+            float qz[kHeadGroup], qscale[kHeadGroup];
             for (int h = 0; h < nh; ++h) {
                 const float* q = q_rot + (size_t)(h0 + h) * D;
-                __m256 z = _mm256_setzero_ps();
+                __m256 z = _mm256_setzero_ps(), amax = _mm256_setzero_ps();
+                const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
                 for (int d = 0; d < D; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(q + d);
-                    _mm256_store_ps(qa + h * D + d, _mm256_mul_ps(qv, _mm256_load_ps(ka + d)));
+                    const __m256 a = _mm256_mul_ps(qv, _mm256_load_ps(ka + d));
+                    _mm256_store_ps(qa + h * D + d, a);
+                    amax = _mm256_max_ps(amax, _mm256_and_ps(a, abs_mask));
                     z = _mm256_fmadd_ps(qv, _mm256_load_ps(kz + d), z);
                 }
                 qz[h] = hsum(z);
+                if (int_scores) {
+                    // Symmetric, as avx512: q_int = round(qa * 32767 / max|qa|), saturating narrow.
+                    const float mx = hmax(amax);
+                    qscale[h] = mx > 0.0f ? mx / 32767.0f : 0.0f;
+                    const __m256 inv = _mm256_set1_ps(mx > 0.0f ? 32767.0f / mx : 0.0f);
+                    for (int d = 0; d < D; d += 16) {
+                        const __m256i r0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qa + h * D + d), inv));
+                        const __m256i r1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qa + h * D + d + 8), inv));
+                        _mm256_store_si256(reinterpret_cast<__m256i*>(qi16 + h * D + d),
+                                           _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8));
+                    }
+                }
             }
-            scores_dispatch<KB>(nh, rec + L.k_codes, D, G, qa, s, pf);
-            float pz[kHeadGroup];
+            if (int_scores) {
+                __m256 smax[kHeadGroup];
+                for (int h = 0; h < nh; ++h) smax[h] = _mm256_set1_ps(-INFINITY);
+                const ScoreArgs args{qscale, qz, kt, G, s};
+                if (vnni)
+                    scores_int16_dispatch<true>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+                else
+                    scores_int16_dispatch<false>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+                for (int h = 0; h < nh; ++h) {
+                    const int hq = h0 + h;
+                    softmax_rescale(hmax(smax[h]), st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D,
+                                    st.acc_rot + (size_t)hq * D, D);
+                }
+            } else {
+                scores_dispatch<KB>(nh, rec + L.k_codes, D, G, qa, s, pf);
+                for (int h = 0; h < nh; ++h) {
+                    float* sh = s + h * G;
+                    const __m256 qzv = _mm256_set1_ps(qz[h]);
+                    for (int t = 0; t < G; t += 8)
+                        _mm256_store_ps(sh + t, _mm256_mul_ps(_mm256_load_ps(kt + t), _mm256_add_ps(_mm256_load_ps(sh + t), qzv)));
+                }
+            }
+            float pz[kHeadGroup], wscale[kHeadGroup], wsum[kHeadGroup];
+            int32_t w16_sum[kHeadGroup];
             for (int h = 0; h < nh; ++h) {
                 float* sh = s + h * G;
-                const __m256 qzv = _mm256_set1_ps(qz[h]);
-                for (int t = 0; t < G; t += 8)
-                    _mm256_store_ps(sh + t, _mm256_mul_ps(_mm256_load_ps(kt + t), _mm256_add_ps(_mm256_load_ps(sh + t), qzv)));
                 const int hq = h0 + h;
+                if (int_mode) {
+                    if (!int_scores) {
+                        __m256 mx = _mm256_set1_ps(-INFINITY);
+                        for (int t = 0; t < G; t += 8) mx = _mm256_max_ps(mx, _mm256_load_ps(sh + t));
+                        softmax_rescale(hmax(mx), st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D,
+                                        st.acc_rot + (size_t)hq * D, D);
+                    }
+                    if (int_values)
+                        int_mode_weights<true>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, w16 + h * G, wscale + h,
+                                               wsum + h, w16_sum + h);
+                    else
+                        int_mode_weights<false>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, nullptr, nullptr, nullptr,
+                                                nullptr);
+                    continue;
+                }
                 softmax_update(sh, G, st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D, st.acc_rot + (size_t)hq * D, D);
                 // w_t = p_t va_t (in place), pz = sum_t p_t vz_t
                 __m256 z = _mm256_setzero_ps();
@@ -375,7 +657,12 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 }
                 pz[h] = hsum(z);
             }
-            values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
+            if (int_values && vnni)
+                values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+            else if (int_values)
+                values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+            else
+                values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             for (int h = 0; h < nh; ++h) {
                 float* acc = st.acc_rot + (size_t)(h0 + h) * D;
                 const __m256 pzv = _mm256_set1_ps(pz[h]);
