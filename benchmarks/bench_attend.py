@@ -47,11 +47,17 @@ if os.environ.get("KVARN_BENCH_BATCHES"):
 ISAS = kvarn.available_isas()
 VNNI = _native.cpu_has_vnni() and "avx512" in ISAS
 
-# kvarn rows: one per ISA; on VNNI CPUs the avx512 row is split by score mode (int16 is the
-# default there, float the exact path, int8 the coarse one).
-IMPLS = [f"kvarn-{i}" for i in ISAS if not (VNNI and i == "avx512")]
+# kvarn rows: one per ISA and score mode it runs: int16 is the default wherever it runs (avx2,
+# avx512 with VNNI), float the exact path, int8 the coarse one (avx512 with VNNI).
+IMPLS = ["kvarn-scalar"]
+if "avx2" in ISAS:
+    IMPLS += ["kvarn-avx2-float", "kvarn-avx2-int16"]
+    if _native.cpu_has_avx_vnni():  # the avx2 int16 row uses AVX-VNNI here; this one does not
+        IMPLS += ["kvarn-avx2-int16-novnni"]
 if VNNI:
     IMPLS += ["kvarn-avx512-float", "kvarn-avx512-int16", "kvarn-avx512-int8"]
+elif "avx512" in ISAS:
+    IMPLS += ["kvarn-avx512-float"]
 IMPLS += [f"fp16-{i}" for i in ISAS if i != "scalar"] + ["numpy", "torch"]
 
 _DATA = {}
@@ -142,8 +148,8 @@ def restore():
     isa, mode = kvarn.active_isa(), _native.score_mode()
     yield
     kvarn.set_isa(isa)
-    if VNNI:
-        _native.set_score_mode(mode)
+    _native.set_score_mode(mode)
+    _native.set_avx_vnni(_native.cpu_has_avx_vnni())
 
 
 def test_copy_bandwidth(benchmark):
@@ -178,7 +184,8 @@ def test_attend(benchmark, shape, ctx, batch, impl):
     dense_bytes = 2 * hk * ctx * d * 2 * batch
     if batch > 1 and ctx >= 131072 and dense_bytes * 1.5 > _avail_bytes():
         pytest.skip("not enough memory for 16 fp16 copies of a 128K cache")
-    if batch > 1 and ctx >= 131072 and impl in ("kvarn-avx512-float", "kvarn-avx512-int8"):
+    if batch > 1 and ctx >= 131072 and impl in ("kvarn-avx512-float", "kvarn-avx512-int8", "kvarn-avx2-float",
+                                                 "kvarn-avx2-int16-novnni"):
         pytest.skip("non-default score modes: batch 1 suffices at 128K")
 
     dd = data(shape, ctx)
@@ -188,8 +195,9 @@ def test_attend(benchmark, shape, ctx, batch, impl):
     if impl.startswith("kvarn-"):
         parts = impl.split("-")
         kvarn.set_isa(parts[1])
-        if VNNI:
-            _native.set_score_mode(parts[2] if len(parts) > 2 else "float")
+        _native.set_score_mode(parts[2] if len(parts) > 2 else "float")
+        assert _native.score_mode() == (parts[2] if len(parts) > 2 else "float")
+        _native.set_avx_vnni(_native.cpu_has_avx_vnni() and not impl.endswith("-novnni"))
         caches = batched(dd, "cache", batch)
         fn = lambda: kvarn.attend_batch(q, caches, num_threads=THREADS)  # noqa: E731
         nbytes = sum(c.nbytes for c in caches)
@@ -219,8 +227,7 @@ def test_attend(benchmark, shape, ctx, batch, impl):
     out = np.asarray(out, dtype=np.float32).reshape(batch, hq, d)
     if impl.startswith("kvarn-"):
         kvarn.set_isa(ISAS[-1])
-        if VNNI:
-            _native.set_score_mode("float")
+        _native.set_score_mode("float")
         want = kvarn.attend_batch(q[:1], caches[:1], num_threads=THREADS)[0]
         tol = 0.2 if impl.endswith("int8") else 2e-3
     else:
@@ -257,8 +264,8 @@ def test_decode_cold(benchmark, shape, ctx, batch):
     q = np.ascontiguousarray(dd["q"][:batch])
     best = "avx512" if "avx512" in ISAS else ISAS[-1]
     kvarn.set_isa(best)
-    if VNNI:
-        _native.set_score_mode("int16")  # the default
+    if best != "scalar":
+        _native.set_score_mode("int16")  # the default (float on AVX-512 without VNNI)
     kv_layers = [[clone(dd["cache"]) for _ in range(batch)] for _ in range(layers)]
     f16_layers = [[clone(dd["f16"]) for _ in range(batch)] for _ in range(layers)]
     t_kv, t_f16 = [], []
@@ -287,8 +294,8 @@ def test_quantize_share(benchmark, shape, ctx):
     dd = data(shape, ctx)
     best = "avx512" if "avx512" in ISAS else ISAS[-1]
     kvarn.set_isa(best)
-    if VNNI:
-        _native.set_score_mode("int16")  # the default
+    if best != "scalar":
+        _native.set_score_mode("int16")  # the default (float on AVX-512 without VNNI)
     preset = kvarn.PRESETS[kvarn.DEFAULT_PRESET]
     k = dd["k"][:, : preset.group].astype(np.float32)  # one tile per kv head: [Hk, G, D]
     v = dd["v"][:, : preset.group].astype(np.float32)
