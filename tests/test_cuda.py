@@ -185,6 +185,35 @@ def test_attend_matches_cpu(preset, head_dim, gqa):
     check_attention(cache, ids, q, out, scale)
 
 
+def force_splits(cache, want):
+    """Makes cache's attend/plan split every sequence's tiles into ~want programs (the heuristic
+    alone rarely picks 2..8 splits on small test caches): covers the direct path's clusters of
+    2..8 CTAs (cluster merge) and, above 8, the merge kernel."""
+
+    def choose(tiles, programs_per_seq):
+        nmax = int(tiles.max()) if len(tiles) else 0
+        if nmax == 0:
+            return 1, 1
+        tps = -(-nmax // want)
+        return -(-nmax // tps), tps
+
+    cache._choose_splits = choose
+
+
+@gpu
+@need_torch
+@pytest.mark.parametrize("preset,head_dim,gqa", [("k4v2_g128", 128, 4), ("k4v2_g128", 128, 16), ("k4v4_g64", 64, 2)])
+@pytest.mark.parametrize("splits", [1, 2, 3, 8, 12])
+def test_attend_forced_splits(preset, head_dim, gqa, splits):
+    rng = np.random.default_rng(_seed(preset, head_dim, gqa) + splits)
+    hk = 2
+    cache, ids = build(preset, head_dim, hk, [3000, 130, 1200, 2], rng)
+    force_splits(cache, splits)
+    q = kv_like(rng, (len(ids), hk * gqa, head_dim))
+    out = cache.attend(dev(q), ids).cpu().numpy()
+    check_attention(cache, ids, q, out, 1.0 / np.sqrt(head_dim))
+
+
 @gpu
 @need_torch
 def test_attend_long_split_k_and_ragged():
@@ -392,6 +421,10 @@ def sanitizer_workload():
         q = kc.DeviceArray.from_numpy(kv_like(rng, (3, hq, D)))
         out = cache.attend(q, ids).to_numpy()
         assert np.isfinite(out).all()
+        if D <= 128:  # the direct path's clusters of several CTAs (cluster merge, DSMEM reads)
+            force_splits(cache, 3)
+            out = cache.attend(q, ids).to_numpy()
+            assert np.isfinite(out).all()
         rec = kc.quantize_tiles(kc.DeviceArray.from_numpy(kv_like(rng, (3, cache.preset.group, D))),
                                 kc.DeviceArray.from_numpy(kv_like(rng, (3, cache.preset.group, D))), preset)
         assert rec.to_numpy().shape[0] == 3

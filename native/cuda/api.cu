@@ -1,6 +1,7 @@
 // Host side of the C ABI: device queries, memory, and the attention driver
 // (attend kernel over tiles + full-precision part, then the split merge).
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -213,6 +214,16 @@ int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, 
     const int group_q = num_q_heads / c->num_kv_heads;
     a.q_chunks = (group_q + 7) / 8;
     a.stages_per_warp = 1;
+    // Direct path (splits <= 8: one cluster per head group merges in shared memory, no merge
+    // kernel). With one split only for short splits: s5 A/B, 4K x 32 (31 tiles) 81.7 -> 80.6 us,
+    // but 32K x 32 (255 tiles) 288.4 -> 291.6 and 128K x 32 969 -> 973 / 998 (cause not found).
+    // KVARN_ATTEND_DIRECT (read once): 0 off, 2 also for long single splits (A/B timings).
+    static const int direct_mode = [] {
+        const char* e = std::getenv("KVARN_ATTEND_DIRECT");
+        return e ? std::atoi(e) : 1;
+    }();
+    a.direct = direct_mode != 0 && splits <= 8 && (splits > 1 || tiles_per_split <= 64 || direct_mode == 2) ? 1 : 0;
+    a.out = as_strided4(*out);
     cudaStream_t s = (cudaStream_t)stream;
     int rc;
     switch (c->head_dim) {
@@ -222,6 +233,7 @@ int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, 
     default: return KVARN_CUDA_ERR_ARGUMENT;
     }
     if (rc) return rc;
+    if (a.direct) return KVARN_CUDA_OK;  // the attend launch wrote out
 
     MergeArgs m;
     m.states = a.states;

@@ -8,9 +8,11 @@
 // Every program also takes an equal share of the full-precision sink + tail
 // tokens (original frame) after its tiles, so no program is left with only
 // that (serial, latency-bound) work and the grid is splits x heads x B: one
-// wave where the split count was chosen for one. A merge kernel combines the
-// programs' two states each (online-softmax m, l, acc; log2 domain), rotates
-// the tile part back with the Hadamard and adds the full-precision part.
+// wave where the split count was chosen for one. The programs' two states each
+// (online-softmax m, l, acc; log2 domain) are merged -- the tile part rotated back
+// with the Hadamard, the full-precision part added -- either inside the launch
+// (direct path: the splits of a head group form a thread-block cluster and merge
+// through distributed shared memory, cluster_merge) or by merge_kernel (api.cu).
 //
 // Per tile, with codes never leaving registers (SPEC §7 algebra):
 //   score_t = kt[t] * (sum_d (q_d ka_d) code[d,t] + sum_d q_d kz_d)
@@ -32,7 +34,12 @@
 //     n-chunk i, col n <-> channel NI*n + i (thread g reads NI consecutive codes of a V row).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <math_constants.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "common.cuh"
 
@@ -48,6 +55,11 @@ struct AttendArgs {
     float qscale;     // softmax scale * log2(e): scores in the log2 domain
     float* states;    // [B][Hq][2 * splits][D + 2]: m, l, acc[D] (tiles, then sink/tail, per split)
     int splits, tiles_per_split, q_chunks, stages_per_warp;
+    // direct = 1: the programs of one (sequence, kv head, query chunk) form a thread-block cluster
+    // of `splits` CTAs (<= 8) and merge their states through distributed shared memory, writing
+    // `out` themselves: no states in global memory, no merge kernel.
+    int direct;
+    Strided4 out;     // [1, B, Hq, D] (direct only)
 };
 
 template <int KB, int VB, int G, int D, int NIPC = 16>
@@ -363,31 +375,147 @@ __device__ __forceinline__ void load_q(const AttendArgs& a, float* qs, int qld, 
     }
 }
 
-// Every warp has written ws_m/ws_l/ws_acc (rows of warps that saw nothing: m = -inf);
-// the block combines them into state slot `slot_idx` of its heads.
+// Instances with the direct path (cluster merge, attend_kernel's a.direct) compiled in: not D 256
+// (there its code raised the tile loop's spills, ptxas: 4 -> 236 bytes), not VAR 4 (kept as it
+// was, the A/B baseline of VAR 5).
+template <int D, int VAR>
+__host__ __device__ constexpr bool direct_for() { return D <= 128 && VAR != 4; }
+
+// Every warp has written ws_m/ws_l/ws_acc (rows of warps that saw nothing: m = -inf); element r
+// (0: m, 1: l, 2 + d: acc[d]) of head h's state combined over the warps.
 template <int D>
-__device__ __forceinline__ void store_program_state(const AttendArgs& a, const float* ws_m, const float* ws_l,
-                                                    const float* ws_acc, int nw, int b, int h0, int nq, int slot_idx)
+__device__ __forceinline__ float combine_warps(const float* ws_m, const float* ws_l, const float* ws_acc, int nw, int h,
+                                               int r)
 {
-    const int nslots = 2 * a.splits;
-    for (int idx = threadIdx.x; idx < nq * (D + 2); idx += blockDim.x) {
-        const int h = idx / (D + 2), r = idx % (D + 2);
-        float M = -CUDART_INF_F;
-        for (int w = 0; w < nw; ++w) M = fmaxf(M, ws_m[w * 8 + h]);
+    float M = -CUDART_INF_F;
+    for (int w = 0; w < nw; ++w) M = fmaxf(M, ws_m[w * 8 + h]);
+    if (M == -CUDART_INF_F) return r == 0 ? -CUDART_INF_F : 0.0f;
+    if (r == 0) return M;
+    float val = 0.0f;
+    for (int w = 0; w < nw; ++w) {
+        const float wt = exp2f(ws_m[w * 8 + h] - M);  // 0 for warps that saw nothing
+        val = fmaf(wt, r == 1 ? ws_l[w * 8 + h] : ws_acc[(w * 8 + h) * D + r - 2], val);
+    }
+    return val;
+}
+
+// The program's states of parts [part0, part0 + nparts) (0: tiles, Hadamard frame; 1: sink/tail,
+// original frame), combined over the warps from consecutive ws areas (ws_floats apart; part 0
+// empty when !tiles_valid), into global state slot `split` / `splits + split`, or, on the direct
+// path, into this CTA's cs [2][8][D + 2] for the cluster merge.
+template <int D>
+__device__ __forceinline__ void finish_states(const AttendArgs& a, const float* ws, int ws_floats, int part0, int nparts,
+                                              bool tiles_valid, int nw, int b, int h0, int nq, int split, float* cs)
+{
+    const int per = nq * (D + 2);
+    for (int idx = threadIdx.x; idx < nparts * per; idx += blockDim.x) {
+        const int pi = idx / per, rem = idx % per, h = rem / (D + 2), r = rem % (D + 2);
+        const int part = part0 + pi;
+        const float* ws_m = ws + (size_t)pi * ws_floats;
         float val;
-        if (M == -CUDART_INF_F) {
-            val = r == 0 ? -CUDART_INF_F : 0.0f;
-        } else if (r == 0) {
-            val = M;
+        if (part == 0 && !tiles_valid)
+            val = r == 0 ? -CUDART_INF_F : 0.0f;  // nothing read: an empty state (merges skip l == 0)
+        else
+            val = combine_warps<D>(ws_m, ws_m + nw * 8, ws_m + nw * 16, nw, h, r);
+        if (a.direct) {
+            cs[(part * 8 + h) * (D + 2) + r] = val;
         } else {
-            val = 0.0f;
-            for (int w = 0; w < nw; ++w) {
-                const float wt = exp2f(ws_m[w * 8 + h] - M);  // 0 for warps that saw nothing
-                val = fmaf(wt, r == 1 ? ws_l[w * 8 + h] : ws_acc[(w * 8 + h) * D + r - 2], val);
+            const int nslots = 2 * a.splits;
+            const int slot_idx = part == 0 ? split : a.splits + split;
+            a.states[(((size_t)b * a.num_q_heads + h0 + h) * nslots + slot_idx) * (D + 2) + r] = val;
+        }
+    }
+}
+
+// Direct path: every CTA of the cluster (the group's `splits` programs, rank = blockIdx.x) has its
+// two combined states in cs. CTA `rank` merges heads [rank * hp, +hp) from all CTAs' cs through
+// distributed shared memory (as merge_kernel does from global), rotates the tile part back
+// (Hadamard: butterflies below 32 by warp shuffles, the rest in shared memory) and writes out.
+// buf: (2 D + 1) * 8 floats of this CTA's shared memory, apart from cs.
+template <int D>
+__device__ void cluster_merge(const AttendArgs& a, float* cs, float* buf, int b, int h0, int nq)
+{
+    namespace cg = cooperative_groups;
+    static_assert((D & (D - 1)) == 0 && D >= 32, "Hadamard block = D, a power of two >= 32");
+    constexpr int NB = D / 32;  // butterfly inputs per output in the cross-warp stages
+    const int S = a.splits, rank = blockIdx.x;
+    cg::cluster_group cl = cg::this_cluster();
+    if (S > 1)
+        cl.sync();  // every CTA's cs is written (release/acquire at cluster scope)
+    else
+        __syncthreads();
+    const int hp = (nq + S - 1) / S;
+    const int h_lo = min(nq, rank * hp), h_hi = min(nq, h_lo + hp);
+    const int n_items = (h_hi - h_lo) * D;
+    float* rot = buf;                // [hp][D]: tile part after the in-warp stages
+    float* dense = buf + 8 * D;      // [hp][D]
+    float* Ls = buf + 16 * D;        // [hp]
+    // items of one warp are 32 consecutive channels of one head (D and blockDim multiples of 32)
+    for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
+        const int hl = idx / D, d = idx % D, h = h_lo + hl;
+        float mt[8], lt[8], at[8], md[8], ld[8], ad[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            if (r < S) {
+                const float* src = S > 1 ? cl.map_shared_rank(cs, r) : cs;
+                mt[r] = src[h * (D + 2)];
+                lt[r] = src[h * (D + 2) + 1];
+                at[r] = src[h * (D + 2) + 2 + d];
+                md[r] = src[(8 + h) * (D + 2)];
+                ld[r] = src[(8 + h) * (D + 2) + 1];
+                ad[r] = src[(8 + h) * (D + 2) + 2 + d];
             }
         }
-        float* st = a.states + (((size_t)b * a.num_q_heads + h0 + h) * nslots + slot_idx) * (D + 2);
-        st[r] = val;
+        float M = -CUDART_INF_F;
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+            if (r < S) {
+                if (lt[r] > 0.0f) M = fmaxf(M, mt[r]);
+                if (ld[r] > 0.0f) M = fmaxf(M, md[r]);
+            }
+        float L = 0.0f, tile_part = 0.0f, dense_part = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+            if (r < S) {
+                if (lt[r] != 0.0f) {
+                    const float w = exp2f(mt[r] - M);
+                    L = fmaf(w, lt[r], L);
+                    tile_part += w * at[r];
+                }
+                if (ld[r] != 0.0f) {
+                    const float w = exp2f(md[r] - M);
+                    L = fmaf(w, ld[r], L);
+                    dense_part += w * ad[r];
+                }
+            }
+        float x = tile_part;
+#pragma unroll
+        for (int hh = 1; hh < 32; hh <<= 1) {
+            const float o = __shfl_xor_sync(0xffffffffu, x, hh);
+            x = (d & hh) ? o - x : x + o;
+        }
+        rot[hl * D + d] = x;
+        dense[hl * D + d] = dense_part;
+        if (d == 0) Ls[hl] = L;
+    }
+    if (S > 1)
+        cl.sync();  // rot/dense complete; and no CTA leaves while another still reads its cs
+    else
+        __syncthreads();
+    const float norm = rsqrtf((float)D);
+    for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
+        const int hl = idx / D, d = idx % D, h = h_lo + hl;
+        // the remaining stages for output d: sum_j (-1)^popc(j & (d / 32)) x[d % 32 + 32 j]
+        // (a selected butterfly output would index a register array at run time: local memory)
+        float y = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            const float v = rot[hl * D + (d & 31) + 32 * j];
+            y += (__popc(j & (d >> 5)) & 1) ? -v : v;
+        }
+        y = (y * norm + dense[hl * D + d]) / Ls[hl];
+        store_elem(const_cast<void*>(a.out.ptr), a.out.dtype,
+                   b * a.out.stride[1] + (int64_t)(h0 + h) * a.out.stride[2] + d * a.out.stride[3], y);
     }
 }
 
@@ -645,6 +773,186 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
 // (tiles, Hadamard frame) and slot `splits + split` (sink/tail, original frame).
 // WARPS: the most warps a program runs (the launch bound: 8 -> up to 255 registers, 12 -> 168,
 // 16 -> 128); NIPC: output n-chunks per PV pass (fewer: fewer live accumulators, more passes).
+// Bytes before q in the kernel's shared memory: the warps' record stages, or (after them, same
+// memory) the warp states (EARLY: two areas), the combined states cs [2][8][D + 2] and the cluster
+// merge's buffer [(2 D + 1) * 8].
+template <int D, bool EARLY>
+__host__ __device__ __forceinline__ size_t attend_front_bytes(int nw, int nsw, int R)
+{
+    const size_t stage_bytes = (size_t)nw * nsw * R;
+    const size_t ws_bytes = (size_t)nw * 8 * (D + 2) * sizeof(float);
+    const size_t after = (EARLY ? 2 : 1) * ws_bytes + (2 * 8 * (D + 2) + (2 * D + 1) * 8) * sizeof(float);
+    const size_t front = stage_bytes > after ? stage_bytes : after;
+    return (front + 127) & ~(size_t)127;
+}
+
+// VAR 5 (swapped-operand tiles, <= 4 query heads): a shorter fixed path per program. Each warp's
+// lane 0 sets up its own mbarriers and sends its first record copies at once (no block barrier
+// first); every lane reads q straight into registers (unrotated: its DPL channels of each head,
+// for the sink/tail part) and warp w rotates head w by warp shuffles (one block barrier in all,
+// not one per butterfly stage). The program's share of the sink + tail tokens is then done
+// *before* the tiles, while the first records are still on their way, its state kept in
+// registers; both parts' warp states are combined in one pass afterwards.
+template <int KB, int VB, int G, int D>
+__device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem, float* qs, uint64_t* bars, float* ws,
+                                             int ws_floats, float* cs, float* mbuf, int slot, int n_tiles, int sink_len,
+                                             int tail_len, int kvh, int b, int h0, int nq, int split, int t_begin,
+                                             int t_end)
+{
+    using C = AttendCfg<KB, VB, G, D>;
+    constexpr int HQ = 4;        // query heads per program (the swapped tiles' limit)
+    constexpr int DPL = D / 32;  // channels per lane
+    constexpr int U = 4;
+    using Vec = typename HalfVec<DPL>::T;
+    const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int Hk = a.c.num_kv_heads;
+    const int R = (int)a.L.total;
+    const int nsw = a.stages_per_warp;
+    const int nbw = nsw > 2 ? nsw : 2;
+    const bool has_tiles = t_begin < t_end;
+    uint8_t* stages = smem + (size_t)warp * nsw * R;
+    uint64_t* my_bars = bars + warp * nbw;
+    const uint8_t* pool = reinterpret_cast<const uint8_t*>(a.c.pool) + (size_t)a.layer * a.c.num_pages * Hk * R +
+                          (size_t)kvh * R;
+    const int* bt = reinterpret_cast<const int*>(a.c.block_table) + (size_t)slot * a.c.max_tiles;
+    const int nwarps_t = nw;
+    const int n_my = t_begin + warp < t_end ? (t_end - t_begin - warp + nwarps_t - 1) / nwarps_t : 0;
+    if (has_tiles && lane == 0) {
+        for (int s = 0; s < nbw; ++s) mbar_init(&my_bars[s], 1);
+        fence_proxy_async();  // the barriers' init before the copy engine uses them
+        for (int s = 0; s < nsw && s < n_my; ++s) {
+            const int page = bt[t_begin + warp + s * nw];
+            mbar_expect_tx(&my_bars[s], (uint32_t)R);
+            bulk_load(stages + (size_t)s * R, pool + (size_t)page * Hk * R, (uint32_t)R, &my_bars[s]);
+        }
+    }
+
+    // q, pre-scaled: channels lane * DPL + i of every head (rows >= nq zero)
+    float qd[HQ][DPL];
+#pragma unroll
+    for (int h = 0; h < HQ; ++h)
+#pragma unroll
+        for (int i = 0; i < DPL; ++i)
+            qd[h][i] = h < nq ? load_elem(a.q.ptr, a.q.dtype,
+                                          b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] +
+                                              (lane * DPL + i) * a.q.stride[3]) *
+                                    a.qscale
+                              : 0.0f;
+    // the tiles' q (Hadamard frame; block = D): head r rotated by warp r, into qs
+    for (int r = warp; r < 8; r += nw) {
+        float x[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) x[i] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < HQ; ++h)
+            if (h == r)
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) x[i] = qd[h][i];
+#pragma unroll
+        for (int hh = 1; hh < DPL; hh <<= 1)
+#pragma unroll
+            for (int i = 0; i < DPL; ++i)
+                if ((i & hh) == 0) {
+                    const float x0 = x[i], x1 = x[i + hh];
+                    x[i] = x0 + x1;
+                    x[i + hh] = x0 - x1;
+                }
+#pragma unroll
+        for (int hh = DPL; hh < D; hh <<= 1) {
+            const int lm = hh / DPL;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) {
+                const float o = __shfl_xor_sync(0xffffffffu, x[i], lm);
+                x[i] = (lane & lm) ? o - x[i] : x[i] + o;
+            }
+        }
+        const float norm = rsqrtf((float)D);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) qs[r * C::QLD + lane * DPL + i] = x[i] * norm;
+    }
+
+    // ---- full-precision sink + tail first (original frame): this program's share, one token per
+    // warp at a time, U tokens' loads in flight per warp; the state stays in registers ----
+    float m_h[HQ], l_h[HQ], acc_h[HQ][DPL];
+#pragma unroll
+    for (int h = 0; h < HQ; ++h) {
+        m_h[h] = -CUDART_INF_F;
+        l_h[h] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DPL; ++k) acc_h[h][k] = 0.0f;
+    }
+    {
+        const int n_dense = sink_len + tail_len;
+        const int per = (n_dense + a.splits - 1) / a.splits;
+        const int d_begin = min(n_dense, split * per), d_end = min(n_dense, d_begin + per);
+        const int64_t head = ((int64_t)a.layer * a.c.num_slots + slot) * Hk + kvh;
+        for (int t0 = d_begin + warp; t0 < d_end; t0 += U * nw) {
+            Vec kraw[U], vraw[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int t = t0 + u * nw;
+                if (t < d_end) {
+                    const __half *kr, *vr;
+                    if (t < sink_len) {
+                        const int64_t off = (head * a.c.sink_cap + t) * D;
+                        kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
+                        vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
+                    } else {
+                        const int64_t off = (head * G + (t - sink_len)) * D;
+                        kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
+                        vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
+                    }
+                    kraw[u] = *reinterpret_cast<const Vec*>(kr + lane * DPL);
+                    vraw[u] = *reinterpret_cast<const Vec*>(vr + lane * DPL);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (t0 + u * nw >= d_end) break;
+                float kv[DPL], vv[DPL];
+                halves_to_float<DPL>(kraw[u], kv);
+                halves_to_float<DPL>(vraw[u], vv);
+#pragma unroll
+                for (int h = 0; h < HQ; ++h) {
+                    if (h >= nq) break;
+                    float sc = 0.0f;
+#pragma unroll
+                    for (int k = 0; k < DPL; ++k) sc = fmaf(qd[h][k], kv[k], sc);
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+                    const float m_new = fmaxf(m_h[h], sc);
+                    const float alpha = exp2f(m_h[h] - m_new);
+                    const float pw = exp2f(sc - m_new);
+                    l_h[h] = fmaf(l_h[h], alpha, pw);
+#pragma unroll
+                    for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
+                    m_h[h] = m_new;
+                }
+            }
+        }
+    }
+    __syncthreads();  // qs written; every warp's barriers initialised
+
+    if (has_tiles)
+        tiles_swapped<KB, VB, G, D>(a, stages, my_bars, pool, bt, n_my, nsw, R, Hk, t_begin, warp, nw, lane, nq, qs, ws,
+                                    ws + nw * 8, ws + nw * 16);  // ends with a block barrier, then its warp states
+    else
+        __syncthreads();  // (the sink/tail states below overwrite nothing in use: no stages here)
+    float* wd = ws + ws_floats;  // sink/tail warp states
+#pragma unroll
+    for (int h = 0; h < HQ; ++h) {
+        if (h >= nq) break;
+        if (lane == 0) {
+            wd[warp * 8 + h] = m_h[h];
+            wd[nw * 8 + warp * 8 + h] = l_h[h];
+        }
+#pragma unroll
+        for (int k = 0; k < DPL; ++k) wd[nw * 16 + (warp * 8 + h) * D + lane * DPL + k] = acc_h[h][k];
+    }
+    __syncthreads();
+    finish_states<D>(a, ws, ws_floats, 0, 2, has_tiles, nw, b, h0, nq, split, cs);
+    if (a.direct) cluster_merge<D>(a, cs, mbuf, b, h0, nq);
+}
 template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16, int VAR = 1>
 __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 {
@@ -666,19 +974,28 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const int nbw = nsw > 2 ? nsw : 2;  // mbarriers per warp (at least 2)
 
     extern __shared__ __align__(128) uint8_t smem[];
-    const size_t stage_bytes = (size_t)nw * nsw * R;
-    const size_t ws_bytes = (size_t)nw * 8 * (D + 2) * sizeof(float);
-    const size_t front = stage_bytes > ws_bytes ? stage_bytes : ws_bytes;
-    float* qs = reinterpret_cast<float*>(smem + ((front + 127) & ~(size_t)127));
+    constexpr bool EARLY = VAR == 5;
+    const size_t front = attend_front_bytes<D, EARLY>(nw, nsw, R);
+    float* qs = reinterpret_cast<float*>(smem + front);
     uint64_t* bars = reinterpret_cast<uint64_t*>(qs + 8 * C::QLD);
-    // Warp states, written once every warp is done with its stages (same memory).
+    // Warp states (EARLY: two areas, tiles then sink/tail), then the combined states cs and the
+    // cluster merge's buffer, all written once every warp is done with its stages (same memory).
+    const int ws_floats = nw * 8 * (D + 2);
     float* ws_m = reinterpret_cast<float*>(smem);
     float* ws_l = ws_m + nw * 8;
     float* ws_acc = ws_l + nw * 8;
+    float* cs = ws_m + (EARLY ? 2 : 1) * ws_floats;
+    float* mbuf = cs + 2 * 8 * (D + 2);
 
     const int t_begin = split * a.tiles_per_split;
     const int t_end = min(t_begin + a.tiles_per_split, n_tiles);
     const bool has_tiles = t_begin < t_end;
+
+    if constexpr (EARLY) {
+        attend_early<KB, VB, G, D>(a, smem, qs, bars, ws_m, ws_floats, cs, mbuf, slot, n_tiles, sink_len, tail_len, kvh,
+                                   b, h0, nq, split, t_begin, t_end);
+    } else {  // (not instantiated for VAR 5: its registers are the early path's alone)
+    // VAR 6: VAR 4 (swapped tiles, this prologue) with the direct path compiled in.
 
     // q for this program's heads, pre-scaled; rows >= nq are zero.
     load_q<D>(a, qs, C::QLD, b, h0, nq);
@@ -687,12 +1004,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     __syncthreads();
 
     if (!has_tiles) {
-        // Nothing to read: an empty state (the merge skips l == 0).
-        for (int idx = threadIdx.x; idx < nq * (D + 2); idx += blockDim.x) {
-            const int h = idx / (D + 2), r = idx % (D + 2);
-            float* st = a.states + (((size_t)b * a.num_q_heads + h0 + h) * (2 * a.splits) + split) * (D + 2);
-            st[r] = r == 0 ? -CUDART_INF_F : 0.0f;
-        }
+        finish_states<D>(a, ws_m, ws_floats, 0, 1, false, nw, b, h0, nq, split, cs);  // an empty state
     } else {
         // ---- tiles: the first records' loads go out before the q rotation ----------------
         uint8_t* stages = smem + (size_t)warp * nsw * R;
@@ -727,10 +1039,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
         __syncthreads();
 
 
-        if constexpr (VAR == 4) {
+        if constexpr (VAR == 4 || VAR == 6) {
             tiles_swapped<KB, VB, G, D>(a, stages, my_bars, pool, bt, n_my, nsw, R, Hk, t_begin, warp, nw, lane, nq, qs,
                                         ws_m, ws_l, ws_acc);
-        } else {
+        } else {  // row-split tiles
         float m_run = -CUDART_INF_F, l_run = 0.0f;
         float acc[C::NI][2];
 #pragma unroll
@@ -981,7 +1293,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
         }
         }  // VAR != 4
         __syncthreads();
-        store_program_state<D>(a, ws_m, ws_l, ws_acc, nw, b, h0, nq, split);
+        finish_states<D>(a, ws_m, ws_floats, 0, 1, true, nw, b, h0, nq, split, cs);
         __syncthreads();  // the state is read out of ws before the sink/tail part reuses it
         load_q<D>(a, qs, C::QLD, b, h0, nq);  // the original frame again
         __syncthreads();
@@ -1061,42 +1373,106 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
         }
     }
     __syncthreads();
-    store_program_state<D>(a, ws_m, ws_l, ws_acc, nw, b, h0, nq, a.splits + split);
+    finish_states<D>(a, ws_m, ws_floats, 1, 1, true, nw, b, h0, nq, split, cs);
+    if constexpr (direct_for<D, VAR>())
+        if (a.direct) cluster_merge<D>(a, cs, mbuf, b, h0, nq);
+    }  // !EARLY
 }
 
-template <int D>
+template <int D, bool EARLY>
 size_t attend_smem_bytes(int nw, int nsw, int R)
 {
-    const size_t stage_bytes = (size_t)nw * nsw * R;
-    const size_t ws_bytes = (size_t)nw * 8 * (D + 2) * sizeof(float);
-    const size_t front = stage_bytes > ws_bytes ? stage_bytes : ws_bytes;
-    return ((front + 127) & ~(size_t)127) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
+    return attend_front_bytes<D, EARLY>(nw, nsw, R) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
 }
 
 // Per head_dim launchers (attend_d*.cu).
-int launch_attend_d64(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
-int launch_attend_d128(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
-int launch_attend_d256(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
+int launch_attend_d64(int kbits, int vbits, int group, AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
+int launch_attend_d128(int kbits, int vbits, int group, AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
+int launch_attend_d256(int kbits, int vbits, int group, AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
 
+// Whether the direct path (clusters of `splits` CTAs) runs in no more waves than plain CTAs would:
+// cluster placement needs `splits` free SMs in one GPC. Cached per (kernel, splits, block, smem).
+inline bool direct_fits(const void* kernel, dim3 grid, int block, size_t smem)
+{
+    static std::mutex mu;
+    static std::map<std::tuple<const void*, unsigned, int, size_t, unsigned>, bool> memo;
+    const int S = (int)grid.x;
+    const unsigned total = grid.x * grid.y * grid.z;
+    const auto key = std::make_tuple(kernel, grid.x, block, smem, total);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+    bool ok = false;
+    int dev = 0, sms = 0, per_sm = 0, clusters = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, smem) == cudaSuccess && per_sm > 0) {
+        if (S == 1) {
+            ok = true;
+        } else {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr[1];
+            cfg.gridDim = grid;
+            cfg.blockDim = dim3((unsigned)block);
+            cfg.dynamicSmemBytes = smem;
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = (unsigned)S;
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) {
+                const unsigned waves_plain = (total + (unsigned)(sms * per_sm) - 1) / (unsigned)(sms * per_sm);
+                const unsigned n_clusters = total / (unsigned)S;
+                const unsigned waves_cluster = (n_clusters + (unsigned)clusters - 1) / (unsigned)clusters;
+                ok = waves_cluster <= waves_plain;
+            }
+        }
+    }
+    (void)cudaGetLastError();  // a refused query is an answer (plain launch), not a sticky error
+    memo[key] = ok;
+    return ok;
+}
+
+// a.direct on entry: the direct path is wanted (splits <= 8); on return: whether it was launched
+// (else the caller runs merge_kernel over a.states).
 template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16, int VAR = 1>
-int launch_attend_t(const AttendArgs& args, int batch, int max_smem, cudaStream_t stream)
+int launch_attend_t(AttendArgs& args, int batch, int max_smem, cudaStream_t stream)
 {
     static_assert(AttendCfg<KB, VB, G, D, NIPC>::QLD == D + 4, "q row stride");
+    constexpr bool EARLY = VAR == 5;
     AttendArgs a = args;
     const int R = (int)a.L.total;
     // As many warps (<= WARPS) and stages per warp (<= 2) as shared memory holds.
     int nw = WARPS, nsw = 2;
-    while (nsw > 1 && attend_smem_bytes<D>(nw, nsw, R) > (size_t)max_smem) --nsw;
-    while (nw > 1 && attend_smem_bytes<D>(nw, nsw, R) > (size_t)max_smem) --nw;
-    const size_t smem = attend_smem_bytes<D>(nw, nsw, R);
+    while (nsw > 1 && attend_smem_bytes<D, EARLY>(nw, nsw, R) > (size_t)max_smem) --nsw;
+    while (nw > 1 && attend_smem_bytes<D, EARLY>(nw, nsw, R) > (size_t)max_smem) --nw;
+    const size_t smem = attend_smem_bytes<D, EARLY>(nw, nsw, R);
     if (smem > (size_t)max_smem) return KVARN_CUDA_ERR_ARGUMENT;
     a.stages_per_warp = nsw;
     auto kernel = attend_kernel<KB, VB, G, D, WARPS, NIPC, VAR>;
     KVARN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                    "attend kernel shared memory");
     dim3 grid((unsigned)a.splits, (unsigned)(a.c.num_kv_heads * a.q_chunks), (unsigned)batch);
-    kernel<<<grid, nw * 32, smem, stream>>>(a);
+    if (a.direct && (!direct_for<D, VAR>() || a.splits > 8 || !direct_fits(reinterpret_cast<const void*>(kernel), grid, nw * 32, smem))) a.direct = 0;
+    if (a.direct && a.splits > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3((unsigned)(nw * 32));
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)a.splits;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        KVARN_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, a), "attend kernel launch (cluster)");
+    } else {
+        kernel<<<grid, nw * 32, smem, stream>>>(a);
+    }
     KVARN_CUDA_TRY(cudaGetLastError(), "attend kernel launch");
+    args.direct = a.direct;
     return KVARN_CUDA_OK;
 }
 

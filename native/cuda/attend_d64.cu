@@ -3,7 +3,7 @@
 
 namespace kvarn_cuda {
 
-int launch_attend_d64(int kbits, int vbits, int group, const AttendArgs& a, int batch, int max_smem, cudaStream_t stream)
+int launch_attend_d64(int kbits, int vbits, int group, AttendArgs& a, int batch, int max_smem, cudaStream_t stream)
 {
     if (kbits == 4 && vbits == 2 && group == 128) return launch_attend_t<4, 2, 128, 64>(a, batch, max_smem, stream);
     if (kbits == 4 && vbits == 4 && group == 128) return launch_attend_t<4, 4, 128, 64>(a, batch, max_smem, stream);
