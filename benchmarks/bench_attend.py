@@ -1,6 +1,6 @@
 """Decode attention, side by side in one run with one thread count:
 
-- kvarn over a k4v2_g128 cache (every ISA; on VNNI CPUs also the int16/int8 score modes),
+- kvarn over a k4v2_g128 cache (every ISA and the score modes it runs: float, int16, and int8 on VNNI CPUs),
 - kvarn's equally optimised kernel over an fp16 cache (FP16Cache -> attend_dense_f16),
 - numpy fp32 attention (BLAS matmuls) and torch SDPA fp32 with GQA, over the same tokens,
 - a large memory copy, the bandwidth floor these are measured against,

@@ -23,7 +23,7 @@ ISAS = kvarn.available_isas()
 def isa(request):
     """Runs the test once per ISA this machine supports, in the "float" score mode (the exact
     one: these tests compare with float64 to 1e-5; the integer modes, int16 being the default
-    on AVX-512 VNNI CPUs, have their own tests with their stated tolerance), restoring both after."""
+    wherever AVX2 or AVX-512 VNNI runs it, have their own tests with their stated tolerance), restoring both after."""
     before, mode = kvarn.active_isa(), kvarn.score_mode()
     kvarn.set_isa(request.param)
     kvarn.set_score_mode("float")
