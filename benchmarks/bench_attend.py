@@ -50,14 +50,14 @@ VNNI = _native.cpu_has_vnni() and "avx512" in ISAS
 # kvarn rows: one per ISA and score mode it runs: int16 is the default wherever it runs (avx2,
 # avx512 with VNNI), float the exact path, int8 the coarse one (avx512 with VNNI).
 IMPLS = ["kvarn-scalar"]
+# "-novnni": the int16 kernels' vpmaddwd + vpaddd form where this CPU has VNNI, i.e. what a CPU
+# of the same ISA without VNNI runs.
 if "avx2" in ISAS:
-    IMPLS += ["kvarn-avx2-float", "kvarn-avx2-int16"]
-    if _native.cpu_has_avx_vnni():  # the avx2 int16 row uses AVX-VNNI here; this one does not
-        IMPLS += ["kvarn-avx2-int16-novnni"]
+    IMPLS += ["kvarn-avx2-float", "kvarn-avx2-int16"] + ["kvarn-avx2-int16-novnni"] * _native.cpu_has_avx_vnni()
 if VNNI:
-    IMPLS += ["kvarn-avx512-float", "kvarn-avx512-int16", "kvarn-avx512-int8"]
+    IMPLS += ["kvarn-avx512-float", "kvarn-avx512-int16", "kvarn-avx512-int16-novnni", "kvarn-avx512-int8"]
 elif "avx512" in ISAS:
-    IMPLS += ["kvarn-avx512-float"]
+    IMPLS += ["kvarn-avx512-float", "kvarn-avx512-int16"]
 IMPLS += [f"fp16-{i}" for i in ISAS if i != "scalar"] + ["numpy", "torch"]
 
 _DATA = {}
@@ -149,7 +149,7 @@ def restore():
     yield
     kvarn.set_isa(isa)
     _native.set_score_mode(mode)
-    _native.set_avx_vnni(_native.cpu_has_avx_vnni())
+    _native.set_vnni(True)
 
 
 def test_copy_bandwidth(benchmark):
@@ -185,7 +185,7 @@ def test_attend(benchmark, shape, ctx, batch, impl):
     if batch > 1 and ctx >= 131072 and dense_bytes * 1.5 > _avail_bytes():
         pytest.skip("not enough memory for 16 fp16 copies of a 128K cache")
     if batch > 1 and ctx >= 131072 and impl in ("kvarn-avx512-float", "kvarn-avx512-int8", "kvarn-avx2-float",
-                                                 "kvarn-avx2-int16-novnni"):
+                                                 "kvarn-avx2-int16-novnni", "kvarn-avx512-int16-novnni"):
         pytest.skip("non-default score modes: batch 1 suffices at 128K")
 
     dd = data(shape, ctx)
@@ -197,7 +197,7 @@ def test_attend(benchmark, shape, ctx, batch, impl):
         kvarn.set_isa(parts[1])
         _native.set_score_mode(parts[2] if len(parts) > 2 else "float")
         assert _native.score_mode() == (parts[2] if len(parts) > 2 else "float")
-        _native.set_avx_vnni(_native.cpu_has_avx_vnni() and not impl.endswith("-novnni"))
+        _native.set_vnni(not impl.endswith("-novnni"))
         caches = batched(dd, "cache", batch)
         fn = lambda: kvarn.attend_batch(q, caches, num_threads=THREADS)  # noqa: E731
         nbytes = sum(c.nbytes for c in caches)

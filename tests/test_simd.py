@@ -26,7 +26,7 @@ HAS_VNNI = _native.cpu_has_vnni() and "avx512" in ISAS
 # The ISAs whose kernels run each integer mode (dispatch.cpp's score_mode()).
 MODE_ISAS = {
     "float": SIMD_ISAS,
-    "int16": ["avx2"] * ("avx2" in ISAS) + ["avx512"] * HAS_VNNI,
+    "int16": SIMD_ISAS,  # vpdpwssd with VNNI, else vpmaddwd + vpaddd
     "int8": ["avx512"] * HAS_VNNI,
 }
 
@@ -148,36 +148,42 @@ def test_env_unknown_score_mode_is_error():
     assert r.returncode != 0 and "KVARN_SCORES='int4' is not a score mode" in r.stderr
 
 
-def test_avx_vnni_switch():
-    if _native.cpu_has_avx_vnni():
-        assert _native.avx_vnni()  # on by default where the CPU has it
-    else:
-        assert not _native.avx_vnni()
-        assert _native.set_avx_vnni(True) == _native.ERR_ISA
-        assert not _native.avx_vnni()
-    assert _native.set_avx_vnni(False) == _native.OK and not _native.avx_vnni()
-    if _native.cpu_has_avx_vnni():
-        assert _native.set_avx_vnni(True) == _native.OK and _native.avx_vnni()
+def test_vnni_switch():
+    for isa in SIMD_ISAS:
+        kvarn.set_isa(isa)
+        has = _native.cpu_has_vnni() if isa == "avx512" else _native.cpu_has_avx_vnni()
+        try:
+            _native.set_vnni(False)
+            assert not _native.vnni()
+            _native.set_score_mode("int8" if HAS_VNNI else "int16")
+            assert _native.score_mode() == "int16"  # int8 needs vpdpbusd: int16 runs instead
+        finally:
+            _native.set_vnni(True)
+        assert _native.vnni() == has  # on by default where the CPU has it
 
 
-@pytest.mark.skipif(not _native.cpu_has_avx_vnni() or "avx2" not in ISAS, reason="needs AVX-VNNI (not on this CPU)")
+VNNI_ISAS = ["avx2"] * _native.cpu_has_avx_vnni() + ["avx512"] * HAS_VNNI
+
+
+@pytest.mark.skipif(not VNNI_ISAS, reason="needs AVX-512 VNNI or AVX-VNNI (neither on this CPU)")
 @pytest.mark.parametrize("preset,Hk,D,Hq,n", [("k4v2_g128", 8, 128, 32, 4096 + 77), ("k4v2_g128", 3, 64, 9, 1000),
                                               ("k2v2_g128", 2, 48, 10, 700), ("k4v4_g64", 2, 256, 2, 333),
                                               ("k4v2_g128", 1, 16, 5, 300)])
-def test_avx2_int16_avx_vnni_is_bit_identical(preset, Hk, D, Hq, n, rng):
-    """AVX-VNNI's vpdpwssd and vpmaddwd + vpaddd give the same int32 sums: the outputs match bit for bit."""
+def test_int16_vnni_and_madd_forms_are_bit_identical(preset, Hk, D, Hq, n, rng):
+    """vpdpwssd and vpmaddwd + vpaddd give the same int32 sums: the outputs match bit for bit, on
+    every ISA whose VNNI this CPU has (the madd form is what CPUs without VNNI run)."""
     c = _cache(rng, preset, Hk, D, n)
     q = rng.standard_normal((Hq, D)).astype(np.float32)
-    kvarn.set_isa("avx2")
     _native.set_score_mode("int16")
-    try:
-        assert _native.set_avx_vnni(False) == _native.OK
-        madd = kvarn.attend(q, c)
-        assert _native.set_avx_vnni(True) == _native.OK
-        vnni = kvarn.attend(q, c)
-    finally:
-        _native.set_avx_vnni(_native.cpu_has_avx_vnni())
-    np.testing.assert_array_equal(madd, vnni)
+    for isa in VNNI_ISAS:
+        kvarn.set_isa(isa)
+        try:
+            _native.set_vnni(False)
+            madd = kvarn.attend(q, c)
+        finally:
+            _native.set_vnni(True)
+        assert _native.vnni()
+        np.testing.assert_array_equal(madd, kvarn.attend(q, c), err_msg=isa)
 
 
 def test_score_mode_api():

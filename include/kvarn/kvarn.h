@@ -36,21 +36,23 @@ const char* kvarn_isa_error(void);
 
 /* How the SIMD attention computes q.k on 4-bit keys and p.v on 2-bit values:
  * 0 float FMA; 1 (the default) query and weights rounded to int16 per (tile,
- * head) and dotted exactly in int32 with the codes (avx512: VNNI vpdpwssd; avx2:
- * vpmaddwd + vpaddd, or AVX-VNNI vpdpwssd where the CPU has it); 2 the query in
- * int8 (vpdpbusd; avx512 with VNNI only, coarser). Environment:
+ * head) and dotted exactly in int32 with the codes (vpdpwssd where the CPU has
+ * AVX-512 VNNI resp. AVX-VNNI, else vpmaddwd + vpaddd: the same sums); 2 the query
+ * in int8 (vpdpbusd; avx512 with VNNI only, coarser). Environment:
  * KVARN_SCORES=float|int16|int8. int8 without AVX-512 VNNI, int16 without AVX2:
  * KVARN_ERR_ISA. kvarn_score_mode: the mode the active kernels run (float on the
- * scalar kernels and on AVX-512 without VNNI; int16 for int8 on the avx2 kernels). */
+ * scalar kernels; int16 for int8 where int8 cannot run). */
 int kvarn_set_score_mode(int32_t mode);
 int kvarn_score_mode(void);
 int kvarn_cpu_has_vnni(void);
-/* AVX-VNNI (VEX vpdpwssd on ymm) in the avx2 int16 kernels: on by default where the
- * CPU has it; kvarn_set_avx_vnni(0) turns it off (tests, A/B timings), 1 without it:
- * KVARN_ERR_ISA. */
+/* VNNI instructions (AVX-512 VNNI in the avx512 kernels, AVX-VNNI's VEX vpdpwssd in
+ * the avx2 ones) are used where the CPU has them; kvarn_set_vnni(0) makes the int16
+ * kernels use their vpmaddwd + vpaddd forms (bit-identical results; int8 then runs as
+ * int16), 1 restores the default: for tests and A/B timings. kvarn_vnni: whether the
+ * active kernels use VNNI now. */
 int kvarn_cpu_has_avx_vnni(void);
-int kvarn_set_avx_vnni(int32_t on);
-int kvarn_avx_vnni(void);
+void kvarn_set_vnni(int32_t on);
+int kvarn_vnni(void);
 
 /* ---- Kernels ----------------------------------------------------------------- */
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim);

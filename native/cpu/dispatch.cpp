@@ -147,14 +147,11 @@ const KernelTable* active_kernels()
 bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
 
 namespace {
-std::atomic<int> g_avx_vnni{-1};  // -1: default (cpuid)
+std::atomic<bool> g_vnni{true};  // use VNNI instructions where cpuid has them (kvarn_set_vnni)
 }  // namespace
 
-bool avx_vnni_on()
-{
-    const int v = g_avx_vnni.load(std::memory_order_relaxed);
-    return v < 0 ? features().avx_vnni : v != 0;
-}
+bool avx_vnni_on() { return g_vnni.load(std::memory_order_relaxed) && features().avx_vnni; }
+bool avx512_vnni_on() { return g_vnni.load(std::memory_order_relaxed) && features().avx512_vnni; }
 
 namespace {
 // Default: int16 (k4 scores and 2-bit values in exact int32 sums of int16-rounded
@@ -183,17 +180,16 @@ int score_mode_flag()
 }
 }  // namespace
 
-// The mode the active kernels run: avx512 runs every mode with VNNI (float without
-// it); avx2 runs int16 by vpmaddwd + vpaddd, and int16 for an int8 request (its
-// closest, more precise mode); scalar runs float.
+// The mode the active kernels run: avx512 and avx2 run float and int16 (vpdpwssd with
+// VNNI, else vpmaddwd + vpaddd: the same sums); int8 needs AVX-512 VNNI (vpdpbusd), and
+// where it cannot run, int16 (its closest, more precise mode) runs instead; scalar runs float.
 int score_mode()
 {
     const KernelTable* t = active_kernels();
     const int want = score_mode_flag();
-    if (want == kScoresFloat || t == nullptr) return kScoresFloat;
-    if (t == &tables().avx512) return features().avx512_vnni ? want : kScoresFloat;
-    if (t == &tables().avx2) return kScoresInt16;
-    return kScoresFloat;
+    if (want == kScoresFloat || t == nullptr || t == &tables().scalar) return kScoresFloat;
+    if (want == kScoresInt8 && t == &tables().avx512 && avx512_vnni_on()) return kScoresInt8;
+    return kScoresInt16;
 }
 
 }  // namespace kvarn
@@ -239,14 +235,15 @@ int kvarn_cpu_has_vnni(void) { return kvarn::features().avx512_vnni ? 1 : 0; }
 
 int kvarn_cpu_has_avx_vnni(void) { return kvarn::features().avx_vnni ? 1 : 0; }
 
-int kvarn_set_avx_vnni(int32_t on)
-{
-    if (on && !kvarn::features().avx_vnni) return KVARN_ERR_ISA;
-    kvarn::g_avx_vnni = on ? 1 : 0;
-    return KVARN_OK;
-}
+void kvarn_set_vnni(int32_t on) { kvarn::g_vnni = on != 0; }
 
-int kvarn_avx_vnni(void) { return kvarn::avx_vnni_on() ? 1 : 0; }
+int kvarn_vnni(void)
+{
+    const kvarn::KernelTable* t = kvarn::active_kernels();
+    if (t == &kvarn::tables().avx512) return kvarn::avx512_vnni_on() ? 1 : 0;
+    if (t == &kvarn::tables().avx2) return kvarn::avx_vnni_on() ? 1 : 0;
+    return 0;
+}
 
 const char* kvarn_isa_error(void)
 {

@@ -22,8 +22,8 @@ cdef extern from "kvarn/kvarn.h" nogil:
     int kvarn_score_mode()
     int kvarn_cpu_has_vnni()
     int kvarn_cpu_has_avx_vnni()
-    int kvarn_set_avx_vnni(int32_t on)
-    int kvarn_avx_vnni()
+    void kvarn_set_vnni(int32_t on)
+    int kvarn_vnni()
 
     int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
     int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim)

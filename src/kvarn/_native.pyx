@@ -56,13 +56,15 @@ def cpu_has_avx_vnni():
     return bool(kvarn_cpu_has_avx_vnni())
 
 
-def set_avx_vnni(bint on):
-    """0 on success; ERR_ISA to turn it on without AVX-VNNI."""
-    return kvarn_set_avx_vnni(on)
+def set_vnni(bint on):
+    """False: the int16 kernels use their vpmaddwd forms even where the CPU has VNNI
+    (tests, A/B timings); True: VNNI where the CPU has it (the default)."""
+    kvarn_set_vnni(on)
 
 
-def avx_vnni():
-    return bool(kvarn_avx_vnni())
+def vnni():
+    """Whether the active kernels use VNNI instructions now."""
+    return bool(kvarn_vnni())
 
 
 def default_threads():

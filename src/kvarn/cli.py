@@ -24,9 +24,9 @@ def _cmd_info(args) -> int:
     print(f"threads: {kvarn.get_num_threads()}")
     mode = kvarn.score_mode()
     why = "exact fp32" if mode == "float" else "int16-rounded weights, exact int32 sums" if mode == "int16" else "coarse"
-    print(f"arithmetic (KVARN_SCORES): {mode} ({why}; int16 needs AVX2 or AVX-512 VNNI, int8 AVX-512 VNNI)")
-    if kvarn.active_isa() == "avx2" and mode == "int16":
-        print(f"avx2 int16 dot products: {'AVX-VNNI vpdpwssd' if _native.avx_vnni() else 'vpmaddwd + vpaddd (no AVX-VNNI)'}")
+    print(f"arithmetic (KVARN_SCORES): {mode} ({why}; int16 needs AVX2, int8 AVX-512 VNNI)")
+    if mode != "float":
+        print(f"int16 dot products: {'vpdpwssd (VNNI)' if _native.vnni() else 'vpmaddwd + vpaddd (no VNNI here)'}")
     from . import cuda  # always importable; the compiled module and a GPU are optional
 
     print(f"CUDA: {'available' if cuda.is_available() else 'unavailable (' + cuda.unavailable_reason() + ')'}")

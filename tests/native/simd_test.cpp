@@ -135,19 +135,22 @@ int main()
         // The exact (float) arithmetic first: int16 is the default wherever it runs.
         kvarn_set_score_mode(0);
         check_table(&full);
-        {
+        // Bounds are what matters here: run the int paths over every format under ASan
+        // (with VNNI where the CPU has it, and the vpmaddwd forms); their accuracy is
+        // checked in tests/test_simd.py.
+        for (int vnni : {1, 0}) {
+            kvarn_set_vnni(vnni);
             for (int mode : {1, 2}) {
                 if (kvarn_set_score_mode(mode) != KVARN_OK) continue;
-                if (kvarn_score_mode() != mode) continue;  // int8 on avx2 runs int16: checked already
-                // Bounds are what matters here: run the int paths over every format under
-                // ASan; their accuracy is checked in tests/test_simd.py.
-                std::printf("   score mode %d: bounds only\n", mode);
+                if (kvarn_score_mode() != mode) continue;  // int8 where it cannot run is int16: done
+                std::printf("   score mode %d, vnni %d (in use: %d): bounds only\n", mode, vnni, kvarn_vnni());
                 quiet = true;
                 check_table(&full);
                 quiet = false;
             }
-            kvarn_set_score_mode(0);
         }
+        kvarn_set_vnni(1);
+        kvarn_set_score_mode(0);
     }
     std::printf(failures ? "%d FAILURES\n" : "all SIMD kernels match scalar\n", failures);
     return failures ? 1 : 0;

@@ -1,6 +1,7 @@
 // avx512 kernels. Assumes AVX-512 F/BW/VL/DQ (+ AVX2, FMA, F16C); dispatch
 // checks cpuid and XGETBV (ZMM state) before this table is used. VNNI
-// (vpdpbusd) is used only when cpu_has_avx512_vnni() and int8 scores are on.
+// (vpdpwssd, vpdpbusd) runs only where avx512_vnni_on() says the CPU has it; the
+// int16 kernels have a vpmaddwd + vpaddd form for AVX-512 CPUs without it.
 // Built with -mavx512{f,bw,vl,dq,vnni} -mavx2 -mfma -mf16c -ffp-contract=off;
 // only this file gets those flags.
 //
@@ -225,9 +226,18 @@ void hadamard_f32_avx512(float* x, int64_t rows, int head_dim) { hadamard_rows_a
 // iteration (24 extra moves per channel pair in the scores loop, seen with perf
 // annotate); asm that ties the accumulator to its output keeps it in place.
 // By value, not by reference: a reference makes GCC keep the array on the stack.
+// kVnni false: vpmaddwd + vpaddd, the same int32 sums for AVX-512 CPUs without VNNI
+// (Skylake-SP/X); the add is asm too, so GCC (this file has -mavx512vnni) cannot fuse
+// the pair into a vpdpwssd that such a CPU could not run.
+template <bool kVnni>
 inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b)
 {
-    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    if constexpr (kVnni) {
+        asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    } else {
+        const __m512i prod = _mm512_madd_epi16(a, b);
+        asm("vpaddd %1, %0, %0" : "+v"(acc) : "v"(prod));
+    }
     return acc;
 }
 inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b)
@@ -394,7 +404,7 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
 // so that each dword holds one token's two codes as int16, multiplied by the
 // int16 pair (q16[d], q16[d+1]) and summed exactly in int32 (|sum| <= 2*15*32767
 // per pair, D/2 pairs: fits for D <= 1024). Same token order as the int8 path.
-template <int NH>
+template <int NH, bool kVnni>
 void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                           Prefetcher& pf)
 {
@@ -421,10 +431,10 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const Sco
                 int32_t q2;
                 memcpy(&q2, qi + h * D + d, 4);
                 const __m512i qb = _mm512_set1_epi32(q2);
-                acc[h][0] = dpwssd(acc[h][0], w0, qb);
-                acc[h][1] = dpwssd(acc[h][1], w1, qb);
-                acc[h][2] = dpwssd(acc[h][2], w2, qb);
-                acc[h][3] = dpwssd(acc[h][3], w3, qb);
+                acc[h][0] = dpwssd<kVnni>(acc[h][0], w0, qb);
+                acc[h][1] = dpwssd<kVnni>(acc[h][1], w1, qb);
+                acc[h][2] = dpwssd<kVnni>(acc[h][2], w2, qb);
+                acc[h][3] = dpwssd<kVnni>(acc[h][3], w3, qb);
             }
         }
         finish_int_scores<NH>(acc, a, half, smax);
@@ -491,7 +501,7 @@ constexpr V2Unpack make_v2_unpack()
 }
 constexpr V2Unpack kV2Unpack = make_v2_unpack();
 
-template <int NH, int C>
+template <int NH, int C, bool kVnni>
 inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const int16_t* w16,
                                   const int32_t* w16_sum, const float* wscale, const float* wsum, float* tmp,
                                   Prefetcher& pf)
@@ -519,7 +529,7 @@ inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D
             int32_t wp;
             memcpy(&wp, w16 + h * G + t, 4);
             const __m512i wb = _mm512_set1_epi32(wp);
-            for (int c = 0; c < C; ++c) a[h][c] = dpwssd(a[h][c], x[c], wb);
+            for (int c = 0; c < C; ++c) a[h][c] = dpwssd<kVnni>(a[h][c], x[c], wb);
         }
     }
     for (int h = 0; h < NH; ++h) {
@@ -532,25 +542,29 @@ inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D
     }
 }
 
-template <int NH>
+template <int NH, bool kVnni>
 void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
                           const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
     const size_t row_bytes = (size_t)D / 4;
     int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) values_chunk_v2_int16<NH, 4>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
-    for (; d0 + 32 <= D; d0 += 32) values_chunk_v2_int16<NH, 2>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
-    for (; d0 < D; d0 += 16) values_chunk_v2_int16<NH, 1>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+    for (; d0 + 64 <= D; d0 += 64)
+        values_chunk_v2_int16<NH, 4, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+    for (; d0 + 32 <= D; d0 += 32)
+        values_chunk_v2_int16<NH, 2, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+    for (; d0 < D; d0 += 16)
+        values_chunk_v2_int16<NH, 1, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
 }
 
+template <bool kVnni>
 void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
                               const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
     switch (nh) {
-        case 1: tile_values_v2_int16<1>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
-        case 2: tile_values_v2_int16<2>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
-        case 3: tile_values_v2_int16<3>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
-        default: tile_values_v2_int16<4>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        case 1: tile_values_v2_int16<1, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        case 2: tile_values_v2_int16<2, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        case 3: tile_values_v2_int16<3, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
+        default: tile_values_v2_int16<4, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
     }
 }
 
@@ -573,14 +587,15 @@ void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, f
     }
 }
 
+template <bool kVnni>
 void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                            Prefetcher& pf)
 {
     switch (nh) {
-        case 1: tile_scores_k4_int16<1>(kc, D, qi, a, smax, pf); break;
-        case 2: tile_scores_k4_int16<2>(kc, D, qi, a, smax, pf); break;
-        case 3: tile_scores_k4_int16<3>(kc, D, qi, a, smax, pf); break;
-        default: tile_scores_k4_int16<4>(kc, D, qi, a, smax, pf); break;
+        case 1: tile_scores_k4_int16<1, kVnni>(kc, D, qi, a, smax, pf); break;
+        case 2: tile_scores_k4_int16<2, kVnni>(kc, D, qi, a, smax, pf); break;
+        case 3: tile_scores_k4_int16<3, kVnni>(kc, D, qi, a, smax, pf); break;
+        default: tile_scores_k4_int16<4, kVnni>(kc, D, qi, a, smax, pf); break;
     }
 }
 
@@ -690,6 +705,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     alignas(64) float s[kHeadGroup * 128];
     alignas(64) int16_t w16[kHeadGroup * 128];
     const bool int_values = VB == 2 && score_mode() != kScoresFloat;
+    const bool vnni = avx512_vnni_on();  // int8 (vpdpbusd) runs only then: score_mode() says so
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
         Prefetcher pf{nullptr, nullptr};
@@ -735,8 +751,10 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
             __m512 smax[kHeadGroup];
             for (int h = 0; h < nh; ++h) smax[h] = _mm512_set1_ps(-INFINITY);
             const ScoreArgs args{qscale, qz, kt, G, s};
-            if (mode == kScoresInt16) {
-                scores_int16_dispatch(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+            if (mode == kScoresInt16 && vnni) {
+                scores_int16_dispatch<true>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+            } else if (mode == kScoresInt16) {
+                scores_int16_dispatch<false>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
             } else if (mode == kScoresInt8) {
                 scores_int8_dispatch(nh, rec + L.k_codes, D, qi8, args, smax, pf);
             } else {
@@ -783,8 +801,10 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     w16_sum[h] = _mm512_reduce_add_epi32(isum);
                 }
             }
-            if (int_values)
-                values_v2_int16_dispatch(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+            if (int_values && vnni)
+                values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+            else if (int_values)
+                values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
             else
                 values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             for (int h = 0; h < nh; ++h) {
