@@ -48,14 +48,17 @@ CpuFeatures detect()
     const bool zmm_state = (xcr0 & 0xe6) == 0xe6;
     if (__get_cpuid_max(0, nullptr) < 7) return f;
     __cpuid_count(7, 0, a, b, c, d);
+    const unsigned leaf7_subleaves = a;  // highest valid subleaf of leaf 7
     const bool avx2 = b & (1u << 5);
     const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
                avx512vl = b & (1u << 31), vnni = c & (1u << 11);
     f.avx2 = ymm_state && avx2 && fma && f16c;
     f.avx512 = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl;
     f.avx512_vnni = f.avx512 && vnni;
-    __cpuid_count(7, 1, a, b, c, d);
-    f.avx_vnni = f.avx2 && (a & (1u << 4));
+    if (leaf7_subleaves >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        f.avx_vnni = f.avx2 && (a & (1u << 4));
+    }
 #endif
     return f;
 }
@@ -143,8 +146,6 @@ const KernelTable* active_kernels()
     std::call_once(g_init, initialise);
     return g_active.load();
 }
-
-bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
 
 namespace {
 std::atomic<bool> g_vnni{true};  // use VNNI instructions where cpuid has them (kvarn_set_vnni)

@@ -4,7 +4,6 @@
 namespace kvarn {
 // The active table, or nullptr when KVARN_ISA named an ISA that cannot run.
 const KernelTable* active_kernels();
-bool cpu_has_avx512_vnni();
 // Whether the int16 kernels use VNNI's vpdpwssd: avx2 the VEX form (AVX-VNNI), avx512
 // the EVEX form (AVX-512 VNNI); default where cpuid has it, kvarn_set_vnni(0) turns both
 // off (their vpmaddwd + vpaddd forms, as on CPUs without VNNI: tests and A/B timings).
