@@ -205,7 +205,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer points (smoke run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--profile", action="store_true", help="a few eager calls at ctx 32K, B 8, for ncu")
+    ap.add_argument("--profile", nargs="?", const="32768x8", default=None,
+                    help="a few eager calls at one point (ctx x batch, default 32768x8), for ncu")
     ap.add_argument("--points", default="", help="ctx x batch points, e.g. 32768x8,4096x1 (default: the grid)")
     ap.add_argument("--kvarn-only", action="store_true",
                     help="time kvarn attention only (no copy bandwidth, SDPA, dequant or store): variant runs")
@@ -213,8 +214,9 @@ def main():
     ap.add_argument("--tag", default="", help="suffix of the json file name")
     args = ap.parse_args()
     if args.profile:
-        cache, ids = fill_cache(32768, 8, 1)
-        q = torch.randn(8, HQ, D, device="cuda", dtype=torch.bfloat16)
+        pctx, pb = (int(x) for x in args.profile.split("x"))
+        cache, ids = fill_cache(pctx, pb, 1)
+        q = torch.randn(pb, HQ, D, device="cuda", dtype=torch.bfloat16)
         for _ in range(3):
             cache.attend(q, ids, validate=False)
         torch.cuda.synchronize()

@@ -1,7 +1,8 @@
 // Fused decode attention over a paged pool of tile records (+ fp16 sink/tail).
 //
 // Work: one program (CTA) per (sequence, kv head, <=8 query heads of its GQA
-// group, split of the tiles). Its warps take whole tiles in turn; each warp
+// group, split of the tiles). Its warps take whole tiles in turn (VAR 8: warp
+// pairs take a tile together, a token half each; tiles_pair); each warp
 // streams its records into its own shared-memory stages with the bulk-copy
 // engine (one contiguous record = one cp.async.bulk, completing on an
 // mbarrier), so loads of the next records overlap the current tile's maths.
@@ -768,6 +769,258 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
     }
 }
 
+
+// ---- VAR 8: a record shared by a warp PAIR (swapped operands, k4v2, G = D = 128, <= 4 heads) ----
+// Warp w = 2 pr + hf takes tokens [64 hf, 64 hf + 64) of pair pr's records as an online-softmax
+// state of its own (the warp-state combine merges the two halves like any two warps): QK over 4
+// of the 8 m-tiles, PV over 4 of the 8 k-steps -- half the MMAs, scores and p's per warp, so a
+// record's serial latency ~halves where a warp has one record (4K x 1); both warps redo the small
+// B-fragment prep of QK (q * ka, start values). Maps as tiles_swapped's, on the half's 64 tokens:
+//   QK m-tile m (0..3): row g <-> token 64 hf + 8 g + 2 m, row g + 8 <-> + 1 (the high nibble):
+//     thread g reads 4 bytes (8 tokens) of a K row. C: head c, tokens 64 hf + 8 g + j (j < 8).
+//   PV k-step u (0..3): k = 2c+e+8f <-> token 64 hf + 16 u + 4(e+2f) + c.
+// P' reaches PV's B fragments through the warp's own transpose buffer outside the stages (the
+// pair's other warp may still be reading the K codes): halves [column n][c'][u][q], 144 bytes
+// per column (128 + 16: conflict-free 32-bit stores and 128-bit loads). The pair's lane 0 of
+// warp hf = 0 sends the copies; a stage is refilled after a named barrier of the pair.
+constexpr int kPairPbufRow = 144;
+constexpr int kPairPbufBytes = 8 * kPairPbufRow;
+
+__device__ __forceinline__ void pair_bar_sync(int id)
+{
+    asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+}
+
+template <int KB, int VB, int G, int D>
+__device__ __forceinline__ void tiles_pair(const AttendArgs& a, uint8_t* stages, uint64_t* my_bars, uint8_t* pbuf,
+                                           const uint8_t* pool, const int* bt, int n_my, int nsw, int R, int Hk,
+                                           int t_begin, int pr, int np, int hf, int warp, int lane, int nq,
+                                           const float* qs, float* ws_m, float* ws_l, float* ws_acc)
+{
+    using C = AttendCfg<KB, VB, G, D>;
+    static_assert(KB == 4 && VB == 2 && G == 128 && D == 128, "pair tiles: k4v2, G = D = 128");
+    constexpr uint32_t kNeg1024 = 0xE400E400u;
+    const int g = lane >> 2, c = lane & 3;
+    const int part = g & 1;
+    const float* qb = qs + (g >> 1) * C::QLD;  // rows >= nq are zero
+    const uint32_t sw = (uint32_t)(c & 1);
+    const uint32_t sel_even = sw ? 0x1054u : 0x5410u, sel_odd = sw ? 0x3276u : 0x7632u;
+    const int tok0 = 64 * hf;
+
+    float m_run = -CUDART_INF_F, l_run = 0.0f;
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+
+    for (int k = 0; k < n_my; ++k) {
+        const int s = k % nsw;
+        int next_page = 0;
+        if (hf == 0 && lane == 0 && k + nsw < n_my) next_page = bt[t_begin + pr + (k + nsw) * np];
+        mbar_wait(&my_bars[s], (uint32_t)((k / nsw) & 1));
+        const uint8_t* rec = stages + (size_t)s * R;
+        const __half* ka = reinterpret_cast<const __half*>(rec + a.L.ka);
+        const __half* kz = reinterpret_cast<const __half*>(rec + a.L.kz);
+        const __half* kt = reinterpret_cast<const __half*>(rec + a.L.kt);
+        const __half* vc = reinterpret_cast<const __half*>(rec + a.L.vc);
+        const __half* va = reinterpret_cast<const __half*>(rec + a.L.va);
+        const __half* vz = reinterpret_cast<const __half*>(rec + a.L.vz);
+        const uint8_t* kcodes = rec + a.L.k_codes;
+        const uint8_t* vcodes = rec + a.L.v_codes;
+
+        // B of QK (as tiles_swapped): part `part` of x = q[g/2] * ka (scaled); qz = q[g/2] . kz
+        float xb[C::KS][4];
+        float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s2 = 0; s2 < C::KS; ++s2) {
+            const int d0 = 16 * s2 + 4 * c;
+            const float4 qv4 = *reinterpret_cast<const float4*>(qb + d0);
+            const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
+            float kav[4], kzv[4];
+            halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
+            halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                xb[s2][q] = qv[q] * kav[q];
+                qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
+                amp[q] = fmaxf(amp[q], fabsf(xb[s2][q]));
+            }
+        }
+        const float qz_b = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
+        const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
+        float s1, inv_s1;
+        pow2_scale(amax, s1, inv_s1);
+        uint32_t Bq[C::KS][2];
+#pragma unroll
+        for (int s2 = 0; s2 < C::KS; ++s2) {
+            float v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float hi, lo;
+                split_grid(xb[s2][q], s1, hi, lo);
+                v[q] = part ? lo : hi;
+            }
+            Bq[s2][0] = pack_half2(__float2half_rn(v[0]), __float2half_rn(v[1]));
+            Bq[s2][1] = pack_half2(__float2half_rn(v[2]), __float2half_rn(v[3]));
+        }
+        float kst[4][4];
+#pragma unroll
+        for (int h = 0; h < 4; ++h) kst[h][0] = kst[h][1] = kst[h][2] = kst[h][3] = 0.0f;
+#pragma unroll
+        for (int s2 = 0; s2 < C::KS; ++s2) mma_16816(kst[s2 % 4], kNeg1024, kNeg1024, kNeg1024, kNeg1024, Bq[s2][0], Bq[s2][1]);
+        const float k_hi = (kst[0][0] + kst[1][0]) + (kst[2][0] + kst[3][0]);
+        const float k_lo = (kst[0][1] + kst[1][1]) + (kst[2][1] + kst[3][1]);
+
+        // S^T = Kcodes^T * B on this half's 4 m-tiles
+        float sc[4][4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            sc[m][0] = sc[m][2] = k_hi;
+            sc[m][1] = sc[m][3] = k_lo;
+        }
+#pragma unroll
+        for (int s2 = 0; s2 < C::KS; ++s2) {
+            Words<32> r[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) r[q].load(kcodes + (16 * s2 + 4 * c + (q ^ (int)sw)) * C::KROW + (tok0 >> 1) + g * 4);
+            uint32_t P01[8], P23[8];
+            unpack_pairs<4, 32, true>(r[0].w, r[1].w, P01, sel_even, sel_odd);
+            unpack_pairs<4, 32, true>(r[2].w, r[3].w, P23, sel_even, sel_odd);
+#pragma unroll
+            for (int m = 0; m < 4; ++m) mma_16816(sc[m], P01[2 * m], P01[2 * m + 1], P23[2 * m], P23[2 * m + 1], Bq[s2][0], Bq[s2][1]);
+        }
+
+        // Scores (log2 domain) of head c, tokens tok0 + 8g + j, and the online softmax.
+        const float inv_s1_c = __shfl_sync(0xffffffffu, inv_s1, 8 * c);  // lane (g = 2c, 0): head c
+        const float qz_c = __shfl_sync(0xffffffffu, qz_b, 8 * c);
+        float ktv[8];
+        load_halves<8>(kt + tok0 + 8 * g, ktv);
+        float sv[8];
+        float tmp[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int f = 0; f < 2; ++f) {
+                const int j = 2 * m + f;
+                const float unshift = inv_s1_c * (f ? 1.0f / 16.0f : 1.0f);
+                sv[j] = ktv[j] * fmaf(sc[m][2 * f] + sc[m][2 * f + 1], unshift, qz_c);
+                tmp[j % 4] = fmaxf(tmp[j % 4], sv[j]);
+            }
+        float tmax = fmaxf(fmaxf(tmp[0], tmp[1]), fmaxf(tmp[2], tmp[3]));
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+        const float m_new = fmaxf(m_run, tmax);
+        const float alpha = fast_exp2(m_run - m_new);
+        m_run = m_new;
+
+        float vav[8], vzv[8];
+        load_halves<8>(va + tok0 + 8 * g, vav);
+        load_halves<8>(vz + tok0 + 8 * g, vzv);
+        float vm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) vm[j % 4] = fmaxf(vm[j % 4], fabsf(vav[j]));
+        float vmax = fmaxf(fmaxf(vm[0], vm[1]), fmaxf(vm[2], vm[3]));
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+        const int sh2 = pow2_shift(vmax, 64);
+        const float inv_s2 = exp2i(-sh2);
+        const float m_adj = m_new - (float)sh2;
+        float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float ph[8], pl[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float p = fast_exp2(sv[j] - m_adj);  // p * 2^sh2
+            lsp[j % 4] += p;
+            pzp[j % 4] = fmaf(p, vzv[j], pzp[j % 4]);
+            split_grid(p, vav[j], ph[j], pl[j]);
+        }
+        l_run = fmaf(l_run, alpha, ((lsp[0] + lsp[1]) + (lsp[2] + lsp[3])) * inv_s2);  // this thread's tokens
+        float pz = (pzp[0] + pzp[1]) + (pzp[2] + pzp[3]);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) pz += __shfl_xor_sync(0xffffffffu, pz, o);
+        pz *= inv_s2;
+
+        // P'^T to B fragments: writer (g, c) holds tokens 8g + j = 16 (g/2) + 4 (2 (g%2) + j/4) + j%4,
+        // i.e. u = g/2, q = 2 (g%2) + j/4, c' = j%4: one 32-bit word (q, q + 1) per c' and part.
+        __syncwarp();  // every lane has read the previous tile's B fragments
+#pragma unroll
+        for (int cr = 0; cr < 4; ++cr) {
+            const uint32_t hv = pack_half2(__float2half_rn(ph[cr]), __float2half_rn(ph[4 + cr]));
+            const uint32_t lv = pack_half2(__float2half_rn(pl[cr]), __float2half_rn(pl[4 + cr]));
+            *reinterpret_cast<uint32_t*>(pbuf + (2 * c) * kPairPbufRow + cr * 32 + g * 4) = hv;
+            *reinterpret_cast<uint32_t*>(pbuf + (2 * c + 1) * kPairPbufRow + cr * 32 + g * 4) = lv;
+        }
+        __syncwarp();
+        uint32_t pb[4][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const uint4 x = *reinterpret_cast<const uint4*>(pbuf + g * kPairPbufRow + c * 32 + i * 16);
+            pb[2 * i][0] = x.x;
+            pb[2 * i][1] = x.y;
+            pb[2 * i + 1][0] = x.z;
+            pb[2 * i + 1][1] = x.w;
+        }
+        float vst[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            vst[u][0] = vst[u][1] = vst[u][2] = vst[u][3] = 0.0f;
+            mma_16816(vst[u], kNeg1024, kNeg1024, kNeg1024, kNeg1024, pb[u][0], pb[u][1]);
+        }
+        const float v_hi = (vst[0][0] + vst[1][0]) + (vst[2][0] + vst[3][0]);
+        const float v_lo = (vst[0][1] + vst[1][1]) + (vst[2][1] + vst[3][1]);
+
+        // out^T = Vcodes^T * P'^T over this half's 4 k-steps
+        float o[8][4];
+#pragma unroll
+        for (int mm = 0; mm < 8; ++mm) {
+            o[mm][0] = o[mm][2] = v_hi;
+            o[mm][1] = o[mm][3] = v_lo;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            uint32_t w[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                w[q] = *reinterpret_cast<const uint32_t*>(vcodes + (tok0 + 16 * u + 4 * q + c) * C::VROW + 4 * g);
+            uint32_t V01[16], V23[16];
+            unpack_pairs<2, 32, true>(&w[0], &w[1], V01);
+            unpack_pairs<2, 32, true>(&w[2], &w[3], V23);
+#pragma unroll
+            for (int mm = 0; mm < 8; ++mm) mma_16816(o[mm], V01[2 * mm], V01[2 * mm + 1], V23[2 * mm], V23[2 * mm + 1], pb[u][0], pb[u][1]);
+        }
+        float vcv[16];
+        load_halves<16>(vc + 16 * g, vcv);
+#pragma unroll
+        for (int mm = 0; mm < 8; ++mm)
+#pragma unroll
+            for (int r8 = 0; r8 < 2; ++r8) {
+                const int i = 2 * mm + r8;  // channel 16g + i, scale 4^(i % 4)
+                const float unshift = inv_s2 * code_unshift<2>(i);
+                const float tv = fmaf(o[mm][2 * r8] + o[mm][2 * r8 + 1], unshift, pz);
+                acc[i] = fmaf(acc[i], alpha, vcv[i] * tv);
+            }
+
+        if (k + nsw < n_my) {  // (uniform over the pair) refill this stage once both warps are done with it
+            fence_proxy_async();  // every lane's generic reads of this stage before the async-proxy overwrite
+            pair_bar_sync(1 + pr);
+            if (hf == 0 && lane == 0) {
+                fence_proxy_async();
+                mbar_expect_tx(&my_bars[s], (uint32_t)R);
+                bulk_load(stages + (size_t)s * R, pool + (size_t)next_page * Hk * R, (uint32_t)R, &my_bars[s]);
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
+    __syncthreads();  // every warp is done with the stages: reuse them for the warp states
+    if (c < nq) {
+        if (g == 0) {
+            ws_m[warp * 8 + c] = m_run;
+            ws_l[warp * 8 + c] = l_run;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ws_acc[(warp * 8 + c) * D + 16 * g + i] = acc[i];
+    }
+}
 // Grid (splits, Hk * q_chunks, B). Program `split` reads tiles [split * tps, ...) and its
 // share of the full-precision sink + tail tokens; it writes two states: slot `split`
 // (tiles, Hadamard frame) and slot `splits + split` (sink/tail, original frame).
@@ -776,10 +1029,11 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
 // Bytes before q in the kernel's shared memory: the warps' record stages, or (after them, same
 // memory) the warp states (EARLY: two areas), the combined states cs [2][8][D + 2] and the cluster
 // merge's buffer [(2 D + 1) * 8].
-template <int D, bool EARLY>
+// PAIR (VAR 8): stages per warp pair, then each warp's transpose buffer.
+template <int D, bool EARLY, bool PAIR = false>
 __host__ __device__ __forceinline__ size_t attend_front_bytes(int nw, int nsw, int R)
 {
-    const size_t stage_bytes = (size_t)nw * nsw * R;
+    const size_t stage_bytes = PAIR ? (size_t)(nw / 2) * nsw * R + (size_t)nw * kPairPbufBytes : (size_t)nw * nsw * R;
     const size_t ws_bytes = (size_t)nw * 8 * (D + 2) * sizeof(float);
     const size_t after = (EARLY ? 2 : 1) * ws_bytes + (2 * 8 * (D + 2) + (2 * D + 1) * 8) * sizeof(float);
     const size_t front = stage_bytes > after ? stage_bytes : after;
@@ -793,7 +1047,8 @@ __host__ __device__ __forceinline__ size_t attend_front_bytes(int nw, int nsw, i
 // not one per butterfly stage). The program's share of the sink + tail tokens is then done
 // *before* the tiles, while the first records are still on their way, its state kept in
 // registers; both parts' warp states are combined in one pass afterwards.
-template <int KB, int VB, int G, int D>
+// PAIR (VAR 8): warps 2 pr and 2 pr + 1 share pair pr's records (tiles_pair), a token half each.
+template <int KB, int VB, int G, int D, bool PAIR = false>
 __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem, float* qs, uint64_t* bars, float* ws,
                                              int ws_floats, float* cs, float* mbuf, int slot, int n_tiles, int sink_len,
                                              int tail_len, int kvh, int b, int h0, int nq, int split, int t_begin,
@@ -810,18 +1065,19 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
     const int nsw = a.stages_per_warp;
     const int nbw = nsw > 2 ? nsw : 2;
     const bool has_tiles = t_begin < t_end;
-    uint8_t* stages = smem + (size_t)warp * nsw * R;
-    uint64_t* my_bars = bars + warp * nbw;
+    // record streams: one per warp, or (PAIR) one per warp pair
+    const int unit = PAIR ? warp >> 1 : warp, nunits = PAIR ? nw >> 1 : nw;
+    uint8_t* stages = smem + (size_t)unit * nsw * R;
+    uint64_t* my_bars = bars + unit * nbw;
     const uint8_t* pool = reinterpret_cast<const uint8_t*>(a.c.pool) + (size_t)a.layer * a.c.num_pages * Hk * R +
                           (size_t)kvh * R;
     const int* bt = reinterpret_cast<const int*>(a.c.block_table) + (size_t)slot * a.c.max_tiles;
-    const int nwarps_t = nw;
-    const int n_my = t_begin + warp < t_end ? (t_end - t_begin - warp + nwarps_t - 1) / nwarps_t : 0;
-    if (has_tiles && lane == 0) {
+    const int n_my = t_begin + unit < t_end ? (t_end - t_begin - unit + nunits - 1) / nunits : 0;
+    if (has_tiles && lane == 0 && (!PAIR || (warp & 1) == 0)) {
         for (int s = 0; s < nbw; ++s) mbar_init(&my_bars[s], 1);
         fence_proxy_async();  // the barriers' init before the copy engine uses them
         for (int s = 0; s < nsw && s < n_my; ++s) {
-            const int page = bt[t_begin + warp + s * nw];
+            const int page = bt[t_begin + unit + s * nunits];
             mbar_expect_tx(&my_bars[s], (uint32_t)R);
             bulk_load(stages + (size_t)s * R, pool + (size_t)page * Hk * R, (uint32_t)R, &my_bars[s]);
         }
@@ -933,10 +1189,15 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
     }
     __syncthreads();  // qs written; every warp's barriers initialised
 
-    if (has_tiles)
-        tiles_swapped<KB, VB, G, D>(a, stages, my_bars, pool, bt, n_my, nsw, R, Hk, t_begin, warp, nw, lane, nq, qs, ws,
-                                    ws + nw * 8, ws + nw * 16);  // ends with a block barrier, then its warp states
-    else
+    if (has_tiles) {  // ends with a block barrier, then its warp states
+        if constexpr (PAIR)
+            tiles_pair<KB, VB, G, D>(a, stages, my_bars, smem + (size_t)nunits * nsw * R + (size_t)warp * kPairPbufBytes,
+                                     pool, bt, n_my, nsw, R, Hk, t_begin, unit, nunits, warp & 1, warp, lane, nq, qs, ws,
+                                     ws + nw * 8, ws + nw * 16);
+        else
+            tiles_swapped<KB, VB, G, D>(a, stages, my_bars, pool, bt, n_my, nsw, R, Hk, t_begin, warp, nw, lane, nq, qs,
+                                        ws, ws + nw * 8, ws + nw * 16);
+    } else
         __syncthreads();  // (the sink/tail states below overwrite nothing in use: no stages here)
     float* wd = ws + ws_floats;  // sink/tail warp states
 #pragma unroll
@@ -974,8 +1235,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const int nbw = nsw > 2 ? nsw : 2;  // mbarriers per warp (at least 2)
 
     extern __shared__ __align__(128) uint8_t smem[];
-    constexpr bool EARLY = VAR == 5;
-    const size_t front = attend_front_bytes<D, EARLY>(nw, nsw, R);
+    constexpr bool EARLY = VAR == 5 || VAR == 8;  // VAR 8: the early prologue with warp-pair tiles
+    constexpr bool PAIR = VAR == 8;
+    const size_t front = attend_front_bytes<D, EARLY, PAIR>(nw, nsw, R);
     float* qs = reinterpret_cast<float*>(smem + front);
     uint64_t* bars = reinterpret_cast<uint64_t*>(qs + 8 * C::QLD);
     // Warp states (EARLY: two areas, tiles then sink/tail), then the combined states cs and the
@@ -992,7 +1254,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const bool has_tiles = t_begin < t_end;
 
     if constexpr (EARLY) {
-        attend_early<KB, VB, G, D>(a, smem, qs, bars, ws_m, ws_floats, cs, mbuf, slot, n_tiles, sink_len, tail_len, kvh,
+        attend_early<KB, VB, G, D, PAIR>(a, smem, qs, bars, ws_m, ws_floats, cs, mbuf, slot, n_tiles, sink_len, tail_len, kvh,
                                    b, h0, nq, split, t_begin, t_end);
     } else {  // (not instantiated for VAR 5: its registers are the early path's alone)
     // VAR 6: VAR 4 (swapped tiles, this prologue) with the direct path compiled in.
@@ -1379,10 +1641,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     }  // !EARLY
 }
 
-template <int D, bool EARLY>
+template <int D, bool EARLY, bool PAIR = false>
 size_t attend_smem_bytes(int nw, int nsw, int R)
 {
-    return attend_front_bytes<D, EARLY>(nw, nsw, R) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
+    return attend_front_bytes<D, EARLY, PAIR>(nw, nsw, R) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
 }
 
 // Per head_dim launchers (attend_d*.cu).
@@ -1433,27 +1695,61 @@ inline bool direct_fits(const void* kernel, dim3 grid, int block, size_t smem)
     return ok;
 }
 
+// The most CTAs of a kernel (block, smem) in one wave: SMs x CTAs per SM. Cached.
+inline unsigned wave_capacity(const void* kernel, int block, size_t smem)
+{
+    static std::mutex mu;
+    static std::map<std::tuple<const void*, int, size_t>, unsigned> memo;
+    const auto key = std::make_tuple(kernel, block, smem);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+    int dev = 0, sms = 0, per_sm = 0;
+    unsigned cap = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, smem) == cudaSuccess)
+        cap = (unsigned)(sms * per_sm);
+    (void)cudaGetLastError();
+    memo[key] = cap;
+    return cap;
+}
+
+// launch_attend_t's answer when `resplit` does not apply (nothing launched; the caller picks another variant).
+constexpr int kAttendNotLaunched = -1;
+
 // a.direct on entry: the direct path is wanted (splits <= 8); on return: whether it was launched
 // (else the caller runs merge_kernel over a.states).
+// resplit (VAR 8 served): launch twice the plan's splits with half its tiles each, so that every
+// warp pair again has the record a warp had. Only on the direct path (the scratch is sized for the
+// plan's splits) within one wave; otherwise kAttendNotLaunched.
 template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16, int VAR = 1>
-int launch_attend_t(AttendArgs& args, int batch, int max_smem, cudaStream_t stream)
+int launch_attend_t(AttendArgs& args, int batch, int max_smem, cudaStream_t stream, bool resplit = false)
 {
     static_assert(AttendCfg<KB, VB, G, D, NIPC>::QLD == D + 4, "q row stride");
-    constexpr bool EARLY = VAR == 5;
+    constexpr bool EARLY = VAR == 5 || VAR == 8;
+    constexpr bool PAIR = VAR == 8;
+    constexpr int WSTEP = PAIR ? 2 : 1;  // pairs: an even warp count
     AttendArgs a = args;
     const int R = (int)a.L.total;
     // As many warps (<= WARPS) and stages per warp (<= 2) as shared memory holds.
     int nw = WARPS, nsw = 2;
-    while (nsw > 1 && attend_smem_bytes<D, EARLY>(nw, nsw, R) > (size_t)max_smem) --nsw;
-    while (nw > 1 && attend_smem_bytes<D, EARLY>(nw, nsw, R) > (size_t)max_smem) --nw;
-    const size_t smem = attend_smem_bytes<D, EARLY>(nw, nsw, R);
-    if (smem > (size_t)max_smem) return KVARN_CUDA_ERR_ARGUMENT;
+    while (nsw > 1 && attend_smem_bytes<D, EARLY, PAIR>(nw, nsw, R) > (size_t)max_smem) --nsw;
+    while (nw > WSTEP && attend_smem_bytes<D, EARLY, PAIR>(nw, nsw, R) > (size_t)max_smem) nw -= WSTEP;
+    const size_t smem = attend_smem_bytes<D, EARLY, PAIR>(nw, nsw, R);
+    if (smem > (size_t)max_smem) return resplit ? kAttendNotLaunched : KVARN_CUDA_ERR_ARGUMENT;
     a.stages_per_warp = nsw;
     auto kernel = attend_kernel<KB, VB, G, D, WARPS, NIPC, VAR>;
+    if (resplit) {
+        if (!a.direct || !direct_for<D, VAR>() || 2 * a.splits > 8) return kAttendNotLaunched;
+        a.splits *= 2;
+        a.tiles_per_split = (a.tiles_per_split + 1) / 2;
+    }
     KVARN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                    "attend kernel shared memory");
     dim3 grid((unsigned)a.splits, (unsigned)(a.c.num_kv_heads * a.q_chunks), (unsigned)batch);
     if (a.direct && (!direct_for<D, VAR>() || a.splits > 8 || !direct_fits(reinterpret_cast<const void*>(kernel), grid, nw * 32, smem))) a.direct = 0;
+    if (resplit && (!a.direct || grid.x * grid.y * grid.z > wave_capacity(reinterpret_cast<const void*>(kernel), nw * 32, smem)))
+        return kAttendNotLaunched;
     if (a.direct && a.splits > 1) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];

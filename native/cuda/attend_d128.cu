@@ -8,22 +8,29 @@ namespace kvarn_cuda {
 int launch_attend_d128(int kbits, int vbits, int group, AttendArgs& a, int batch, int max_smem, cudaStream_t stream)
 {
     if (kbits == 4 && vbits == 2 && group == 128) {
-        // Served (variant 7): the swapped-operand tiles (attend.cuh, tiles_swapped) where a program
-        // has <= 4 query heads, else the row-split layout; with the early sink/tail prologue (VAR 5,
-        // attend_early) when no warp has more than one record (tiles_per_split <= 8 warps), else the
-        // usual order (VAR 6). Early is slower once a warp streams several records: its sink/tail
-        // loads then queue behind the record copies (s5 A/B: 4K x 8 +2 us, 128K x 8 +5 us), while
-        // at one record per warp it hides their latency. Both take the direct path (cluster merge)
-        // where splits <= 8. KVARN_ATTEND_VARIANT (read once) selects for same-run A/B timings:
-        // 5 or 6 always, 4 = 6 without the direct path (the kernel before s5), 0 the kernel before
-        // the swapped tiles, 1 the row-split layout everywhere.
+        // Served (variant 9, s6): the swapped-operand tiles (attend.cuh, tiles_swapped) where a program
+        // has <= 4 query heads, else the row-split layout. Where a warp would have one record
+        // (tiles_per_split <= 8) and splits <= 4: warp pairs (VAR 8, tiles_pair: a record shared by
+        // two warps, a token half each) with twice the splits, if that runs direct in one wave (s6 A/B,
+        // 4K x 1: 16.1-16.3 -> 13.4 us); otherwise the early sink/tail prologue (VAR 5) at one record
+        // per warp, else the usual order (VAR 6). Early is slower once a warp streams several records:
+        // its sink/tail loads then queue behind the record copies (s5 A/B: 4K x 8 +2 us, 128K x 8
+        // +5 us). All take the direct path (cluster merge) where splits <= 8. KVARN_ATTEND_VARIANT
+        // (read once) selects for same-run A/B timings: 7 = the s5 default (5 or 6, no pairs),
+        // 8 = pairs everywhere on the plan's splits (tests), 5 or 6 always, 4 = 6 without the direct
+        // path (the kernel before s5), 0 the kernel before the swapped tiles, 1 the row-split layout.
         static const int variant = [] {
             const char* e = std::getenv("KVARN_ATTEND_VARIANT");
-            return e ? std::atoi(e) : 7;
+            return e ? std::atoi(e) : 9;
         }();
         const int group_q = a.num_q_heads / a.c.num_kv_heads;
         if (group_q <= 4 && variant >= 4) {
-            const int v = variant == 7 ? (a.tiles_per_split <= 8 ? 5 : 6) : variant;
+            if (variant == 8) return launch_attend_t<4, 2, 128, 128, 8, 16, 8>(a, batch, max_smem, stream);
+            if (variant == 9 && a.tiles_per_split <= 8 && a.splits <= 4) {
+                const int rc = launch_attend_t<4, 2, 128, 128, 8, 16, 8>(a, batch, max_smem, stream, true);
+                if (rc != kAttendNotLaunched) return rc;
+            }
+            const int v = variant >= 7 ? (a.tiles_per_split <= 8 ? 5 : 6) : variant;
             if (v == 5) return launch_attend_t<4, 2, 128, 128, 8, 16, 5>(a, batch, max_smem, stream);
             if (v == 6) return launch_attend_t<4, 2, 128, 128, 8, 16, 6>(a, batch, max_smem, stream);
             if (v == 4) return launch_attend_t<4, 2, 128, 128, 8, 16, 4>(a, batch, max_smem, stream);
