@@ -218,15 +218,21 @@ def test_attend_forced_splits(preset, head_dim, gqa, splits):
 @need_torch
 def test_attend_warp_pairs_4k():
     """The benchmark's 4K x 1 shape (Hk 8, Hq 32): the plan's 4 splits of 8 tiles become 8 splits
-    of 4 (clusters of 8 CTAs), each record shared by a warp pair (VAR 8). A sequence a few tokens
-    longer gives a ragged last split and a tail. (`KVARN_ATTEND_VARIANT=8 pytest -k attend` runs
-    pairs everywhere, several records per pair.)"""
+    of 4 (clusters of 8 CTAs), each record shared by a warp pair (served as VAR 12: push merge, vector
+    q loads for bf16/fp16 q). A sequence a few tokens longer gives a ragged last split and a tail.
+    (`KVARN_ATTEND_VARIANT=8 pytest -k attend` runs pairs everywhere, several records per pair.)"""
     rng = np.random.default_rng(_seed("k4v2_g128", 128, 4) + 4096)
     for lengths in ([4096], [4096 + 70]):
         cache, ids = build("k4v2_g128", 128, 8, lengths, rng)
         q = kv_like(rng, (len(ids), 32, 128))
         out = cache.attend(dev(q), ids).cpu().numpy()
         check_attention(cache, ids, q, out, 1.0 / np.sqrt(128))
+        # bf16 / fp16 q (the served variant's 8-byte q loads) against the same rounded q in fp32
+        for dt, tol in ((torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
+            qt = dev(q, dt)
+            out_lo = cache.attend(qt, ids).float().cpu().numpy()
+            out32 = cache.attend(qt.float(), ids).cpu().numpy()
+            np.testing.assert_allclose(out_lo, out32, rtol=tol, atol=tol)
 
 
 @gpu

@@ -520,6 +520,142 @@ __device__ void cluster_merge(const AttendArgs& a, float* cs, float* buf, int b,
     }
 }
 
+// ---- VAR 11/12 epilogue on the direct path: push instead of pull ---------------------------------
+// (s7 profile at 4K x 1: finish_states ~914 instructions per warp -- a runtime-divided index and an
+// 8-warp loop per element -- plus two cluster barriers and the owners' DSMEM reads held ~40 % of the
+// samples.) Here each thread combines the warp states of one (part, head, 4 channels) -- the same
+// operations in the same order as combine_warps, so the same bits -- and stores them straight into
+// the shared memory of the CTA that owns the head (rank h / hp); one cluster barrier later the owner
+// merges from its own shared memory exactly as cluster_merge does. CTAs that own no head leave after
+// their arrive (nobody reads their shared memory). Every CTA arrived once at its start (phase 0), and
+// waits for that phase before its first remote store: the cluster's CTAs are then all running.
+constexpr int kRecvRows = 2 * (4 + 8 - 1);  // (rank * hp + hl) * 2 + part < 2 (nq + S - 1), nq <= 4, S <= 8
+
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
+// recv: kRecvRows * D acc floats, then kRecvRows * 2 (m, l) floats; buf as in cluster_merge.
+template <int D>
+__device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, bool tiles_valid, int nw, int b, int h0,
+                           int nq, float* recv, float* buf)
+{
+    namespace cg = cooperative_groups;
+    static_assert((D & (D - 1)) == 0 && D >= 32, "Hadamard block = D, a power of two >= 32");
+    constexpr int HQ = 4, NG = D / 4, NB = D / 32;
+    const int S = a.splits, rank = blockIdx.x;
+    const int hp = (nq + S - 1) / S;
+    cg::cluster_group cl = cg::this_cluster();
+    float* recv_ml = recv + kRecvRows * D;
+    if (S > 1) cluster_wait();  // phase 0: every CTA of the cluster has started
+    for (int idx = threadIdx.x; idx < 2 * HQ * NG; idx += blockDim.x) {
+        const int g4 = idx % NG, h = (idx / NG) % HQ, part = idx / (NG * HQ);
+        if (h >= nq) continue;
+        const float* W = ws + (size_t)part * ws_floats;
+        float M = -CUDART_INF_F, L = 0.0f, v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (part == 1 || tiles_valid) {
+            float mw[8];
+#pragma unroll
+            for (int w = 0; w < 8; ++w) mw[w] = w < nw ? W[w * 8 + h] : -CUDART_INF_F;
+#pragma unroll
+            for (int w = 0; w < 8; ++w) M = fmaxf(M, mw[w]);
+            if (M != -CUDART_INF_F) {
+#pragma unroll
+                for (int w = 0; w < 8; ++w) {
+                    if (w >= nw) break;
+                    const float wt = exp2f(mw[w] - M);  // 0 for warps that saw nothing
+                    L = fmaf(wt, W[nw * 8 + w * 8 + h], L);
+                    const float4 x = *reinterpret_cast<const float4*>(W + nw * 16 + (w * 8 + h) * D + 4 * g4);
+                    v[0] = fmaf(wt, x.x, v[0]);
+                    v[1] = fmaf(wt, x.y, v[1]);
+                    v[2] = fmaf(wt, x.z, v[2]);
+                    v[3] = fmaf(wt, x.w, v[3]);
+                }
+            }
+        }
+        const int owner = h / hp, row = (rank * hp + (h - owner * hp)) * 2 + part;
+        float* dst = S > 1 ? cl.map_shared_rank(recv, owner) : recv;
+        *reinterpret_cast<float4*>(dst + row * D + 4 * g4) = make_float4(v[0], v[1], v[2], v[3]);
+        if (g4 == 0) *reinterpret_cast<float2*>(dst + kRecvRows * D + 2 * row) = make_float2(M, L);
+    }
+    const int h_lo = min(nq, rank * hp), h_hi = min(nq, h_lo + hp);
+    if (S > 1) {
+        cluster_arrive();  // release: this CTA's stores into the owners' shared memory
+        if (h_lo >= h_hi) return;
+        cluster_wait();  // every CTA's states for this CTA's heads are here
+    } else {
+        __syncthreads();
+    }
+    const int n_items = (h_hi - h_lo) * D;
+    float* rot = buf;
+    float* dense = buf + 8 * D;
+    float* Ls = buf + 16 * D;
+    for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
+        const int hl = idx / D, d = idx % D;
+        float mt[8], lt[8], at[8], md[8], ld[8], ad[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            if (r < S) {
+                const int row = (r * hp + hl) * 2;
+                const float2 t = *reinterpret_cast<const float2*>(recv_ml + 2 * row);
+                const float2 u = *reinterpret_cast<const float2*>(recv_ml + 2 * row + 2);
+                mt[r] = t.x;
+                lt[r] = t.y;
+                md[r] = u.x;
+                ld[r] = u.y;
+                at[r] = recv[row * D + d];
+                ad[r] = recv[(row + 1) * D + d];
+            }
+        }
+        // from here as cluster_merge (same order: same bits)
+        float M = -CUDART_INF_F;
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+            if (r < S) {
+                if (lt[r] > 0.0f) M = fmaxf(M, mt[r]);
+                if (ld[r] > 0.0f) M = fmaxf(M, md[r]);
+            }
+        float L = 0.0f, tile_part = 0.0f, dense_part = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+            if (r < S) {
+                if (lt[r] != 0.0f) {
+                    const float w = exp2f(mt[r] - M);
+                    L = fmaf(w, lt[r], L);
+                    tile_part += w * at[r];
+                }
+                if (ld[r] != 0.0f) {
+                    const float w = exp2f(md[r] - M);
+                    L = fmaf(w, ld[r], L);
+                    dense_part += w * ad[r];
+                }
+            }
+        float x = tile_part;
+#pragma unroll
+        for (int hh = 1; hh < 32; hh <<= 1) {
+            const float o = __shfl_xor_sync(0xffffffffu, x, hh);
+            x = (d & hh) ? o - x : x + o;
+        }
+        rot[hl * D + d] = x;
+        dense[hl * D + d] = dense_part;
+        if (d == 0) Ls[hl] = L;
+    }
+    __syncthreads();
+    const float norm = rsqrtf((float)D);
+    for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
+        const int hl = idx / D, d = idx % D, h = h_lo + hl;
+        float y = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            const float v = rot[hl * D + (d & 31) + 32 * j];
+            y += (__popc(j & (d >> 5)) & 1) ? -v : v;
+        }
+        y = (y * norm + dense[hl * D + d]) / Ls[hl];
+        store_elem(const_cast<void*>(a.out.ptr), a.out.dtype,
+                   b * a.out.stride[1] + (int64_t)(h0 + h) * a.out.stride[2] + d * a.out.stride[3], y);
+    }
+}
+
 // ---- VAR 4: swapped operands (k4v2, G = D = 128, <= 4 query heads per program) -----------------
 // The scores as S^T = Kcodes^T (16 tokens x 16 channels, A) * (q ka)^T (16 channels x 8 columns, B),
 // the output as out^T = Vcodes^T (16 channels x 16 tokens, A) * P'^T (16 tokens x 8 columns, B):
@@ -1040,6 +1176,15 @@ __host__ __device__ __forceinline__ size_t attend_front_bytes(int nw, int nsw, i
     return (front + 127) & ~(size_t)127;
 }
 
+// PUSH: push_merge's receive area, after q and the mbarriers (written by other CTAs while this one
+// may still use its stages and warp states, so apart from them).
+template <int D, bool EARLY, bool PAIR = false>
+__host__ __device__ __forceinline__ size_t attend_recv_offset(int nw, int nsw, int R)
+{
+    const size_t base = attend_front_bytes<D, EARLY, PAIR>(nw, nsw, R) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
+    return (base + 15) & ~(size_t)15;
+}
+
 // VAR 5 (swapped-operand tiles, <= 4 query heads): a shorter fixed path per program. Each warp's
 // lane 0 sets up its own mbarriers and sends its first record copies at once (no block barrier
 // first); every lane reads q straight into registers (unrotated: its DPL channels of each head,
@@ -1048,11 +1193,14 @@ __host__ __device__ __forceinline__ size_t attend_front_bytes(int nw, int nsw, i
 // *before* the tiles, while the first records are still on their way, its state kept in
 // registers; both parts' warp states are combined in one pass afterwards.
 // PAIR (VAR 8): warps 2 pr and 2 pr + 1 share pair pr's records (tiles_pair), a token half each.
-template <int KB, int VB, int G, int D, bool PAIR = false>
+// PUSH (VAR 11, 12): push_merge's epilogue on the direct path. FAST (VAR 12): q by vector loads where
+// q is bf16/fp16 with unit channel stride, and the sink/tail scores of a warp's U tokens x HQ heads
+// reduced together (independent shuffle chains) before their online-softmax updates (same order).
+template <int KB, int VB, int G, int D, bool PAIR = false, bool PUSH = false, bool FAST = false>
 __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem, float* qs, uint64_t* bars, float* ws,
                                              int ws_floats, float* cs, float* mbuf, int slot, int n_tiles, int sink_len,
                                              int tail_len, int kvh, int b, int h0, int nq, int split, int t_begin,
-                                             int t_end)
+                                             int t_end, float* recv = nullptr)
 {
     using C = AttendCfg<KB, VB, G, D>;
     constexpr int HQ = 4;        // query heads per program (the swapped tiles' limit)
@@ -1073,6 +1221,8 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
                           (size_t)kvh * R;
     const int* bt = reinterpret_cast<const int*>(a.c.block_table) + (size_t)slot * a.c.max_tiles;
     const int n_my = t_begin + unit < t_end ? (t_end - t_begin - unit + nunits - 1) / nunits : 0;
+    if constexpr (PUSH)
+        if (a.direct && a.splits > 1) cluster_arrive_relaxed();  // phase 0 (push_merge waits for it)
     if (has_tiles && lane == 0 && (!PAIR || (warp & 1) == 0)) {
         for (int s = 0; s < nbw; ++s) mbar_init(&my_bars[s], 1);
         fence_proxy_async();  // the barriers' init before the copy engine uses them
@@ -1085,6 +1235,27 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
 
     // q, pre-scaled: channels lane * DPL + i of every head (rows >= nq zero)
     float qd[HQ][DPL];
+    bool q_vec = false;
+    if constexpr (FAST && DPL == 4)
+        q_vec = a.q.dtype != KVARN_F32 && a.q.stride[3] == 1 && (a.q.stride[2] & 3) == 0 && (a.q.stride[1] & 3) == 0 &&
+                (reinterpret_cast<uintptr_t>(a.q.ptr) & 7) == 0;
+    if (q_vec) {  // 4 channels of a head in one 8-byte load
+        const bool bf = a.q.dtype != KVARN_F16;
+#pragma unroll
+        for (int h = 0; h < HQ; ++h) {
+            uint2 raw = make_uint2(0u, 0u);
+            if (h < nq)
+                raw = *reinterpret_cast<const uint2*>(reinterpret_cast<const uint16_t*>(a.q.ptr) + b * a.q.stride[1] +
+                                                      (int64_t)(h0 + h) * a.q.stride[2] + lane * DPL);
+            const uint32_t w2[2] = {raw.x, raw.y};
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) {
+                const uint16_t bits = (uint16_t)(w2[i >> 1] >> (16 * (i & 1)));
+                const float x = bf ? __bfloat162float(__ushort_as_bfloat16(bits)) : __half2float(__ushort_as_half(bits));
+                qd[h][i] = h < nq ? x * a.qscale : 0.0f;
+            }
+        }
+    } else {
 #pragma unroll
     for (int h = 0; h < HQ; ++h)
 #pragma unroll
@@ -1094,6 +1265,7 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
                                               (lane * DPL + i) * a.q.stride[3]) *
                                     a.qscale
                               : 0.0f;
+    }
     // the tiles' q (Hadamard frame; block = D): head r rotated by warp r, into qs
     for (int r = warp; r < 8; r += nw) {
         float x[DPL];
@@ -1162,6 +1334,48 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
                     vraw[u] = *reinterpret_cast<const Vec*>(vr + lane * DPL);
                 }
             }
+            if constexpr (FAST) {
+                // every (token, head) score first: U * HQ independent reduction chains
+                float scs[U][HQ];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    float kv[DPL];
+                    halves_to_float<DPL>(kraw[u], kv);
+#pragma unroll
+                    for (int h = 0; h < HQ; ++h) {
+                        float sc = 0.0f;
+#pragma unroll
+                        for (int k = 0; k < DPL; ++k) sc = fmaf(qd[h][k], kv[k], sc);
+                        scs[u][h] = sc;
+                    }
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                    for (int u = 0; u < U; ++u)
+                        if (t0 + u * nw < d_end)  // (warp-uniform) no shuffles for absent tokens
+#pragma unroll
+                            for (int h = 0; h < HQ; ++h) scs[u][h] += __shfl_xor_sync(0xffffffffu, scs[u][h], o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    if (t0 + u * nw >= d_end) break;
+                    float vv[DPL];
+                    halves_to_float<DPL>(vraw[u], vv);
+#pragma unroll
+                    for (int h = 0; h < HQ; ++h) {
+                        if (h >= nq) break;
+                        const float sc = scs[u][h];
+                        const float m_new = fmaxf(m_h[h], sc);
+                        const float alpha = exp2f(m_h[h] - m_new);
+                        const float pw = exp2f(sc - m_new);
+                        l_h[h] = fmaf(l_h[h], alpha, pw);
+#pragma unroll
+                        for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
+                        m_h[h] = m_new;
+                    }
+                }
+                continue;
+            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (t0 + u * nw >= d_end) break;
@@ -1211,6 +1425,11 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
         for (int k = 0; k < DPL; ++k) wd[nw * 16 + (warp * 8 + h) * D + lane * DPL + k] = acc_h[h][k];
     }
     __syncthreads();
+    if constexpr (PUSH)
+        if (a.direct) {
+            push_merge<D>(a, ws, ws_floats, has_tiles, nw, b, h0, nq, recv, mbuf);
+            return;
+        }
     finish_states<D>(a, ws, ws_floats, 0, 2, has_tiles, nw, b, h0, nq, split, cs);
     if (a.direct) cluster_merge<D>(a, cs, mbuf, b, h0, nq);
 }
@@ -1235,8 +1454,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const int nbw = nsw > 2 ? nsw : 2;  // mbarriers per warp (at least 2)
 
     extern __shared__ __align__(128) uint8_t smem[];
-    constexpr bool EARLY = VAR == 5 || VAR == 8;  // VAR 8: the early prologue with warp-pair tiles
-    constexpr bool PAIR = VAR == 8;
+    constexpr bool EARLY = VAR == 5 || VAR == 8 || VAR == 11 || VAR == 12;  // VAR 8: the early prologue with warp-pair tiles
+    constexpr bool PAIR = VAR == 8 || VAR == 11 || VAR == 12;
+    constexpr bool PUSH = VAR == 11 || VAR == 12;  // VAR 11: VAR 8 with push_merge; 12: and FAST
+    constexpr bool FAST = VAR == 12;
     const size_t front = attend_front_bytes<D, EARLY, PAIR>(nw, nsw, R);
     float* qs = reinterpret_cast<float*>(smem + front);
     uint64_t* bars = reinterpret_cast<uint64_t*>(qs + 8 * C::QLD);
@@ -1248,14 +1469,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     float* ws_acc = ws_l + nw * 8;
     float* cs = ws_m + (EARLY ? 2 : 1) * ws_floats;
     float* mbuf = cs + 2 * 8 * (D + 2);
+    float* recv = reinterpret_cast<float*>(smem + attend_recv_offset<D, EARLY, PAIR>(nw, nsw, R));  // PUSH only
 
     const int t_begin = split * a.tiles_per_split;
     const int t_end = min(t_begin + a.tiles_per_split, n_tiles);
     const bool has_tiles = t_begin < t_end;
 
     if constexpr (EARLY) {
-        attend_early<KB, VB, G, D, PAIR>(a, smem, qs, bars, ws_m, ws_floats, cs, mbuf, slot, n_tiles, sink_len, tail_len, kvh,
-                                   b, h0, nq, split, t_begin, t_end);
+        attend_early<KB, VB, G, D, PAIR, PUSH, FAST>(a, smem, qs, bars, ws_m, ws_floats, cs, mbuf, slot, n_tiles, sink_len,
+                                                     tail_len, kvh, b, h0, nq, split, t_begin, t_end, recv);
     } else {  // (not instantiated for VAR 5: its registers are the early path's alone)
     // VAR 6: VAR 4 (swapped tiles, this prologue) with the direct path compiled in.
 
@@ -1641,10 +1863,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     }  // !EARLY
 }
 
-template <int D, bool EARLY, bool PAIR = false>
+template <int D, bool EARLY, bool PAIR = false, bool PUSH = false>
 size_t attend_smem_bytes(int nw, int nsw, int R)
 {
-    return attend_front_bytes<D, EARLY, PAIR>(nw, nsw, R) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
+    const size_t base = attend_front_bytes<D, EARLY, PAIR>(nw, nsw, R) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
+    return PUSH ? ((base + 15) & ~(size_t)15) + (size_t)kRecvRows * (D + 2) * sizeof(float) : base;
 }
 
 // Per head_dim launchers (attend_d*.cu).
@@ -1726,16 +1949,17 @@ template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16, int VAR = 
 int launch_attend_t(AttendArgs& args, int batch, int max_smem, cudaStream_t stream, bool resplit = false)
 {
     static_assert(AttendCfg<KB, VB, G, D, NIPC>::QLD == D + 4, "q row stride");
-    constexpr bool EARLY = VAR == 5 || VAR == 8;
-    constexpr bool PAIR = VAR == 8;
+    constexpr bool EARLY = VAR == 5 || VAR == 8 || VAR == 11 || VAR == 12;
+    constexpr bool PAIR = VAR == 8 || VAR == 11 || VAR == 12;
+    constexpr bool PUSH = VAR == 11 || VAR == 12;
     constexpr int WSTEP = PAIR ? 2 : 1;  // pairs: an even warp count
     AttendArgs a = args;
     const int R = (int)a.L.total;
     // As many warps (<= WARPS) and stages per warp (<= 2) as shared memory holds.
     int nw = WARPS, nsw = 2;
-    while (nsw > 1 && attend_smem_bytes<D, EARLY, PAIR>(nw, nsw, R) > (size_t)max_smem) --nsw;
-    while (nw > WSTEP && attend_smem_bytes<D, EARLY, PAIR>(nw, nsw, R) > (size_t)max_smem) nw -= WSTEP;
-    const size_t smem = attend_smem_bytes<D, EARLY, PAIR>(nw, nsw, R);
+    while (nsw > 1 && attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R) > (size_t)max_smem) --nsw;
+    while (nw > WSTEP && attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R) > (size_t)max_smem) nw -= WSTEP;
+    const size_t smem = attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R);
     if (smem > (size_t)max_smem) return resplit ? kAttendNotLaunched : KVARN_CUDA_ERR_ARGUMENT;
     a.stages_per_warp = nsw;
     auto kernel = attend_kernel<KB, VB, G, D, WARPS, NIPC, VAR>;
