@@ -409,7 +409,7 @@ void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w1
         for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm256_setzero_si256();
         const uint8_t* p = vcodes + d0 / 4;
         for (int t = 0; t < G; t += 2, p += 2 * row_bytes) {
-            if ((t & 15) == 0) pf.step();
+            if ((t & 7) == 0) pf.step();
             int32_t r0, r1;
             memcpy(&r0, p, 4);
             memcpy(&r1, p + row_bytes, 4);
