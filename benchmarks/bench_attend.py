@@ -195,9 +195,9 @@ def test_attend(benchmark, shape, ctx, batch, impl):
     if impl.startswith("kvarn-"):
         parts = impl.split("-")
         kvarn.set_isa(parts[1])
+        _native.set_vnni(not impl.endswith("-novnni"))  # first: without VNNI int8 runs as int16
         _native.set_score_mode(parts[2] if len(parts) > 2 else "float")
         assert _native.score_mode() == (parts[2] if len(parts) > 2 else "float")
-        _native.set_vnni(not impl.endswith("-novnni"))
         caches = batched(dd, "cache", batch)
         fn = lambda: kvarn.attend_batch(q, caches, num_threads=THREADS)  # noqa: E731
         nbytes = sum(c.nbytes for c in caches)
