@@ -303,7 +303,21 @@ def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
     q = check_queries(q, first.num_kv_heads, first.head_dim, ndim=3)
     if q.shape[0] != len(caches):
         raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
-    scale = check_scale(scale, first.head_dim)
+    return run_attend(q, caches, check_scale(scale, first.head_dim), num_threads)
+
+
+def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
+    """attend_caches for one cache and q [Hq, D], validated once (a decode loop's hot path)."""
+    if not isinstance(cache, cache_type):
+        raise TypeError(f"cache: expected a kvarn.{cache_type.__name__}, got {type(cache).__name__}")
+    if len(cache) == 0:
+        raise ValueError("cache: the cache is empty; append tokens before attending")
+    q = check_queries(q, cache.num_kv_heads, cache.head_dim, ndim=2)
+    return run_attend(q[None], [cache], check_scale(scale, cache.head_dim), num_threads)[0]
+
+
+def run_attend(q, caches, scale: float, num_threads) -> np.ndarray:
+    """The native call for validated queries [B, Hq, D] and caches."""
     q32 = np.ascontiguousarray(q, dtype=np.float32)
     out = np.empty_like(q32)
     parts = [c._native_parts() for c in caches]

@@ -19,7 +19,6 @@ from ._ops import (
     SINKHORN_ITERS,
     check_head_dim,
     check_kv,
-    check_queries,
     check_positive_int,
     get_preset,
     quantize_tiles_native,
@@ -253,10 +252,7 @@ def attend(q, cache: KVCache, scale=None, *, num_threads=None) -> np.ndarray:
     Hq must be a multiple of the cache's kv heads (GQA: query head h reads kv
     head h // (Hq // Hk)). scale defaults to 1/sqrt(D). Returns float32 [Hq, D].
     """
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache: expected a kvarn.KVCache, got {type(cache).__name__}")
-    q = check_queries(q, cache.num_kv_heads, cache.head_dim, ndim=2)
-    return attend_batch(q[None], [cache], scale, num_threads=num_threads)[0]
+    return _ops.attend_one(q, cache, KVCache, scale, num_threads)
 
 
 def attend_batch(q, caches, scale=None, *, num_threads=None) -> np.ndarray:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _ops
-from ._ops import check_head_dim, check_kv, check_positive_int, check_queries
+from ._ops import check_head_dim, check_kv, check_positive_int
 
 
 class FP16Cache:
@@ -93,8 +93,7 @@ class FP16Cache:
 
     def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
         """Decode attention of q [Hq, D] over every cached token; float32 [Hq, D]."""
-        q = check_queries(q, self.num_kv_heads, self.head_dim, ndim=2)
-        return attend_fp16_batch(q[None], [self], scale, num_threads=num_threads)[0]
+        return _ops.attend_one(q, self, FP16Cache, scale, num_threads)
 
     def __repr__(self) -> str:
         return f"FP16Cache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, tokens={self._len})"
