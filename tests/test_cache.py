@@ -239,10 +239,14 @@ def test_bad_attend_input(rng):
         kvarn.attend(q[0], cache)
     with pytest.raises(ValueError, match="scale: must be finite"):
         kvarn.attend(q, cache, scale=float("inf"))
-    with pytest.raises(TypeError, match="cache"):
+    with pytest.raises(TypeError, match="cache: expected a kvarn.KVCache"):
         kvarn.attend(q, "cache")
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="cache: the cache is empty"):
         kvarn.attend(q, kvarn.KVCache(2, 64))
+    with pytest.raises(ValueError, match="cache: the cache is empty"):
+        kvarn.FP16Cache(2, 64).attend(q)
+    with pytest.raises(ValueError, match=r"caches\[0\]: the cache is empty"):
+        kvarn.attend_batch(q[None], [kvarn.KVCache(2, 64)])
     with pytest.raises(ValueError, match=r"caches\[1\]"):
         kvarn.attend_batch(np.stack([q, q]), [cache, kvarn.KVCache(4, 64)])
     with pytest.raises(ValueError, match="batch of 1"):
