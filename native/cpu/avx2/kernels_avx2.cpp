@@ -485,18 +485,8 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
 {
     __m256 mx = _mm256_set1_ps(-INFINITY);
     for (int t = 0; t < n; t += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + t));
-    const float block_max = hmax(mx);
-    const float m_new = *m > block_max ? *m : block_max;
-    const float alpha = expf(*m - m_new);
-    if (alpha != 1.0f) {
-        *l *= alpha;
-        const __m256 av = _mm256_set1_ps(alpha);
-        for (int d = 0; d < D; d += 8) {
-            _mm256_storeu_ps(acc_orig + d, _mm256_mul_ps(_mm256_loadu_ps(acc_orig + d), av));
-            _mm256_storeu_ps(acc_rot + d, _mm256_mul_ps(_mm256_loadu_ps(acc_rot + d), av));
-        }
-    }
-    const __m256 mv = _mm256_set1_ps(m_new);
+    softmax_rescale(hmax(mx), m, l, acc_orig, acc_rot, D);
+    const __m256 mv = _mm256_set1_ps(*m);
     __m256 sum = _mm256_setzero_ps();
     for (int t = 0; t < n; t += 8) {
         const __m256 p = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
@@ -504,7 +494,6 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
         sum = _mm256_add_ps(sum, p);
     }
     *l += hsum(sum);
-    *m = m_new;
 }
 
 // The int16 mode's per-head work on one tile: p = exp(s - m) with the cheaper exp, l,

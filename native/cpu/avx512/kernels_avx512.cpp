@@ -644,18 +644,8 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
 {
     __m512 mx = _mm512_set1_ps(-INFINITY);
     for (int t = 0; t < n; t += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + t));
-    const float block_max = _mm512_reduce_max_ps(mx);
-    const float m_new = *m > block_max ? *m : block_max;
-    const float alpha = expf(*m - m_new);
-    if (alpha != 1.0f) {
-        *l *= alpha;
-        const __m512 av = _mm512_set1_ps(alpha);
-        for (int d = 0; d < D; d += 16) {
-            _mm512_storeu_ps(acc_orig + d, _mm512_mul_ps(_mm512_loadu_ps(acc_orig + d), av));
-            _mm512_storeu_ps(acc_rot + d, _mm512_mul_ps(_mm512_loadu_ps(acc_rot + d), av));
-        }
-    }
-    const __m512 mv = _mm512_set1_ps(m_new);
+    softmax_rescale(_mm512_reduce_max_ps(mx), m, l, acc_orig, acc_rot, D);
+    const __m512 mv = _mm512_set1_ps(*m);
     __m512 sum = _mm512_setzero_ps();
     for (int t = 0; t < n; t += 16) {
         const __m512 p = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t), mv));
@@ -663,7 +653,6 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
         sum = _mm512_add_ps(sum, p);
     }
     *l += _mm512_reduce_add_ps(sum);
-    *m = m_new;
 }
 
 // One pass over a head's G scores in s: p = exp(s - m) summed into psum, z = sum
