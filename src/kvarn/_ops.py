@@ -160,9 +160,10 @@ SCORE_MODES = ("float", "int16", "int8")
 def set_score_mode(mode: str) -> None:
     """How the SIMD kernels compute 4-bit key scores and 2-bit value sums: "int16" (the default:
     int16-rounded weights, exact int32 sums; ~1e-4 relative from the float path, 1.3-1.8x
-    faster; AVX-512 VNNI or AVX2), "float" (fp32, equal to float64 up to reassociation) or
-    "int8" (~4e-2; AVX-512 VNNI only, the avx2 kernels run it as int16). The scalar kernels
-    always run float; score_mode() says what the active kernels run. Also: KVARN_SCORES."""
+    faster; any AVX2 or AVX-512 CPU, vpdpwssd where it has VNNI), "float" (fp32, equal to
+    float64 up to reassociation) or "int8" (~4e-2; AVX-512 VNNI only, elsewhere it runs as
+    int16). The scalar kernels always run float; score_mode() says what the active kernels
+    run. Also: KVARN_SCORES."""
     if mode not in SCORE_MODES:
         raise ValueError(f"mode: unknown score mode {mode!r}; choose one of {list(SCORE_MODES)}")
     if _native.set_score_mode(mode) != _native.OK:
@@ -172,7 +173,7 @@ def set_score_mode(mode: str) -> None:
 
 def score_mode() -> str:
     """The score mode the active kernels run (see set_score_mode: "float" on the scalar
-    kernels and on AVX-512 without VNNI, "int16" for an "int8" request on the avx2 kernels)."""
+    kernels, "int16" for an "int8" request where int8 cannot run)."""
     return _native.score_mode()
 
 
