@@ -41,6 +41,13 @@ def test_batched_leading_axes_and_fp16(isa):
     np.testing.assert_allclose(y, oracle.rotate(x.astype(np.float64)), atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(0, 64), (3, 0, 128)])
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_empty_batch_gives_empty_output(shape, dtype):
+    y = kvarn.hadamard(np.ones(shape, dtype))
+    assert y.shape == shape and y.dtype == (np.float64 if dtype == np.float64 else np.float32)
+
+
 @pytest.mark.parametrize("d", [0, 1, 8, 15, 24, 100, 1040, 2048])
 def test_unsupported_sizes_raise(d):
     with pytest.raises(ValueError, match="head_dim"):

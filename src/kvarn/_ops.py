@@ -89,7 +89,7 @@ def as_float_array(x, name, ndim=None, fp16_range=False) -> np.ndarray:
         else:
             raise TypeError(f"{name}: expected a numpy array, got {type(x).__name__}")
     if x.dtype.type not in _FLOAT_DTYPES:
-        raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16 or float32")
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16, float32 or float64")
     if ndim is not None:
         allowed = ndim if isinstance(ndim, tuple) else (ndim,)
         if x.ndim not in allowed:
@@ -204,6 +204,8 @@ def hadamard(x) -> np.ndarray:
     head_dim = check_head_dim(x.shape[-1], "x.shape[-1]")
     out_dtype = np.float64 if x.dtype == np.float64 else np.float32
     out = np.array(x, dtype=out_dtype, order="C", copy=True).reshape(-1, head_dim)
+    if out.shape[0] == 0:  # no rows: nothing to transform (numpy's convention for empty batches)
+        return out.reshape(x.shape)
     if out_dtype == np.float64:
         rc = _native.hadamard_f64(out, head_dim)
     else:
