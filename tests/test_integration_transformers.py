@@ -143,6 +143,7 @@ def test_beam_search_and_several_sequences(smol):
     prompt = torch.tensor([ids[:180]])
 
     def beams(cache, **kw):
+        # The older argument name (transformers 5.x renamed it `cache`; it works until 6.0).
         with torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
             return model.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, num_beams=3,
@@ -188,10 +189,9 @@ def test_left_padded_batch_matches_each_row_alone(smol):
     L, eos = max(len(p) for p in prompts), model.config.eos_token_id
 
     def gen(x, mask, cache):
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+        with torch.no_grad():
             return model.generate(x, attention_mask=mask, max_new_tokens=10, min_new_tokens=10, do_sample=False,
-                                  past_key_values=cache, pad_token_id=eos)
+                                  cache=cache, pad_token_id=eos)
 
     x = torch.full((2, L), eos, dtype=torch.long)
     mask = torch.zeros(2, L, dtype=torch.long)
@@ -218,7 +218,7 @@ def test_other_padding_is_refused(smol):
     refused = KVarNCache(model.config, preset="k4v2_g128")
     with pytest.raises(NotImplementedError, match="left padding"):
         model.generate(torch.tensor([ids[:40], ids[:40]]), attention_mask=right, max_new_tokens=3, do_sample=False,
-                       past_key_values=refused, pad_token_id=eos)
+                       cache=refused, pad_token_id=eos)
     assert refused.get_seq_length() == 0 and all(not layer.caches for layer in refused.kvarn_layers)
     # Padding that appears after the prompt (a mask hiding a cached position) is refused too.
     cache = KVarNCache(model.config, preset="k4v2_g128")

@@ -257,15 +257,12 @@ def _sim_cache_class():
 def greedy(model, prompt_ids, n_new, cache=None):
     import torch
 
-    import warnings
-
-    with torch.no_grad(), warnings.catch_warnings():
-        # transformers >= 5.x renames past_key_values to cache (until 6.0 the old name works, with a
-        # FutureWarning); the old name is the one every 4.x/5.x version accepts.
-        warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+    with torch.no_grad():
+        # generate's cache argument is `cache` in the transformers versions the eval extra pins
+        # (>= 5.24); `past_key_values` still works there until 6.0, with a FutureWarning.
         out = model.generate(
             torch.tensor([prompt_ids]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-            past_key_values=cache, pad_token_id=model.config.eos_token_id,
+            cache=cache, pad_token_id=model.config.eos_token_id,
         )
     return out[0, len(prompt_ids):].tolist()
 

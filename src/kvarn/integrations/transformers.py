@@ -2,7 +2,7 @@
 
     from kvarn.integrations.transformers import KVarNCache
     cache = KVarNCache(model.config, preset="k4v2_g128")
-    out = model.generate(ids, past_key_values=cache, max_new_tokens=64)
+    out = model.generate(ids, cache=cache, max_new_tokens=64)   # past_key_values=cache before 5.x
 
 How it works
 - ``KVarNCache(config)`` registers an attention function named ``"kvarn"`` with transformers'
