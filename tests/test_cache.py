@@ -354,3 +354,82 @@ def test_copy_is_independent(quantize_on, rng):
     np.testing.assert_array_equal(twin.records, whole.records)
     cache.append(k2[:, :1], v2[:, :1])  # and the original still appends on its own
     assert len(cache) == 301 and len(twin) == 450
+
+
+# ---- truncate (speculative decoding's rollback) -------------------------------------------
+def _state(cache):
+    k, v = cache.dequantize()
+    return len(cache), cache.num_tiles, cache.tail_len, cache.records.tobytes(), k.tobytes(), v.tobytes()
+
+
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+@pytest.mark.parametrize("n, keep", [(0, 0), (5, 2), (200, 100), (255, 200), (256, 255), (256, 128), (257, 256),
+                                     (300, 256), (300, 200), (300, 129), (300, 64), (600, 385), (600, 384),
+                                     (600, 383), (600, 130), (600, 0), (600, 599)])
+def test_truncate_then_reappend_equals_never_appended(quantize_on, n, keep, rng):
+    """truncate(truncation_point(keep)) + appending the kept tokens again gives, byte for byte,
+    the cache that only ever held `keep` tokens; later appends and attention agree too."""
+    k = kv_like(rng, (2, n + 150, 64))
+    v = rng.standard_normal((2, n + 150, 64)).astype(np.float32)
+    cache = kvarn.KVCache(2, 64, sink_tokens=128, quantize_on=quantize_on)
+    cache.append(k[:, :n], v[:, :n])
+    fresh = kvarn.KVCache(2, 64, sink_tokens=128, quantize_on=quantize_on)
+    fresh.append(k[:, :keep], v[:, :keep])
+    point = cache.truncation_point(keep)
+    assert point <= keep and keep - point <= 128
+    cache.truncate(point)
+    cache.append(k[:, point:keep], v[:, point:keep])
+    assert _state(cache) == _state(fresh)
+    cache.append(k[:, keep : keep + 150], v[:, keep : keep + 150])
+    fresh.append(k[:, keep : keep + 150], v[:, keep : keep + 150])
+    assert _state(cache) == _state(fresh)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(kvarn.attend(q, cache), kvarn.attend(q, fresh))
+
+
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+def test_truncate_within_tail_and_sink_and_whole_tiles(quantize_on, rng):
+    cache, k, v = filled(rng, 2, 64, 600, sink=100)  # sink 100, tiles at 100..483, tail 116 ("fill")
+    cache.quantize_on = quantize_on  # the policy only changes what later appends quantise
+    assert cache.truncation_point(590) == 590  # in the tail
+    cache.truncate(590)
+    assert (len(cache), cache.num_tiles, cache.tail_len) == (590, 3, 106)
+    cache.truncate(356)  # a tile boundary: drops whole tiles
+    assert (len(cache), cache.num_tiles, cache.tail_len) == (356, 2, 0)
+    cache.truncate(40)  # into the sink
+    assert (len(cache), cache.num_tiles, cache.tail_len, cache.sink_len) == (40, 0, 0, 40)
+    np.testing.assert_array_equal(cache.dequantize()[0], k[:, :40].astype(np.float16).astype(np.float32))
+
+
+def test_truncate_inside_a_quantised_tile_is_refused_and_changes_nothing(rng):
+    cache, _, _ = filled(rng, 2, 64, 600)
+    before = _state(cache)
+    assert cache.truncation_point(300) == 256
+    with pytest.raises(ValueError, match="length: 300 cuts the quantised tile of tokens 256..383"):
+        cache.truncate(300)
+    assert _state(cache) == before
+
+
+@pytest.mark.parametrize("length, exc, msg", [(-1, ValueError, ">= 0"), (601, ValueError, "more than"),
+                                              (3.0, TypeError, "int"), (True, TypeError, "int"),
+                                              ("1", TypeError, "int")])
+def test_truncate_bad_length(length, exc, msg, rng):
+    cache, _, _ = filled(rng, 2, 64, 600)
+    before = _state(cache)
+    with pytest.raises(exc, match=msg):
+        cache.truncate(length)
+    with pytest.raises(exc, match=msg):
+        cache.truncation_point(length)
+    assert _state(cache) == before
+
+
+def test_truncate_leaves_copies_and_earlier_snapshots_alone(rng):
+    cache, k, v = filled(rng, 2, 64, 600)
+    other = cache.copy()
+    before = _state(other)
+    old_parts = cache._native_parts()  # what an attend in flight would be reading
+    old_records = old_parts["records"][: old_parts["num_tiles"]].copy()
+    cache.truncate(256)
+    cache.append(k[:, 300:600] * 2, v[:, 300:600] * 2)  # new records where the dropped ones were
+    np.testing.assert_array_equal(old_parts["records"][: old_parts["num_tiles"]], old_records)
+    assert _state(other) == before

@@ -177,6 +177,61 @@ class KVCache:
             records, self._num_tiles + n_full, tail_k, tail_v, left,
         )
 
+    # ---- truncate ------------------------------------------------------------
+    def _split(self, length: int) -> tuple[int, int, int]:
+        """(sink tokens, whole tiles, tokens into the next tile) of the first ``length`` tokens."""
+        n = len(self)
+        length = check_positive_int(length, "length", 0)
+        if length > n:
+            raise ValueError(f"length: {length} is more than the cache's {n} tokens")
+        sink = min(length, self.sink_len)
+        return (sink,) + divmod(length - sink, self.preset.group)
+
+    def truncation_point(self, length: int) -> int:
+        """Where to ``truncate`` so that appending tokens ``[point, length)`` again gives exactly
+        the cache that only ever held the first ``length`` tokens: ``length`` itself, or the start
+        of the quantised tile it would cut — with quantize_on="next" also of a quantised tile it
+        would end on (such a cache holds that tile exact, in its tail)."""
+        _, tiles, into = self._split(length)
+        if tiles < self._num_tiles and into:
+            return length - into
+        if self.quantize_on == "next" and tiles and not into and tiles <= self._num_tiles:
+            return length - self.preset.group
+        return length
+
+    def truncate(self, length: int) -> None:
+        """Keeps the first ``length`` tokens (speculative decoding's rollback).
+
+        Tokens can be removed from the fp16 tail and the sink, and whole quantised tiles can be
+        dropped. A cut inside a quantised tile raises ValueError and leaves the cache as it was:
+        that tile's tokens exist only as codes. To cut anywhere, truncate to
+        ``truncation_point(length)`` and append the tokens from there to ``length`` again (they
+        go to the fp16 tail). With quantize_on="next", a cut at a tile's end leaves that tile
+        quantised where a cache that never held more tokens would still hold it exact (until its
+        next append); ``truncation_point`` avoids that.
+        """
+        with self._append_lock:
+            kept_sink, tiles, left = self._split(length)
+            sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state
+            if tiles < num_tiles and left:
+                start = length - left
+                raise ValueError(
+                    f"length: {length} cuts the quantised tile of tokens {start}..{start + self.preset.group - 1}, "
+                    f"whose tokens are stored only as codes; truncate to {start} and append the kept tokens again"
+                )
+            if length == len(self):
+                return
+            if tiles < num_tiles:
+                # Fresh arrays: a reader may still hold the old state, and appends write records
+                # past the tile count in place.
+                records = records[:tiles].copy()
+            new_tail_k, new_tail_v = np.zeros_like(tail_k), np.zeros_like(tail_v)
+            new_tail_k[:, :left] = tail_k[:, :left]
+            new_tail_v[:, :left] = tail_v[:, :left]
+            # length < len(self), so tiles <= num_tiles, and left <= tail_len where tiles == num_tiles.
+            self._publish(sink_k[:, :kept_sink].copy(), sink_v[:, :kept_sink].copy(), records, tiles,
+                          new_tail_k, new_tail_v, left)
+
     def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
         # from self._state and never see new records with an old count or the reverse.

@@ -25,9 +25,12 @@ Batch rows can be reordered, repeated and selected (beam search, ``num_return_se
 row that appears twice gets a copy of its ``kvarn.KVCache``. Left-padded batches (what
 ``generate`` builds for prompts of different lengths with ``padding_side="left"``) work: a row's
 padding positions are left out of its ``kvarn.KVCache`` at prefill, and later steps check that
-the mask hides exactly those. Limits: other padding (right padding, padding in a later chunk)
-and cropping (assisted decoding; quantised tiles cannot be un-appended) raise
-``NotImplementedError``.
+the mask hides exactly those. Assisted and prompt-lookup decoding roll rejected draft tokens
+back with ``crop``: inside the fp16 tail that always works; a cut inside a tile quantised
+meanwhile needs ``KVarNCache(..., crop_window=2 * group)`` (an fp16 copy of each row's last
+tokens), which restores exactly the cache that never held the removed tokens. Limits: other
+padding (right padding, padding in a later chunk) raises ``NotImplementedError``, and so does a
+crop the window cannot serve.
 Needs the ``eval`` extra (torch, transformers >= 5).
 """
 from __future__ import annotations
@@ -43,6 +46,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import kvarn
+from .._ops import check_positive_int
 
 ATTN_IMPLEMENTATION = "kvarn"
 _TAG = "_kvarn_layer"  # attribute set on a key tensor whose attention kvarn must do
@@ -142,23 +146,52 @@ def _left_padding(visible: np.ndarray) -> list[int]:
 
 
 class KVarNLayer(CacheLayerMixin):
-    """One attention layer's cache: one ``kvarn.KVCache`` per batch row."""
+    """One attention layer's cache: one ``kvarn.KVCache`` per batch row.
+
+    crop_window > 0 keeps each row's last ``crop_window`` tokens in fp16 besides the cache (a
+    ring), so that ``crop`` can cut inside a quantised tile: it truncates the row's cache to the
+    tile's start and appends the kept tokens again, which gives exactly the cache that never held
+    the removed tokens. Any crop of up to ``crop_window - group`` tokens works.
+    """
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
 
-    def __init__(self, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill"):
+    def __init__(self, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill",
+                 crop_window: int = 0):
         super().__init__()
         # Validates preset, sink_tokens and quantize_on now rather than at the first forward.
         self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset.name
         self.sink_tokens = sink_tokens
         self.quantize_on = quantize_on
+        self.crop_window = check_positive_int(crop_window, "crop_window", 0)
         self.caches: list[kvarn.KVCache] = []
         self.pads: list[int] = []  # per row: left-padding positions, not stored in its cache
         self.cumulative_length = 0
         self._pending = None
         self._prefill = None
+        self._ring_k = self._ring_v = None  # [B, Hk, crop_window, D] fp16: slot p % crop_window <- position p
+        self._ring_from: list[int] = []  # per row: the first cache position still in the ring
+
+    @property
+    def is_croppable(self) -> bool:
+        """transformers asks this before assisted decoding: only with a crop window can every
+        rollback it needs be done."""
+        return self.crop_window > 0
+
+    def _append(self, b: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Appends k, v [Hk, n, D] to row b's cache, and their last tokens to its crop ring."""
+        c = self.caches[b]
+        start = len(c)
+        c.append(k, v)
+        W = self.crop_window
+        if W:
+            n = k.shape[1]
+            keep = min(n, W)
+            slots = np.arange(start + n - keep, start + n) % W
+            self._ring_k[b][:, slots] = k[:, n - keep :]
+            self._ring_v[b][:, slots] = v[:, n - keep :]
+            self._ring_from[b] = max(self._ring_from[b], start + n - W)
 
     def lazy_initialization(self, key_states, value_states) -> None:
         B, Hk, _, D = key_states.shape
@@ -166,6 +199,10 @@ class KVarNLayer(CacheLayerMixin):
         self.caches = [
             kvarn.KVCache(Hk, D, self.preset, self.sink_tokens, quantize_on=self.quantize_on) for _ in range(B)
         ]
+        if self.crop_window:
+            self._ring_k = np.zeros((B, Hk, self.crop_window, D), np.float16)
+            self._ring_v = np.zeros_like(self._ring_k)
+            self._ring_from = [0] * B
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -198,8 +235,8 @@ class KVarNLayer(CacheLayerMixin):
             self.reset()  # refused: the layer is empty again, as before the prompt
             raise
         k, v = _to_numpy(key_states), _to_numpy(value_states)
-        for b, c in enumerate(self.caches):
-            c.append(k[b, :, pads[b] :], v[b, :, pads[b] :])
+        for b in range(len(self.caches)):
+            self._append(b, k[b, :, pads[b] :], v[b, :, pads[b] :])
         self.pads = pads
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
@@ -219,8 +256,8 @@ class KVarNLayer(CacheLayerMixin):
         k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
         out = np.empty((B, n, Hq, D), np.float32)
         for i in range(n):
-            for b, c in enumerate(self.caches):
-                c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
+            for b in range(len(self.caches)):
+                self._append(b, k[b, :, i : i + 1], v[b, :, i : i + 1])
             out[:, i] = kvarn.attend_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
         self.cumulative_length += n
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
@@ -236,10 +273,13 @@ class KVarNLayer(CacheLayerMixin):
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.caches)
+        ring = self._ring_k.nbytes + self._ring_v.nbytes if self._ring_k is not None else 0
+        return sum(c.nbytes for c in self.caches) + ring
 
     def reset(self) -> None:
         self.caches, self.pads, self.cumulative_length, self._pending, self._prefill = [], [], 0, None, None
+        self._ring_k = self._ring_v = None
+        self._ring_from = []
         self.is_initialized = False
 
     def offload(self):  # the packed cache lives in host memory already
@@ -260,6 +300,9 @@ class KVarNLayer(CacheLayerMixin):
             taken.add(r)
         self.caches = caches
         self.pads = [self.pads[r] for r in rows]
+        if self._ring_k is not None:  # fancy indexing copies: every row owns its ring
+            self._ring_k, self._ring_v = self._ring_k[rows], self._ring_v[rows]
+            self._ring_from = [self._ring_from[r] for r in rows]
 
     def reorder_cache(self, beam_idx) -> None:
         """Beam search: row i continues beam beam_idx[i]."""
@@ -267,7 +310,39 @@ class KVarNLayer(CacheLayerMixin):
             self._select_rows(beam_idx, "beam_idx")
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("KVarNCache cannot crop: quantised tiles cannot be un-appended")
+        """Removes the last ``-tokens_to_remove`` tokens of every row (transformers' convention: a
+        negative count). Cuts inside a quantised tile need the crop window; a crop that cannot be
+        done exactly raises NotImplementedError and changes nothing."""
+        if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, (int, np.integer)):
+            raise TypeError(f"tokens_to_remove: expected an int, got {type(tokens_to_remove).__name__}")
+        if tokens_to_remove > 0:
+            raise ValueError(f"tokens_to_remove: expected a negative count of tokens to remove, got {tokens_to_remove}")
+        r = -int(tokens_to_remove)
+        if r == 0 or not self.caches:
+            return
+        if r > min(len(c) for c in self.caches):
+            raise ValueError(f"tokens_to_remove: {r} tokens is more than a batch row holds")
+        plan = []
+        for b, c in enumerate(self.caches):  # check every row before changing any
+            keep = len(c) - r
+            point = c.truncation_point(keep)
+            if point < keep and (not self.crop_window or point < self._ring_from[b]):
+                raise NotImplementedError(
+                    f"KVarNCache: crop({tokens_to_remove}) cuts a quantised tile of batch row {b}, and its tokens are "
+                    f"not in the crop window ({self.crop_window} tokens); use KVarNCache(..., crop_window=W) with "
+                    f"W >= {r} + the tile size"
+                )
+            plan.append((keep, point))
+        W = self.crop_window
+        for b, (keep, point) in enumerate(plan):
+            c = self.caches[b]
+            c.truncate(point)
+            if point < keep:
+                slots = np.arange(point, keep) % W
+                c.append(self._ring_k[b][:, slots], self._ring_v[b][:, slots])
+            if W:
+                self._ring_from[b] = min(self._ring_from[b], keep)
+        self.cumulative_length -= r
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.cumulative_length:
@@ -285,10 +360,14 @@ class KVarNCache(Cache):
     implementation. preset: a kvarn preset (default k4v2_g128). sink_tokens: tokens kept in
     fp16 at the start (default one tile). quantize_on: "fill" (SPEC §7, default) or "next" (a
     full tile stays exact until the next token, so each token reads its own tile exact); see
-    kvarn.KVCache.
+    kvarn.KVCache. crop_window: fp16 tokens kept per row besides the cache so that ``crop`` can
+    roll back into a quantised tile (assisted / prompt-lookup decoding); 0 (default) keeps none,
+    and assisted decoding then refuses the cache. ``2 * group`` allows any crop of up to ``group``
+    tokens, at ``crop_window`` fp16 tokens of memory per row and layer (counted in ``nbytes``).
     """
 
-    def __init__(self, config, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill"):
+    def __init__(self, config, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill",
+                 crop_window: int = 0):
         if not hasattr(config, "num_hidden_layers"):
             raise TypeError(f"config: expected a transformers model config, got {type(config).__name__}")
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -296,7 +375,7 @@ class KVarNCache(Cache):
         layers = []
         for t in layer_types:
             if t == "full_attention":
-                layers.append(KVarNLayer(preset, sink_tokens, quantize_on))
+                layers.append(KVarNLayer(preset, sink_tokens, quantize_on, crop_window))
             elif t in ("sliding_attention", "chunked_attention"):
                 window = text_config.sliding_window if t == "sliding_attention" else text_config.attention_chunk_size
                 layers.append(DynamicSlidingWindowLayer(sliding_window=window))
