@@ -316,7 +316,7 @@ def main():
     res = dict(device=dev.name, sms=dev.multi_processor_count, torch=torch.__version__, copy_bw=bw, rows=rows,
                store_ms=store, store_share=share, store_kernel_us=store_kernel, store_kernel_share=kshare,
                command=" ".join(sys.argv),
-               attend_variant=os.environ.get("KVARN_ATTEND_VARIANT", "0"))
+               attend_variant=os.environ.get("KVARN_ATTEND_VARIANT", "16"))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"bench_cuda{args.tag}.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)

@@ -92,9 +92,9 @@ if [[ " ${steps[*]} " == *" ab "* ]]; then
   # kvarn only, alternating so that clock drift hits every variant alike.
   # An entry of $AB_VARIANTS is a variant number (KVARN_ATTEND_VARIANT) or a comma-separated list of
   # VAR=VALUE settings (e.g. KVARN_ATTEND_FUSED=0,KVARN_ATTEND_QPF=0).
-  echo "== A/B: variants ${AB_VARIANTS:-0 1 0 1} at ${AB_POINTS:-32768x8,4096x1}"
+  echo "== A/B: variants ${AB_VARIANTS:-12 16 12 16} at ${AB_POINTS:-32768x8,4096x1}"
   abn=0
-  for v in ${AB_VARIANTS:-0 1 0 1}; do
+  for v in ${AB_VARIANTS:-12 16 12 16}; do
     abn=$((abn + 1))
     if [[ "$v" == *=* ]]; then envs=(${v//,/ }); tag=$(echo "$v" | tr -c 'A-Za-z0-9=\n' '_' | tr '=' '-'); label=$v
     else envs=("KVARN_ATTEND_VARIANT=$v"); tag="v$v"; label="v$v"; fi

@@ -220,7 +220,7 @@ def test_attend_warp_pairs_4k():
     """The benchmark's 4K x 1 shape (Hk 8, Hq 32): the plan's 4 splits of 8 tiles become 8 splits
     of 4 (clusters of 8 CTAs), each record shared by a warp pair (served as VAR 12: push merge, vector
     q loads for bf16/fp16 q). A sequence a few tokens longer gives a ragged last split and a tail.
-    (`KVARN_ATTEND_VARIANT=8 pytest -k attend` runs pairs everywhere, several records per pair.)"""
+    (`KVARN_ATTEND_VARIANT=12 pytest -k attend` runs the s7 default: VAR 5 / 6 where pairs do not apply.)"""
     rng = np.random.default_rng(_seed("k4v2_g128", 128, 4) + 4096)
     for lengths in ([4096], [4096 + 70]):
         cache, ids = build("k4v2_g128", 128, 8, lengths, rng)
@@ -233,6 +233,22 @@ def test_attend_warp_pairs_4k():
             out_lo = cache.attend(qt, ids).float().cpu().numpy()
             out32 = cache.attend(qt.float(), ids).cpu().numpy()
             np.testing.assert_allclose(out_lo, out32, rtol=tol, atol=tol)
+
+
+@gpu
+@need_torch
+@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+def test_attend_several_records_per_warp(splits):
+    """Programs with more than 8 tiles (the 32K x 8 kind, served as VAR 16: the sink/tail share after the
+    tiles, its rows loaded before them, push merge in clusters of `splits`; 1 split of 69 tiles: the merge
+    kernel; 7 splits of 10: VAR 6, whose shared memory still holds two stages per warp); ragged lengths,
+    one with a tail."""
+    rng = np.random.default_rng(_seed("k4v2_g128", 128, 4) + 77 + splits)
+    cache, ids = build("k4v2_g128", 128, 2, [9000, 2100 + 70, 300], rng)
+    force_splits(cache, splits)
+    q = kv_like(rng, (len(ids), 8, 128))
+    out = cache.attend(dev(q), ids).cpu().numpy()
+    check_attention(cache, ids, q, out, 1.0 / np.sqrt(128))
 
 
 @gpu
@@ -449,6 +465,18 @@ def sanitizer_workload():
         rec = kc.quantize_tiles(kc.DeviceArray.from_numpy(kv_like(rng, (3, cache.preset.group, D))),
                                 kc.DeviceArray.from_numpy(kv_like(rng, (3, cache.preset.group, D))), preset)
         assert rec.to_numpy().shape[0] == 3
+    # more than 8 tiles per program at GQA 4 (VAR 16: the late sink/tail share, push merge): one program
+    # per sequence, and clusters of 2
+    cache = kc.PagedKVCache(2, 128, "k4v2_g128", max_seqs=2, max_seq_len=3100)
+    ids = [cache.add_sequence() for _ in range(2)]
+    for sid, n in zip(ids, (3000, 1570)):
+        x = kc.DeviceArray.from_numpy(kv_like(rng, (1, n, 2, 128)))
+        y = kc.DeviceArray.from_numpy(kv_like(rng, (1, n, 2, 128)))
+        cache.append([sid], x, y)
+    q = kc.DeviceArray.from_numpy(kv_like(rng, (2, 8, 128)))
+    for splits in (1, 2):
+        force_splits(cache, splits)
+        assert np.isfinite(cache.attend(q, ids).to_numpy()).all()
     print("sanitizer workload: ok")
 
 

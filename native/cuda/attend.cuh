@@ -1,7 +1,7 @@
 // Fused decode attention over a paged pool of tile records (+ fp16 sink/tail).
 //
 // Work: one program (CTA) per (sequence, kv head, <=8 query heads of its GQA
-// group, split of the tiles). Its warps take whole tiles in turn (VAR 8: warp
+// group, split of the tiles). Its warps take whole tiles in turn (VAR 12: warp
 // pairs take a tile together, a token half each; tiles_pair); each warp
 // streams its records into its own shared-memory stages with the bulk-copy
 // engine (one contiguous record = one cp.async.bulk, completing on an
@@ -377,10 +377,9 @@ __device__ __forceinline__ void load_q(const AttendArgs& a, float* qs, int qld, 
 }
 
 // Instances with the direct path (cluster merge, attend_kernel's a.direct) compiled in: not D 256
-// (there its code raised the tile loop's spills, ptxas: 4 -> 236 bytes), not VAR 4 (kept as it
-// was, the A/B baseline of VAR 5).
+// (there its code raised the tile loop's spills, ptxas: 4 -> 236 bytes).
 template <int D, int VAR>
-__host__ __device__ constexpr bool direct_for() { return D <= 128 && VAR != 4; }
+__host__ __device__ constexpr bool direct_for() { return D <= 128; }
 
 // Every warp has written ws_m/ws_l/ws_acc (rows of warps that saw nothing: m = -inf); element r
 // (0: m, 1: l, 2 + d: acc[d]) of head h's state combined over the warps.
@@ -520,7 +519,7 @@ __device__ void cluster_merge(const AttendArgs& a, float* cs, float* buf, int b,
     }
 }
 
-// ---- VAR 11/12 epilogue on the direct path: push instead of pull ---------------------------------
+// ---- VAR 12/14/16 epilogue on the direct path: push instead of pull ------------------------------
 // (s7 profile at 4K x 1: finish_states ~914 instructions per warp -- a runtime-divided index and an
 // 8-warp loop per element -- plus two cluster barriers and the owners' DSMEM reads held ~40 % of the
 // samples.) Here each thread combines the warp states of one (part, head, 4 channels) -- the same
@@ -530,6 +529,19 @@ __device__ void cluster_merge(const AttendArgs& a, float* cs, float* buf, int b,
 // their arrive (nobody reads their shared memory). Every CTA arrived once at its start (phase 0), and
 // waits for that phase before its first remote store: the cluster's CTAs are then all running.
 constexpr int kRecvRows = 2 * (4 + 8 - 1);  // (rank * hp + hl) * 2 + part < 2 (nq + S - 1), nq <= 4, S <= 8
+// VAR 14 / 16: rows for S splits and nq heads, 2 S ceil(nq / S) (0 beyond the direct path's 8 splits):
+// next to 8 warps x 2 record stages only ~7 KB of shared memory are left.
+__host__ __device__ __forceinline__ int push_recv_rows(int S, int nq)
+{
+    return S > 8 ? 0 : 2 * S * ((nq + S - 1) / S);
+}
+// Variants (attend_kernel's VAR) that run attend_early (the per-warp prologue) / push_merge's epilogue.
+// The tile loops: 1 row-split (every preset; GQA > 4), 6 swapped operands with the s5 prologue and
+// epilogue (s5-s7 default for > 8 tiles per program, A/B baseline), 5 swapped with attend_early (s5-s7
+// default at <= 8 tiles), 12 warp pairs (s7, served), 14 = 5 + push merge + FAST (served at <= 8 tiles
+// where pairs do not apply), 16 = 14 with the sink/tail share after the tiles (LATE) (s8, served).
+__host__ __device__ constexpr bool attend_early_var(int v) { return v == 5 || v == 12 || v == 14 || v == 16; }
+__host__ __device__ constexpr bool attend_push_var(int v) { return v == 12 || v == 14 || v == 16; }
 
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
@@ -538,7 +550,7 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // recv: kRecvRows * D acc floats, then kRecvRows * 2 (m, l) floats; buf as in cluster_merge.
 template <int D>
 __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, bool tiles_valid, int nw, int b, int h0,
-                           int nq, float* recv, float* buf)
+                           int nq, float* recv, float* buf, int recv_rows = kRecvRows)
 {
     namespace cg = cooperative_groups;
     static_assert((D & (D - 1)) == 0 && D >= 32, "Hadamard block = D, a power of two >= 32");
@@ -546,7 +558,7 @@ __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, 
     const int S = a.splits, rank = blockIdx.x;
     const int hp = (nq + S - 1) / S;
     cg::cluster_group cl = cg::this_cluster();
-    float* recv_ml = recv + kRecvRows * D;
+    float* recv_ml = recv + recv_rows * D;
     if (S > 1) cluster_wait();  // phase 0: every CTA of the cluster has started
     for (int idx = threadIdx.x; idx < 2 * HQ * NG; idx += blockDim.x) {
         const int g4 = idx % NG, h = (idx / NG) % HQ, part = idx / (NG * HQ);
@@ -576,7 +588,7 @@ __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, 
         const int owner = h / hp, row = (rank * hp + (h - owner * hp)) * 2 + part;
         float* dst = S > 1 ? cl.map_shared_rank(recv, owner) : recv;
         *reinterpret_cast<float4*>(dst + row * D + 4 * g4) = make_float4(v[0], v[1], v[2], v[3]);
-        if (g4 == 0) *reinterpret_cast<float2*>(dst + kRecvRows * D + 2 * row) = make_float2(M, L);
+        if (g4 == 0) *reinterpret_cast<float2*>(dst + recv_rows * D + 2 * row) = make_float2(M, L);
     }
     const int h_lo = min(nq, rank * hp), h_hi = min(nq, h_lo + hp);
     if (S > 1) {
@@ -656,7 +668,7 @@ __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, 
     }
 }
 
-// ---- VAR 4: swapped operands (k4v2, G = D = 128, <= 4 query heads per program) -----------------
+// ---- swapped operands (VAR 5, 6, 14, 16; k4v2, G = D = 128, <= 4 query heads per program) -------
 // The scores as S^T = Kcodes^T (16 tokens x 16 channels, A) * (q ka)^T (16 channels x 8 columns, B),
 // the output as out^T = Vcodes^T (16 channels x 16 tokens, A) * P'^T (16 tokens x 8 columns, B):
 // the 8 columns of B are 4 heads x (hi, lo) parts, so no fragment row is left empty at GQA <= 4
@@ -673,7 +685,154 @@ __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, 
 //     row g+8 <-> channel 16g + 2mm + 1 (x 4^(channel % 4)); B column n = g as above, read from a
 //     per-warp transpose buffer in the stage's (consumed) K-code bytes; C: head c, hi and lo, for
 //     channels 16g + i.
-template <int KB, int VB, int G, int D>
+// ---- pieces shared by tiles_swapped and tiles_pair (swapped operands, k4v2, G = D = 128) -------
+// B of QK: part `part` (g % 2: hi or lo) of x = q[g/2] * ka, scaled by a power of two, for channels
+// 16 s2 + 4c + q; qz_b = q[g/2] . kz; inv_s1 the inverse scale; the start values -1024 * sum_k B[k][n]
+// of columns 2c (k_hi: head c's hi part) and 2c + 1 (k_lo), every row alike (one MMA per k-step with
+// A = -1024, 4 chains).
+template <int KS>
+__device__ __forceinline__ void swapped_qk_b(const float* qb, const __half* ka, const __half* kz, int c, int part,
+                                             uint32_t (&Bq)[KS][2], float& qz_b, float& inv_s1, float& k_hi, float& k_lo)
+{
+    constexpr uint32_t kNeg1024 = 0xE400E400u;
+    float xb[KS][4];
+    float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s2 = 0; s2 < KS; ++s2) {
+        const int d0 = 16 * s2 + 4 * c;
+        const float4 qv4 = *reinterpret_cast<const float4*>(qb + d0);
+        const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
+        float kav[4], kzv[4];
+        halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
+        halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            xb[s2][q] = qv[q] * kav[q];
+            qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
+            amp[q] = fmaxf(amp[q], fabsf(xb[s2][q]));
+        }
+    }
+    qz_b = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
+    const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
+    float s1;
+    pow2_scale(amax, s1, inv_s1);
+#pragma unroll
+    for (int s2 = 0; s2 < KS; ++s2) {
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float hi, lo;
+            split_grid(xb[s2][q], s1, hi, lo);
+            v[q] = part ? lo : hi;
+        }
+        Bq[s2][0] = pack_half2(__float2half_rn(v[0]), __float2half_rn(v[1]));
+        Bq[s2][1] = pack_half2(__float2half_rn(v[2]), __float2half_rn(v[3]));
+    }
+    float kst[4][4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) kst[h][0] = kst[h][1] = kst[h][2] = kst[h][3] = 0.0f;
+#pragma unroll
+    for (int s2 = 0; s2 < KS; ++s2) mma_16816(kst[s2 % 4], kNeg1024, kNeg1024, kNeg1024, kNeg1024, Bq[s2][0], Bq[s2][1]);
+    k_hi = (kst[0][0] + kst[1][0]) + (kst[2][0] + kst[3][0]);
+    k_lo = (kst[0][1] + kst[1][1]) + (kst[2][1] + kst[3][1]);
+}
+
+// Scores (log2 domain) of head c for this thread's NT tokens (sc[m][0..1]: hi/lo sums of token 2m, the
+// low nibble; [2..3] of token 2m + 1, the high nibble; ktv their kt) and the online softmax: m_run and
+// l_run updated, alpha the old state's factor; p' = p * 2^sh2 times va split into ph + pl (B of PV);
+// pz = sum p vz over the warp's tokens of head c (scaled back); inv_s2 = 2^-sh2.
+// The thread's tokens: tok0 + NT g + j (va, vz: the record's).
+template <int NT>
+__device__ __forceinline__ void swapped_softmax(const float (&sc)[NT / 2][4], const float (&ktv)[NT], const __half* va,
+                                                const __half* vz, int tok0, int g, float inv_s1_c, float qz_c, float& m_run,
+                                                float& l_run, float& alpha, float& inv_s2, float& pz, float (&ph)[NT],
+                                                float (&pl)[NT])
+{
+    float sv[NT];
+    float tmp[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+    for (int m = 0; m < NT / 2; ++m)
+#pragma unroll
+        for (int f = 0; f < 2; ++f) {
+            const int j = 2 * m + f;
+            const float unshift = inv_s1_c * (f ? 1.0f / 16.0f : 1.0f);
+            sv[j] = ktv[j] * fmaf(sc[m][2 * f] + sc[m][2 * f + 1], unshift, qz_c);
+            tmp[j % 4] = fmaxf(tmp[j % 4], sv[j]);
+        }
+    float tmax = fmaxf(fmaxf(tmp[0], tmp[1]), fmaxf(tmp[2], tmp[3]));
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+    const float m_new = fmaxf(m_run, tmax);
+    alpha = fast_exp2(m_run - m_new);
+    m_run = m_new;
+
+    float vav[NT], vzv[NT];
+    load_halves<NT>(va + tok0 + NT * g, vav);
+    load_halves<NT>(vz + tok0 + NT * g, vzv);
+    float vm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) vm[j % 4] = fmaxf(vm[j % 4], fabsf(vav[j]));
+    float vmax = fmaxf(fmaxf(vm[0], vm[1]), fmaxf(vm[2], vm[3]));
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+    const int sh2 = pow2_shift(vmax, 64);
+    inv_s2 = exp2i(-sh2);
+    const float m_adj = m_new - (float)sh2;
+    float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const float p = fast_exp2(sv[j] - m_adj);  // p * 2^sh2
+        lsp[j % 4] += p;
+        pzp[j % 4] = fmaf(p, vzv[j], pzp[j % 4]);
+        split_grid(p, vav[j], ph[j], pl[j]);
+    }
+    l_run = fmaf(l_run, alpha, ((lsp[0] + lsp[1]) + (lsp[2] + lsp[3])) * inv_s2);  // this thread's tokens
+    pz = (pzp[0] + pzp[1]) + (pzp[2] + pzp[3]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) pz += __shfl_xor_sync(0xffffffffu, pz, o);
+    pz *= inv_s2;
+}
+
+// out = out * alpha + vc * (o + pz): o[mm] the PV accumulators (hi, lo columns) of channels 16g + 2mm
+// and 16g + 2mm + 1, scaled by 4^(channel % 4) and 2^sh2; acc[i] is channel 16g + i of head c.
+__device__ __forceinline__ void swapped_pv_out(const __half* vc, int g, float inv_s2, float pz, float alpha,
+                                               const float (&o)[8][4], float (&acc)[16])
+{
+    float vcv[16];
+    load_halves<16>(vc + 16 * g, vcv);
+#pragma unroll
+    for (int mm = 0; mm < 8; ++mm)
+#pragma unroll
+        for (int r8 = 0; r8 < 2; ++r8) {
+            const int i = 2 * mm + r8;  // channel 16g + i, scale 4^(i % 4)
+            const float unshift = inv_s2 * code_unshift<2>(i);
+            const float tv = fmaf(o[mm][2 * r8] + o[mm][2 * r8 + 1], unshift, pz);
+            acc[i] = fmaf(acc[i], alpha, vcv[i] * tv);
+        }
+}
+
+// After the last tile: the warp's state (head c = lane % 4: m, l summed over the warp, acc of channels
+// 16g + i) into ws, once every warp is done with the stages (ws overlays them).
+template <int D>
+__device__ __forceinline__ void swapped_store_state(float m_run, float l_run, const float (&acc)[16], int warp, int g, int c,
+                                                    int nq, float* ws_m, float* ws_l, float* ws_acc)
+{
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
+    __syncthreads();  // every warp is done with the stages: reuse them for the warp states
+    if (c < nq) {
+        if (g == 0) {
+            ws_m[warp * 8 + c] = m_run;
+            ws_l[warp * 8 + c] = l_run;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ws_acc[(warp * 8 + c) * D + 16 * g + i] = acc[i];
+    }
+}
+
+// NODIV (VAR 14, 16): stage index and phase kept as counters; the runtime k % nsw and k / nsw cost ~45
+// instructions per record in front of the mbarrier wait (s8 profile at 32K x 8; A/B -2 %).
+template <int KB, int VB, int G, int D, bool NODIV = false>
 __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stages, uint64_t* my_bars, const uint8_t* pool,
                                               const int* bt, int n_my, int nsw, int R, int Hk, int t_begin, int warp,
                                               int nw, int lane, int nq, const float* qs, float* ws_m, float* ws_l,
@@ -694,11 +853,13 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
 
+    int s_c = 0;  // NODIV: stage, phase
+    uint32_t ph_c = 0;
     for (int k = 0; k < n_my; ++k) {
-        const int s = k % nsw;
+        const int s = NODIV ? s_c : k % nsw;
         int next_page = 0;
         if (lane == 0 && k + nsw < n_my) next_page = bt[t_begin + warp + (k + nsw) * nw];
-        mbar_wait(&my_bars[s], (uint32_t)((k / nsw) & 1));
+        mbar_wait(&my_bars[s], NODIV ? ph_c : (uint32_t)((k / nsw) & 1));
         uint8_t* rec = stages + (size_t)s * R;
         const __half* ka = reinterpret_cast<const __half*>(rec + a.L.ka);
         const __half* kz = reinterpret_cast<const __half*>(rec + a.L.kz);
@@ -710,49 +871,10 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
         const uint8_t* vcodes = rec + a.L.v_codes;
         uint8_t* pbuf = rec + a.L.k_codes;  // after the QK loop: B of the PV product
 
-        // B of QK: part `part` of x = q[g/2] * ka (scaled), channels 16 s2 + 4c + q; qz = q[g/2] . kz
-        float xb[C::KS][4];
-        float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s2 = 0; s2 < C::KS; ++s2) {
-            const int d0 = 16 * s2 + 4 * c;
-            const float4 qv4 = *reinterpret_cast<const float4*>(qb + d0);
-            const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
-            float kav[4], kzv[4];
-            halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
-            halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                xb[s2][q] = qv[q] * kav[q];
-                qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
-                amp[q] = fmaxf(amp[q], fabsf(xb[s2][q]));
-            }
-        }
-        const float qz_b = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
-        const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
-        float s1, inv_s1;
-        pow2_scale(amax, s1, inv_s1);
+        // B of QK (channels 16 s2 + 4c + q of head g/2, part g % 2) and the start values
         uint32_t Bq[C::KS][2];
-#pragma unroll
-        for (int s2 = 0; s2 < C::KS; ++s2) {
-            float v[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                float hi, lo;
-                split_grid(xb[s2][q], s1, hi, lo);
-                v[q] = part ? lo : hi;
-            }
-            Bq[s2][0] = pack_half2(__float2half_rn(v[0]), __float2half_rn(v[1]));
-            Bq[s2][1] = pack_half2(__float2half_rn(v[2]), __float2half_rn(v[3]));
-        }
-        // start values -1024 * sum_k B[k][n]: every row alike; [0] column 2c (head c hi), [1] 2c + 1 (lo)
-        float kst[4][4];
-#pragma unroll
-        for (int h = 0; h < 4; ++h) kst[h][0] = kst[h][1] = kst[h][2] = kst[h][3] = 0.0f;
-#pragma unroll
-        for (int s2 = 0; s2 < C::KS; ++s2) mma_16816(kst[s2 % 4], kNeg1024, kNeg1024, kNeg1024, kNeg1024, Bq[s2][0], Bq[s2][1]);
-        const float k_hi = (kst[0][0] + kst[1][0]) + (kst[2][0] + kst[3][0]);
-        const float k_lo = (kst[0][1] + kst[1][1]) + (kst[2][1] + kst[3][1]);
+        float qz_b, inv_s1, k_hi, k_lo;
+        swapped_qk_b<C::KS>(qb, ka, kz, c, part, Bq, qz_b, inv_s1, k_hi, k_lo);
 
         // S^T = Kcodes^T * B
         float sc[8][4];
@@ -778,50 +900,8 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
         const float qz_c = __shfl_sync(0xffffffffu, qz_b, 8 * c);
         float ktv[16];
         load_halves<16>(kt + 16 * g, ktv);
-        float sv[16];
-        float tmp[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
-#pragma unroll
-        for (int m = 0; m < 8; ++m)
-#pragma unroll
-            for (int f = 0; f < 2; ++f) {
-                const int j = 2 * m + f;
-                const float unshift = inv_s1_c * (f ? 1.0f / 16.0f : 1.0f);
-                sv[j] = ktv[j] * fmaf(sc[m][2 * f] + sc[m][2 * f + 1], unshift, qz_c);
-                tmp[j % 4] = fmaxf(tmp[j % 4], sv[j]);
-            }
-        float tmax = fmaxf(fmaxf(tmp[0], tmp[1]), fmaxf(tmp[2], tmp[3]));
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-        const float m_new = fmaxf(m_run, tmax);
-        const float alpha = fast_exp2(m_run - m_new);
-        m_run = m_new;
-
-        float vav[16], vzv[16];
-        load_halves<16>(va + 16 * g, vav);
-        load_halves<16>(vz + 16 * g, vzv);
-        float vm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < 16; ++j) vm[j % 4] = fmaxf(vm[j % 4], fabsf(vav[j]));
-        float vmax = fmaxf(fmaxf(vm[0], vm[1]), fmaxf(vm[2], vm[3]));
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
-        const int sh2 = pow2_shift(vmax, 64);
-        const float inv_s2 = exp2i(-sh2);
-        const float m_adj = m_new - (float)sh2;
-        float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        float ph[16], pl[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const float p = fast_exp2(sv[j] - m_adj);  // p * 2^sh2
-            lsp[j % 4] += p;
-            pzp[j % 4] = fmaf(p, vzv[j], pzp[j % 4]);
-            split_grid(p, vav[j], ph[j], pl[j]);
-        }
-        l_run = fmaf(l_run, alpha, ((lsp[0] + lsp[1]) + (lsp[2] + lsp[3])) * inv_s2);  // this thread's tokens
-        float pz = (pzp[0] + pzp[1]) + (pzp[2] + pzp[3]);
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) pz += __shfl_xor_sync(0xffffffffu, pz, o);
-        pz *= inv_s2;
+        float alpha, inv_s2, pz, ph[16], pl[16];
+        swapped_softmax<16>(sc, ktv, va, vz, 0, g, inv_s1_c, qz_c, m_run, l_run, alpha, inv_s2, pz, ph, pl);
 
         // P'^T to B fragments through the transpose buffer: column n = 2c + part, reader c' gets
         // tokens 16u + 4q + c' (u = this thread's g) as halves [n][c'][u][q].
@@ -872,17 +952,7 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
 #pragma unroll
             for (int mm = 0; mm < 8; ++mm) mma_16816(o[mm], V01[2 * mm], V01[2 * mm + 1], V23[2 * mm], V23[2 * mm + 1], pb[u][0], pb[u][1]);
         }
-        float vcv[16];
-        load_halves<16>(vc + 16 * g, vcv);
-#pragma unroll
-        for (int mm = 0; mm < 8; ++mm)
-#pragma unroll
-            for (int r8 = 0; r8 < 2; ++r8) {
-                const int i = 2 * mm + r8;  // channel 16g + i, scale 4^(i % 4)
-                const float unshift = inv_s2 * code_unshift<2>(i);
-                const float tv = fmaf(o[mm][2 * r8] + o[mm][2 * r8 + 1], unshift, pz);
-                acc[i] = fmaf(acc[i], alpha, vcv[i] * tv);
-            }
+        swapped_pv_out(vc, g, inv_s2, pz, alpha, o, acc);
 
         fence_proxy_async();  // every lane's generic reads and writes of this stage before the async-proxy overwrite
         __syncwarp();
@@ -891,22 +961,17 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
             mbar_expect_tx(&my_bars[s], (uint32_t)R);
             bulk_load(stages + (size_t)s * R, pool + (size_t)next_page * Hk * R, (uint32_t)R, &my_bars[s]);
         }
+        if constexpr (NODIV)
+            if (++s_c == nsw) {
+                s_c = 0;
+                ph_c ^= 1u;
+            }
     }
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
-    __syncthreads();  // every warp is done with the stages: reuse them for the warp states
-    if (c < nq) {
-        if (g == 0) {
-            ws_m[warp * 8 + c] = m_run;
-            ws_l[warp * 8 + c] = l_run;
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) ws_acc[(warp * 8 + c) * D + 16 * g + i] = acc[i];
-    }
+    swapped_store_state<D>(m_run, l_run, acc, warp, g, c, nq, ws_m, ws_l, ws_acc);
 }
 
 
-// ---- VAR 8: a record shared by a warp PAIR (swapped operands, k4v2, G = D = 128, <= 4 heads) ----
+// ---- VAR 12: a record shared by a warp PAIR (swapped operands, k4v2, G = D = 128, <= 4 heads) ---
 // Warp w = 2 pr + hf takes tokens [64 hf, 64 hf + 64) of pair pr's records as an online-softmax
 // state of its own (the warp-state combine merges the two halves like any two warps): QK over 4
 // of the 8 m-tiles, PV over 4 of the 8 k-steps -- half the MMAs, scores and p's per warp, so a
@@ -963,48 +1028,10 @@ __device__ __forceinline__ void tiles_pair(const AttendArgs& a, uint8_t* stages,
         const uint8_t* kcodes = rec + a.L.k_codes;
         const uint8_t* vcodes = rec + a.L.v_codes;
 
-        // B of QK (as tiles_swapped): part `part` of x = q[g/2] * ka (scaled); qz = q[g/2] . kz
-        float xb[C::KS][4];
-        float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int s2 = 0; s2 < C::KS; ++s2) {
-            const int d0 = 16 * s2 + 4 * c;
-            const float4 qv4 = *reinterpret_cast<const float4*>(qb + d0);
-            const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
-            float kav[4], kzv[4];
-            halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
-            halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                xb[s2][q] = qv[q] * kav[q];
-                qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
-                amp[q] = fmaxf(amp[q], fabsf(xb[s2][q]));
-            }
-        }
-        const float qz_b = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
-        const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
-        float s1, inv_s1;
-        pow2_scale(amax, s1, inv_s1);
+        // B of QK and the start values (as tiles_swapped; both warps of the pair)
         uint32_t Bq[C::KS][2];
-#pragma unroll
-        for (int s2 = 0; s2 < C::KS; ++s2) {
-            float v[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                float hi, lo;
-                split_grid(xb[s2][q], s1, hi, lo);
-                v[q] = part ? lo : hi;
-            }
-            Bq[s2][0] = pack_half2(__float2half_rn(v[0]), __float2half_rn(v[1]));
-            Bq[s2][1] = pack_half2(__float2half_rn(v[2]), __float2half_rn(v[3]));
-        }
-        float kst[4][4];
-#pragma unroll
-        for (int h = 0; h < 4; ++h) kst[h][0] = kst[h][1] = kst[h][2] = kst[h][3] = 0.0f;
-#pragma unroll
-        for (int s2 = 0; s2 < C::KS; ++s2) mma_16816(kst[s2 % 4], kNeg1024, kNeg1024, kNeg1024, kNeg1024, Bq[s2][0], Bq[s2][1]);
-        const float k_hi = (kst[0][0] + kst[1][0]) + (kst[2][0] + kst[3][0]);
-        const float k_lo = (kst[0][1] + kst[1][1]) + (kst[2][1] + kst[3][1]);
+        float qz_b, inv_s1, k_hi, k_lo;
+        swapped_qk_b<C::KS>(qb, ka, kz, c, part, Bq, qz_b, inv_s1, k_hi, k_lo);
 
         // S^T = Kcodes^T * B on this half's 4 m-tiles
         float sc[4][4];
@@ -1030,50 +1057,8 @@ __device__ __forceinline__ void tiles_pair(const AttendArgs& a, uint8_t* stages,
         const float qz_c = __shfl_sync(0xffffffffu, qz_b, 8 * c);
         float ktv[8];
         load_halves<8>(kt + tok0 + 8 * g, ktv);
-        float sv[8];
-        float tmp[4] = {-CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F, -CUDART_INF_F};
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-            for (int f = 0; f < 2; ++f) {
-                const int j = 2 * m + f;
-                const float unshift = inv_s1_c * (f ? 1.0f / 16.0f : 1.0f);
-                sv[j] = ktv[j] * fmaf(sc[m][2 * f] + sc[m][2 * f + 1], unshift, qz_c);
-                tmp[j % 4] = fmaxf(tmp[j % 4], sv[j]);
-            }
-        float tmax = fmaxf(fmaxf(tmp[0], tmp[1]), fmaxf(tmp[2], tmp[3]));
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-        const float m_new = fmaxf(m_run, tmax);
-        const float alpha = fast_exp2(m_run - m_new);
-        m_run = m_new;
-
-        float vav[8], vzv[8];
-        load_halves<8>(va + tok0 + 8 * g, vav);
-        load_halves<8>(vz + tok0 + 8 * g, vzv);
-        float vm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) vm[j % 4] = fmaxf(vm[j % 4], fabsf(vav[j]));
-        float vmax = fmaxf(fmaxf(vm[0], vm[1]), fmaxf(vm[2], vm[3]));
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
-        const int sh2 = pow2_shift(vmax, 64);
-        const float inv_s2 = exp2i(-sh2);
-        const float m_adj = m_new - (float)sh2;
-        float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        float ph[8], pl[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float p = fast_exp2(sv[j] - m_adj);  // p * 2^sh2
-            lsp[j % 4] += p;
-            pzp[j % 4] = fmaf(p, vzv[j], pzp[j % 4]);
-            split_grid(p, vav[j], ph[j], pl[j]);
-        }
-        l_run = fmaf(l_run, alpha, ((lsp[0] + lsp[1]) + (lsp[2] + lsp[3])) * inv_s2);  // this thread's tokens
-        float pz = (pzp[0] + pzp[1]) + (pzp[2] + pzp[3]);
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) pz += __shfl_xor_sync(0xffffffffu, pz, o);
-        pz *= inv_s2;
+        float alpha, inv_s2, pz, ph[8], pl[8];
+        swapped_softmax<8>(sc, ktv, va, vz, tok0, g, inv_s1_c, qz_c, m_run, l_run, alpha, inv_s2, pz, ph, pl);
 
         // P'^T to B fragments: writer (g, c) holds tokens 8g + j = 16 (g/2) + 4 (2 (g%2) + j/4) + j%4,
         // i.e. u = g/2, q = 2 (g%2) + j/4, c' = j%4: one 32-bit word (q, q + 1) per c' and part.
@@ -1123,17 +1108,7 @@ __device__ __forceinline__ void tiles_pair(const AttendArgs& a, uint8_t* stages,
 #pragma unroll
             for (int mm = 0; mm < 8; ++mm) mma_16816(o[mm], V01[2 * mm], V01[2 * mm + 1], V23[2 * mm], V23[2 * mm + 1], pb[u][0], pb[u][1]);
         }
-        float vcv[16];
-        load_halves<16>(vc + 16 * g, vcv);
-#pragma unroll
-        for (int mm = 0; mm < 8; ++mm)
-#pragma unroll
-            for (int r8 = 0; r8 < 2; ++r8) {
-                const int i = 2 * mm + r8;  // channel 16g + i, scale 4^(i % 4)
-                const float unshift = inv_s2 * code_unshift<2>(i);
-                const float tv = fmaf(o[mm][2 * r8] + o[mm][2 * r8 + 1], unshift, pz);
-                acc[i] = fmaf(acc[i], alpha, vcv[i] * tv);
-            }
+        swapped_pv_out(vc, g, inv_s2, pz, alpha, o, acc);
 
         if (k + nsw < n_my) {  // (uniform over the pair) refill this stage once both warps are done with it
             fence_proxy_async();  // every lane's generic reads of this stage before the async-proxy overwrite
@@ -1145,17 +1120,7 @@ __device__ __forceinline__ void tiles_pair(const AttendArgs& a, uint8_t* stages,
             }
         }
     }
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
-    __syncthreads();  // every warp is done with the stages: reuse them for the warp states
-    if (c < nq) {
-        if (g == 0) {
-            ws_m[warp * 8 + c] = m_run;
-            ws_l[warp * 8 + c] = l_run;
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) ws_acc[(warp * 8 + c) * D + 16 * g + i] = acc[i];
-    }
+    swapped_store_state<D>(m_run, l_run, acc, warp, g, c, nq, ws_m, ws_l, ws_acc);
 }
 // Grid (splits, Hk * q_chunks, B). Program `split` reads tiles [split * tps, ...) and its
 // share of the full-precision sink + tail tokens; it writes two states: slot `split`
@@ -1165,7 +1130,7 @@ __device__ __forceinline__ void tiles_pair(const AttendArgs& a, uint8_t* stages,
 // Bytes before q in the kernel's shared memory: the warps' record stages, or (after them, same
 // memory) the warp states (EARLY: two areas), the combined states cs [2][8][D + 2] and the cluster
 // merge's buffer [(2 D + 1) * 8].
-// PAIR (VAR 8): stages per warp pair, then each warp's transpose buffer.
+// PAIR (VAR 12): stages per warp pair, then each warp's transpose buffer.
 template <int D, bool EARLY, bool PAIR = false>
 __host__ __device__ __forceinline__ size_t attend_front_bytes(int nw, int nsw, int R)
 {
@@ -1192,15 +1157,19 @@ __host__ __device__ __forceinline__ size_t attend_recv_offset(int nw, int nsw, i
 // not one per butterfly stage). The program's share of the sink + tail tokens is then done
 // *before* the tiles, while the first records are still on their way, its state kept in
 // registers; both parts' warp states are combined in one pass afterwards.
-// PAIR (VAR 8): warps 2 pr and 2 pr + 1 share pair pr's records (tiles_pair), a token half each.
-// PUSH (VAR 11, 12): push_merge's epilogue on the direct path. FAST (VAR 12): q by vector loads where
-// q is bf16/fp16 with unit channel stride, and the sink/tail scores of a warp's U tokens x HQ heads
-// reduced together (independent shuffle chains) before their online-softmax updates (same order).
-template <int KB, int VB, int G, int D, bool PAIR = false, bool PUSH = false, bool FAST = false>
+// PAIR (VAR 12): warps 2 pr and 2 pr + 1 share pair pr's records (tiles_pair), a token half each.
+// PUSH (VAR 12, 14, 16): push_merge's epilogue on the direct path. FAST (the same): q by vector loads
+// where q is bf16/fp16 with unit channel stride, and the sink/tail scores of a warp's U tokens x HQ
+// heads reduced together (independent shuffle chains) before their online-softmax updates (same
+// order); tiles_swapped with NODIV. LATE (VAR 16): the sink/tail share after the tiles instead (for
+// several records per warp, where early sink/tail loads queue behind the record copies and hold the
+// tiles up: s5 A/B), its first NPRE rounds' rows loaded before the tiles (they wait in registers; no
+// exposed load latency at the end).
+template <int KB, int VB, int G, int D, bool PAIR = false, bool PUSH = false, bool FAST = false, bool LATE = false>
 __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem, float* qs, uint64_t* bars, float* ws,
                                              int ws_floats, float* cs, float* mbuf, int slot, int n_tiles, int sink_len,
                                              int tail_len, int kvh, int b, int h0, int nq, int split, int t_begin,
-                                             int t_end, float* recv = nullptr)
+                                             int t_end, float* recv = nullptr, int recv_rows = kRecvRows)
 {
     using C = AttendCfg<KB, VB, G, D>;
     constexpr int HQ = 4;        // query heads per program (the swapped tiles' limit)
@@ -1299,8 +1268,9 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
         for (int i = 0; i < DPL; ++i) qs[r * C::QLD + lane * DPL + i] = x[i] * norm;
     }
 
-    // ---- full-precision sink + tail first (original frame): this program's share, one token per
-    // warp at a time, U tokens' loads in flight per warp; the state stays in registers ----
+    // ---- full-precision sink + tail (original frame): this program's share, one token per warp at
+    // a time, U tokens' loads in flight per warp; the state stays in registers. Before the tiles
+    // (VAR 5, 12, 14), or after them (LATE, VAR 16) with the first NPRE rounds' rows loaded now ----
     float m_h[HQ], l_h[HQ], acc_h[HQ][DPL];
 #pragma unroll
     for (int h = 0; h < HQ; ++h) {
@@ -1309,73 +1279,72 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
 #pragma unroll
         for (int k = 0; k < DPL; ++k) acc_h[h][k] = 0.0f;
     }
-    {
-        const int n_dense = sink_len + tail_len;
-        const int per = (n_dense + a.splits - 1) / a.splits;
-        const int d_begin = min(n_dense, split * per), d_end = min(n_dense, d_begin + per);
-        const int64_t head = ((int64_t)a.layer * a.c.num_slots + slot) * Hk + kvh;
-        for (int t0 = d_begin + warp; t0 < d_end; t0 += U * nw) {
-            Vec kraw[U], vraw[U];
+    const int n_dense = sink_len + tail_len;
+    const int d_per = (n_dense + a.splits - 1) / a.splits;
+    const int d_begin = min(n_dense, split * d_per), d_end = min(n_dense, d_begin + d_per);
+    const int64_t dhead = ((int64_t)a.layer * a.c.num_slots + slot) * Hk + kvh;
+    auto load_round = [&](int t0, Vec (&kraw)[U], Vec (&vraw)[U]) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int t = t0 + u * nw;
+            if (t < d_end) {
+                const __half *kr, *vr;
+                if (t < sink_len) {
+                    const int64_t off = (dhead * a.c.sink_cap + t) * D;
+                    kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
+                    vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
+                } else {
+                    const int64_t off = (dhead * G + (t - sink_len)) * D;
+                    kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
+                    vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
+                }
+                kraw[u] = *reinterpret_cast<const Vec*>(kr + lane * DPL);
+                vraw[u] = *reinterpret_cast<const Vec*>(vr + lane * DPL);
+            }
+        }
+    };
+    auto compute_round = [&](int t0, const Vec (&kraw)[U], const Vec (&vraw)[U]) {
+        if constexpr (FAST) {
+            // every (token, head) score first: U * HQ independent reduction chains
+            float scs[U][HQ];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const int t = t0 + u * nw;
-                if (t < d_end) {
-                    const __half *kr, *vr;
-                    if (t < sink_len) {
-                        const int64_t off = (head * a.c.sink_cap + t) * D;
-                        kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
-                        vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
-                    } else {
-                        const int64_t off = (head * G + (t - sink_len)) * D;
-                        kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
-                        vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
-                    }
-                    kraw[u] = *reinterpret_cast<const Vec*>(kr + lane * DPL);
-                    vraw[u] = *reinterpret_cast<const Vec*>(vr + lane * DPL);
+                float kv[DPL];
+                halves_to_float<DPL>(kraw[u], kv);
+#pragma unroll
+                for (int h = 0; h < HQ; ++h) {
+                    float sc = 0.0f;
+#pragma unroll
+                    for (int k = 0; k < DPL; ++k) sc = fmaf(qd[h][k], kv[k], sc);
+                    scs[u][h] = sc;
                 }
             }
-            if constexpr (FAST) {
-                // every (token, head) score first: U * HQ independent reduction chains
-                float scs[U][HQ];
 #pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    float kv[DPL];
-                    halves_to_float<DPL>(kraw[u], kv);
+            for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-                    for (int h = 0; h < HQ; ++h) {
-                        float sc = 0.0f;
+                for (int u = 0; u < U; ++u)
+                    if (t0 + u * nw < d_end)  // (warp-uniform) no shuffles for absent tokens
 #pragma unroll
-                        for (int k = 0; k < DPL; ++k) sc = fmaf(qd[h][k], kv[k], sc);
-                        scs[u][h] = sc;
-                    }
+                        for (int h = 0; h < HQ; ++h) scs[u][h] += __shfl_xor_sync(0xffffffffu, scs[u][h], o);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (t0 + u * nw >= d_end) break;
+                float vv[DPL];
+                halves_to_float<DPL>(vraw[u], vv);
+#pragma unroll
+                for (int h = 0; h < HQ; ++h) {
+                    if (h >= nq) break;
+                    const float sc = scs[u][h];
+                    const float m_new = fmaxf(m_h[h], sc);
+                    const float alpha = exp2f(m_h[h] - m_new);
+                    const float pw = exp2f(sc - m_new);
+                    l_h[h] = fmaf(l_h[h], alpha, pw);
+#pragma unroll
+                    for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
+                    m_h[h] = m_new;
                 }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                    for (int u = 0; u < U; ++u)
-                        if (t0 + u * nw < d_end)  // (warp-uniform) no shuffles for absent tokens
-#pragma unroll
-                            for (int h = 0; h < HQ; ++h) scs[u][h] += __shfl_xor_sync(0xffffffffu, scs[u][h], o);
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    if (t0 + u * nw >= d_end) break;
-                    float vv[DPL];
-                    halves_to_float<DPL>(vraw[u], vv);
-#pragma unroll
-                    for (int h = 0; h < HQ; ++h) {
-                        if (h >= nq) break;
-                        const float sc = scs[u][h];
-                        const float m_new = fmaxf(m_h[h], sc);
-                        const float alpha = exp2f(m_h[h] - m_new);
-                        const float pw = exp2f(sc - m_new);
-                        l_h[h] = fmaf(l_h[h], alpha, pw);
-#pragma unroll
-                        for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
-                        m_h[h] = m_new;
-                    }
-                }
-                continue;
             }
+        } else {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (t0 + u * nw >= d_end) break;
@@ -1400,6 +1369,21 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
                 }
             }
         }
+    };
+    constexpr int NPRE = LATE ? 2 : 0;  // rounds whose rows are loaded before the tiles
+    Vec kpre[NPRE > 0 ? NPRE : 1][U], vpre[NPRE > 0 ? NPRE : 1][U];
+    if constexpr (LATE) {
+#pragma unroll
+        for (int r = 0; r < NPRE; ++r) {
+            const int t0 = d_begin + warp + r * U * nw;
+            if (t0 < d_end) load_round(t0, kpre[r], vpre[r]);
+        }
+    } else {
+        for (int t0 = d_begin + warp; t0 < d_end; t0 += U * nw) {
+            Vec kraw[U], vraw[U];
+            load_round(t0, kraw, vraw);
+            compute_round(t0, kraw, vraw);
+        }
     }
     __syncthreads();  // qs written; every warp's barriers initialised
 
@@ -1408,11 +1392,23 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
             tiles_pair<KB, VB, G, D>(a, stages, my_bars, smem + (size_t)nunits * nsw * R + (size_t)warp * kPairPbufBytes,
                                      pool, bt, n_my, nsw, R, Hk, t_begin, unit, nunits, warp & 1, warp, lane, nq, qs, ws,
                                      ws + nw * 8, ws + nw * 16);
-        else
-            tiles_swapped<KB, VB, G, D>(a, stages, my_bars, pool, bt, n_my, nsw, R, Hk, t_begin, warp, nw, lane, nq, qs,
-                                        ws, ws + nw * 8, ws + nw * 16);
+        else  // (FAST, VAR 14 / 16: NODIV)
+            tiles_swapped<KB, VB, G, D, FAST>(a, stages, my_bars, pool, bt, n_my, nsw, R, Hk, t_begin, warp, nw, lane, nq,
+                                              qs, ws, ws + nw * 8, ws + nw * 16);
     } else
         __syncthreads();  // (the sink/tail states below overwrite nothing in use: no stages here)
+    if constexpr (LATE) {
+#pragma unroll
+        for (int r = 0; r < NPRE; ++r) {
+            const int t0 = d_begin + warp + r * U * nw;
+            if (t0 < d_end) compute_round(t0, kpre[r], vpre[r]);
+        }
+        for (int t0 = d_begin + warp + NPRE * U * nw; t0 < d_end; t0 += U * nw) {
+            Vec kraw[U], vraw[U];
+            load_round(t0, kraw, vraw);
+            compute_round(t0, kraw, vraw);
+        }
+    }
     float* wd = ws + ws_floats;  // sink/tail warp states
 #pragma unroll
     for (int h = 0; h < HQ; ++h) {
@@ -1427,7 +1423,7 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
     __syncthreads();
     if constexpr (PUSH)
         if (a.direct) {
-            push_merge<D>(a, ws, ws_floats, has_tiles, nw, b, h0, nq, recv, mbuf);
+            push_merge<D>(a, ws, ws_floats, has_tiles, nw, b, h0, nq, recv, mbuf, recv_rows);
             return;
         }
     finish_states<D>(a, ws, ws_floats, 0, 2, has_tiles, nw, b, h0, nq, split, cs);
@@ -1454,10 +1450,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const int nbw = nsw > 2 ? nsw : 2;  // mbarriers per warp (at least 2)
 
     extern __shared__ __align__(128) uint8_t smem[];
-    constexpr bool EARLY = VAR == 5 || VAR == 8 || VAR == 11 || VAR == 12;  // VAR 8: the early prologue with warp-pair tiles
-    constexpr bool PAIR = VAR == 8 || VAR == 11 || VAR == 12;
-    constexpr bool PUSH = VAR == 11 || VAR == 12;  // VAR 11: VAR 8 with push_merge; 12: and FAST
-    constexpr bool FAST = VAR == 12;
+    constexpr bool EARLY = attend_early_var(VAR);  // 5, 12, 14, 16: attend_early's per-warp prologue
+    constexpr bool PAIR = VAR == 12;               // warp-pair tiles
+    constexpr bool PUSH = attend_push_var(VAR);    // 12, 14, 16: push_merge on the direct path
+    constexpr bool FAST = PUSH;                    // vector q loads, batched sink/tail scores (and NODIV tiles)
+    constexpr bool LATE = VAR == 16;               // the sink/tail share after the tiles
     const size_t front = attend_front_bytes<D, EARLY, PAIR>(nw, nsw, R);
     float* qs = reinterpret_cast<float*>(smem + front);
     uint64_t* bars = reinterpret_cast<uint64_t*>(qs + 8 * C::QLD);
@@ -1476,10 +1473,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const bool has_tiles = t_begin < t_end;
 
     if constexpr (EARLY) {
-        attend_early<KB, VB, G, D, PAIR, PUSH, FAST>(a, smem, qs, bars, ws_m, ws_floats, cs, mbuf, slot, n_tiles, sink_len,
-                                                     tail_len, kvh, b, h0, nq, split, t_begin, t_end, recv);
-    } else {  // (not instantiated for VAR 5: its registers are the early path's alone)
-    // VAR 6: VAR 4 (swapped tiles, this prologue) with the direct path compiled in.
+        attend_early<KB, VB, G, D, PAIR, PUSH, FAST, LATE>(a, smem, qs, bars, ws_m, ws_floats, cs, mbuf, slot, n_tiles,
+                                                           sink_len, tail_len, kvh, b, h0, nq, split, t_begin, t_end, recv,
+                                                           PAIR ? kRecvRows : push_recv_rows(a.splits, nq));
+    } else {  // VAR 1 (row-split tiles) and VAR 6 (swapped tiles, the s5-s7 path for > 8 tiles per program)
 
     // q for this program's heads, pre-scaled; rows >= nq are zero.
     load_q<D>(a, qs, C::QLD, b, h0, nq);
@@ -1523,7 +1520,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
         __syncthreads();
 
 
-        if constexpr (VAR == 4 || VAR == 6) {
+        if constexpr (VAR == 6) {
             tiles_swapped<KB, VB, G, D>(a, stages, my_bars, pool, bt, n_my, nsw, R, Hk, t_begin, warp, nw, lane, nq, qs,
                                         ws_m, ws_l, ws_acc);
         } else {  // row-split tiles
@@ -1532,20 +1529,19 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 #pragma unroll
         for (int i = 0; i < C::NI; ++i) acc[i][0] = acc[i][1] = 0.0f;
         const float* qrow = qs + g * C::QLD;
-        // VAR >= 1: QK k-step s maps k = 2c+e+8f to channel 16s + 4c + (e+2f), so a thread's four
+        // QK k-step s maps k = 2c+e+8f to channel 16s + 4c + (e+2f), so a thread's four
         // channels per step are adjacent (q, ka, kz as vector loads); it reads the K code rows of
         // slot r as channel 16s + 4c + (r ^ (c & 1)) (odd c the other way round: no bank conflict
         // between lanes c and c + 1), and the byte_perm selectors put them back in order.
         const uint32_t sw = (uint32_t)(c & 1);
         const uint32_t sel_even = sw ? 0x1054u : 0x5410u, sel_odd = sw ? 0x3276u : 0x7632u;
-        constexpr int kStartChains = VAR >= 1 ? 4 : 1;
+        constexpr int kStartChains = 4;
 
         for (int k = 0; k < n_my; ++k) {
             const int s = k % nsw;
             // The next record's page, read now (a global load) rather than after this tile's maths.
             int next_page = 0;
-            if constexpr (VAR >= 1)
-                if (lane == 0 && k + nsw < n_my) next_page = bt[t_begin + warp + (k + nsw) * nw];
+            if (lane == 0 && k + nsw < n_my) next_page = bt[t_begin + warp + (k + nsw) * nw];
             mbar_wait(&my_bars[s], (uint32_t)((k / nsw) & 1));
             const uint8_t* rec = stages + (size_t)s * R;
             const __half* ka = reinterpret_cast<const __half*>(rec + a.L.ka);
@@ -1561,33 +1557,20 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             float xa[C::KS][4];
             // four partial chains each for amax and qz, not one 32-deep chain
             float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if constexpr (VAR >= 1) {
 #pragma unroll
-                for (int s2 = 0; s2 < C::KS; ++s2) {
-                    const int d0 = 16 * s2 + 4 * c;
-                    const float4 qv4 = *reinterpret_cast<const float4*>(qrow + d0);
-                    const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
-                    float kav[4], kzv[4];
-                    halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
-                    halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
+            for (int s2 = 0; s2 < C::KS; ++s2) {
+                const int d0 = 16 * s2 + 4 * c;
+                const float4 qv4 = *reinterpret_cast<const float4*>(qrow + d0);
+                const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
+                float kav[4], kzv[4];
+                halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
+                halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        xa[s2][q] = qv[q] * kav[q];
-                        qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
-                        amp[q] = fmaxf(amp[q], fabsf(xa[s2][q]));
-                    }
+                for (int q = 0; q < 4; ++q) {
+                    xa[s2][q] = qv[q] * kav[q];
+                    qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
+                    amp[q] = fmaxf(amp[q], fabsf(xa[s2][q]));
                 }
-            } else {
-#pragma unroll
-                for (int s2 = 0; s2 < C::KS; ++s2)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const int d = 16 * s2 + 4 * q + c;
-                        const float qv = qrow[d];
-                        xa[s2][q] = qv * __half2float(ka[d]);
-                        qzp[q] = fmaf(qv, __half2float(kz[d]), qzp[q]);
-                        amp[q] = fmaxf(amp[q], fabsf(xa[s2][q]));
-                    }
             }
             float qz = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
             // per head (A row): its quad holds all its channels
@@ -1613,19 +1596,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             for (int s2 = 0; s2 < C::KS; ++s2) {
                 Words<C::KBITS_T> r[4];
                 uint32_t B0[C::NJ], B1[C::NJ];
-                if constexpr (VAR >= 1) {
 #pragma unroll
-                    for (int q = 0; q < 4; ++q)
-                        r[q].load(kcodes + (16 * s2 + 4 * c + (q ^ (int)sw)) * C::KROW + g * (C::KBITS_T / 8));
-                    unpack_pairs<KB, C::KBITS_T, OFF>(r[0].w, r[1].w, B0, sel_even, sel_odd);
-                    unpack_pairs<KB, C::KBITS_T, OFF>(r[2].w, r[3].w, B1, sel_even, sel_odd);
-                } else {
-#pragma unroll
-                    for (int q = 0; q < 4; ++q)
-                        r[q].load(kcodes + (16 * s2 + 4 * q + c) * C::KROW + g * (C::KBITS_T / 8));
-                    unpack_pairs<KB, C::KBITS_T, OFF>(r[0].w, r[1].w, B0);
-                    unpack_pairs<KB, C::KBITS_T, OFF>(r[2].w, r[3].w, B1);
-                }
+                for (int q = 0; q < 4; ++q)
+                    r[q].load(kcodes + (16 * s2 + 4 * c + (q ^ (int)sw)) * C::KROW + g * (C::KBITS_T / 8));
+                unpack_pairs<KB, C::KBITS_T, OFF>(r[0].w, r[1].w, B0, sel_even, sel_odd);
+                unpack_pairs<KB, C::KBITS_T, OFF>(r[2].w, r[3].w, B1, sel_even, sel_odd);
 #pragma unroll
                 for (int j = 0; j < C::NJ; ++j) mma_16816(sc[j], A[s2][0], A[s2][1], A[s2][2], A[s2][3], B0[j], B1[j]);
             }
@@ -1674,18 +1649,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         p[j][e] = fast_exp2(p[j][e] - m_adj);
-                        if constexpr (VAR >= 1) {  // four partial chains, not one 2 NJ deep
-                            lsp[(j % 2) * 2 + e] += p[j][e];
-                            pzp[(j % 2) * 2 + e] = fmaf(p[j][e], vzv[e][j], pzp[(j % 2) * 2 + e]);
-                        } else {
-                            lsum += p[j][e];
-                            pz = fmaf(p[j][e], vzv[e][j], pz);
-                        }
+                        lsp[(j % 2) * 2 + e] += p[j][e];  // four partial chains, not one 2 NJ deep
+                        pzp[(j % 2) * 2 + e] = fmaf(p[j][e], vzv[e][j], pzp[(j % 2) * 2 + e]);
                     }
-                if constexpr (VAR >= 1) {
-                    lsum = (lsp[0] + lsp[1]) + (lsp[2] + lsp[3]);
-                    pz = (pzp[0] + pzp[1]) + (pzp[2] + pzp[3]);
-                }
+                lsum = (lsp[0] + lsp[1]) + (lsp[2] + lsp[3]);
+                pz = (pzp[0] + pzp[1]) + (pzp[2] + pzp[3]);
                 l_run = fmaf(l_run, alpha, lsum * inv_s2);
                 pz = quad_sum(pz) * inv_s2;
 #pragma unroll
@@ -1758,9 +1726,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             __syncwarp();
             if (lane == 0 && k + nsw < n_my) {
                 fence_proxy_async();  // our generic reads of this stage before the async-proxy overwrite
-                const int page = VAR >= 1 ? next_page : bt[t_begin + warp + (k + nsw) * nw];
                 mbar_expect_tx(&my_bars[s], (uint32_t)R);
-                bulk_load(stages + (size_t)s * R, pool + (size_t)page * Hk * R, (uint32_t)R, &my_bars[s]);
+                bulk_load(stages + (size_t)s * R, pool + (size_t)next_page * Hk * R, (uint32_t)R, &my_bars[s]);
             }
         }
         l_run = quad_sum(l_run);
@@ -1775,7 +1742,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) ws_acc[(warp * 8 + g) * D + C::NI * (2 * c + e) + i] = acc[i][e];
         }
-        }  // VAR != 4
+        }  // VAR != 6
         __syncthreads();
         finish_states<D>(a, ws_m, ws_floats, 0, 1, true, nw, b, h0, nq, split, cs);
         __syncthreads();  // the state is read out of ws before the sink/tail part reuses it
@@ -1864,10 +1831,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 }
 
 template <int D, bool EARLY, bool PAIR = false, bool PUSH = false>
-size_t attend_smem_bytes(int nw, int nsw, int R)
+size_t attend_smem_bytes(int nw, int nsw, int R, int recv_rows = kRecvRows)
 {
     const size_t base = attend_front_bytes<D, EARLY, PAIR>(nw, nsw, R) + 8 * (D + 4) * sizeof(float) + (size_t)nw * (nsw > 2 ? nsw : 2) * 8;
-    return PUSH ? ((base + 15) & ~(size_t)15) + (size_t)kRecvRows * (D + 2) * sizeof(float) : base;
+    return PUSH ? ((base + 15) & ~(size_t)15) + (size_t)recv_rows * (D + 2) * sizeof(float) : base;
 }
 
 // Per head_dim launchers (attend_d*.cu).
@@ -1942,24 +1909,26 @@ constexpr int kAttendNotLaunched = -1;
 
 // a.direct on entry: the direct path is wanted (splits <= 8); on return: whether it was launched
 // (else the caller runs merge_kernel over a.states).
-// resplit (VAR 8 served): launch twice the plan's splits with half its tiles each, so that every
+// resplit (VAR 12 served): launch twice the plan's splits with half its tiles each, so that every
 // warp pair again has the record a warp had. Only on the direct path (the scratch is sized for the
 // plan's splits) within one wave; otherwise kAttendNotLaunched.
 template <int KB, int VB, int G, int D, int WARPS = 8, int NIPC = 16, int VAR = 1>
 int launch_attend_t(AttendArgs& args, int batch, int max_smem, cudaStream_t stream, bool resplit = false)
 {
     static_assert(AttendCfg<KB, VB, G, D, NIPC>::QLD == D + 4, "q row stride");
-    constexpr bool EARLY = VAR == 5 || VAR == 8 || VAR == 11 || VAR == 12;
-    constexpr bool PAIR = VAR == 8 || VAR == 11 || VAR == 12;
-    constexpr bool PUSH = VAR == 11 || VAR == 12;
+    constexpr bool EARLY = attend_early_var(VAR);
+    constexpr bool PAIR = VAR == 12;
+    constexpr bool PUSH = attend_push_var(VAR);
     constexpr int WSTEP = PAIR ? 2 : 1;  // pairs: an even warp count
     AttendArgs a = args;
     const int R = (int)a.L.total;
+    // VAR 14 / 16: the receive area sized for this launch's splits (8 warps x 2 stages leave ~7 KB)
+    const int rrows = PAIR ? kRecvRows : push_recv_rows(a.splits, min(8, a.num_q_heads / a.c.num_kv_heads));
     // As many warps (<= WARPS) and stages per warp (<= 2) as shared memory holds.
     int nw = WARPS, nsw = 2;
-    while (nsw > 1 && attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R) > (size_t)max_smem) --nsw;
-    while (nw > WSTEP && attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R) > (size_t)max_smem) nw -= WSTEP;
-    const size_t smem = attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R);
+    while (nsw > 1 && attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R, rrows) > (size_t)max_smem) --nsw;
+    while (nw > WSTEP && attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R, rrows) > (size_t)max_smem) nw -= WSTEP;
+    const size_t smem = attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R, rrows);
     if (smem > (size_t)max_smem) return resplit ? kAttendNotLaunched : KVARN_CUDA_ERR_ARGUMENT;
     a.stages_per_warp = nsw;
     auto kernel = attend_kernel<KB, VB, G, D, WARPS, NIPC, VAR>;
