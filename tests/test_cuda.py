@@ -351,6 +351,72 @@ def test_free_and_reuse_pages():
 
 @gpu
 @need_torch
+def test_truncate_then_reappend_equals_a_fresh_sequence():
+    """Speculative decoding's rollback: truncate at truncation_point, append the kept tokens
+    again: the same records, sink, tail and attention as a sequence that never held more."""
+    rng = np.random.default_rng(11)
+    H, D, L = 2, 128, 2
+    k, v = kv_like(rng, (1, 700, H, D)), kv_like(rng, (1, 700, H, D))
+    cache = kc.PagedKVCache(H, D, num_layers=L, max_seqs=2, max_seq_len=1024, num_pages=8)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    for lay in range(L):
+        cache.append([a], dev(k[:, :600]), dev(v[:, :600]), layer=lay)
+    assert cache.free_pages == 8 - 3
+    q = np.repeat(kv_like(rng, (1, 8, D)), 2, axis=0)  # the same query for both sequences
+    for keep in [590, 512, 500, 300, 256, 200, 100, 0]:  # tail, tile boundary, inside tiles, sink
+        point = cache.truncation_point(a, keep)
+        assert point == (keep if keep in (590, 512, 256, 100, 0) else 128 + (keep - 128) // 128 * 128)
+        if point != keep:
+            n, free, recs = cache.length(a), cache.free_pages, cache.records(a, 1)
+            with pytest.raises(ValueError, match="cuts the quantised tile"):
+                cache.truncate(a, keep)
+            assert (cache.length(a, 0), cache.length(a, 1), cache.free_pages) == (n, n, free)
+            np.testing.assert_array_equal(cache.records(a, 1), recs)
+        cache.truncate(a, point)
+        for lay in range(L):
+            cache.append([a], dev(k[:, point:keep]), dev(v[:, point:keep]), layer=lay)
+        cache.free(b)
+        b = cache.add_sequence()
+        for lay in range(L):
+            cache.append([b], dev(k[:, :keep]), dev(v[:, :keep]), layer=lay)
+        assert cache.free_pages == 8 - 2 * max(0, (keep - 128) // 128)
+        for lay in range(L):
+            ga, gb = cache.to_cpu(a, lay), cache.to_cpu(b, lay)
+            assert len(ga) == len(gb) == keep
+            np.testing.assert_array_equal(ga.records, gb.records)
+            for x, y in zip(ga.dequantize(), gb.dequantize()):
+                np.testing.assert_array_equal(x, y)
+            if keep:
+                out = cache.attend(dev(q), [a, b], layer=lay).cpu().numpy()
+                np.testing.assert_array_equal(out[0], out[1])
+    with pytest.raises(ValueError, match="more than"):
+        cache.truncate(a, 1)
+    with pytest.raises(TypeError, match="length"):
+        cache.truncate(a, 1.0)
+    with pytest.raises(KeyError, match="seq_id"):
+        cache.truncate(99, 0)
+
+
+@gpu
+@need_torch
+def test_truncate_one_layer_keeps_pages_other_layers_use():
+    rng = np.random.default_rng(12)
+    cache = kc.PagedKVCache(2, 64, num_layers=2, max_seqs=1, max_seq_len=1024, num_pages=4)
+    a = cache.add_sequence()
+    for lay in range(2):
+        cache.append([a], dev(kv_like(rng, (1, 400, 2, 64))), dev(kv_like(rng, (1, 400, 2, 64))), layer=lay)
+    cache.truncate(a, 128, layer=0)  # layer 1 still has tiles 128..383: both pages stay
+    assert (cache.length(a, 0), cache.length(a, 1), cache.free_pages) == (128, 400, 4 - 2)
+    cache.truncate(a, 256, layer=1)
+    assert (cache.length(a, 0), cache.length(a, 1), cache.free_pages) == (128, 256, 4 - 1)
+    k0, v0 = kv_like(rng, (1, 128, 2, 64)), kv_like(rng, (1, 128, 2, 64))
+    cache.append([a], dev(k0), dev(v0), layer=0)  # layer 0's tile 128..255 goes to the kept page
+    assert (cache.length(a, 0), cache.free_pages) == (256, 4 - 1)
+    assert cache.records(a, 0).shape[0] == cache.records(a, 1).shape[0] == 1
+
+
+@gpu
+@need_torch
 def test_cupy_arrays():
     cupy = pytest.importorskip("cupy")
     rng = np.random.default_rng(2)

@@ -392,6 +392,43 @@ class PagedKVCache:
         self._live.discard(slot)
         self._free_slots.append(slot)
 
+    def truncation_point(self, seq_id, length: int, *, layer: int = 0) -> int:
+        """Where to ``truncate`` so that appending tokens ``[point, length)`` again gives exactly
+        the sequence that only ever held the first ``length`` tokens: ``length``, or the start of
+        the quantised tile it would cut (as kvarn.KVCache.truncation_point)."""
+        layer, slot = self._layer(layer), self._slot(seq_id, "seq_id")
+        return self._cut(slot, layer, length)[0]
+
+    def _cut(self, slot, layer, length):
+        n = int(self._lengths[layer, slot])
+        length = check_positive_int(length, "length", 0)
+        if length > n:
+            raise ValueError(f"length: {length} is more than the {n} tokens of sequence {slot} in layer {layer}")
+        into = max(length - self.sink_tokens, 0) % self.preset.group
+        cut = length < self.sink_tokens + int(self._tile_counts(n)) * self.preset.group and into
+        return (length - into if cut else length), n
+
+    def truncate(self, seq_id, length: int, *, layer: int | None = None) -> None:
+        """Keeps a sequence's first ``length`` tokens in every layer (or one ``layer``): drops any
+        number of fp16 tail and sink tokens and whole quantised tiles, and returns pages no layer
+        uses any more. A cut inside a quantised tile raises ValueError and changes nothing; cut at
+        ``truncation_point`` and append the kept tokens again instead. Plans made before no longer
+        apply to this sequence."""
+        slot = self._slot(seq_id, "seq_id")
+        layers = range(self.num_layers) if layer is None else [self._layer(layer)]
+        for lay in layers:  # check every layer before changing any
+            point, _ = self._cut(slot, lay, length)
+            if point != length:
+                raise ValueError(
+                    f"length: {length} cuts the quantised tile of tokens {point}..{point + self.preset.group - 1} "
+                    f"(layer {lay}), whose tokens are stored only as codes; truncate to {point} and append the "
+                    "kept tokens again")
+        for lay in layers:
+            self._lengths[lay, slot] = length
+        needed = int(self._tile_counts(self._lengths[:, slot]).max())
+        self._free_pages.extend(reversed(self._pages[slot][needed:]))
+        del self._pages[slot][needed:]
+
     def length(self, seq_id, layer: int = 0) -> int:
         return int(self._lengths[self._layer(layer), self._slot(seq_id, "seq_id")])
 
