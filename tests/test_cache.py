@@ -433,3 +433,52 @@ def test_truncate_leaves_copies_and_earlier_snapshots_alone(rng):
     cache.append(k[:, 300:600] * 2, v[:, 300:600] * 2)  # new records where the dropped ones were
     np.testing.assert_array_equal(old_parts["records"][: old_parts["num_tiles"]], old_records)
     assert _state(other) == before
+
+
+# ---- to_parts / from_parts ------------------------------------------------------------------
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+@pytest.mark.parametrize("n", [0, 5, 128, 256, 300, 384, 600])
+def test_parts_round_trip(quantize_on, n, rng):
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=100, quantize_on=quantize_on)
+    cache.append(kv_like(rng, (2, n, 64)), rng.standard_normal((2, n, 64)).astype(np.float32))
+    parts = cache.to_parts()
+    back = kvarn.KVCache.from_parts(**parts)
+    assert _state(back) == _state(cache) and back.quantize_on == quantize_on and back.preset.name == "k4v2_g64"
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    if n:
+        np.testing.assert_array_equal(kvarn.attend(q, back), kvarn.attend(q, cache))
+    more_k, more_v = kv_like(rng, (2, 100, 64)), rng.standard_normal((2, 100, 64)).astype(np.float32)
+    cache.append(more_k, more_v)
+    back.append(more_k, more_v)
+    assert _state(back) == _state(cache)
+    parts["records"][...] = 0  # copies: the cache is not affected
+    assert _state(cache) == _state(back)
+
+
+def _parts(rng, n=600):
+    cache = kvarn.KVCache(2, 64)
+    cache.append(kv_like(rng, (2, n, 64)), rng.standard_normal((2, n, 64)).astype(np.float32))
+    return cache.to_parts()
+
+
+@pytest.mark.parametrize(
+    "change, exc, msg",
+    [
+        (lambda p: p.update(sink_k=p["sink_k"][:, :10], sink_v=p["sink_v"][:, :10]), ValueError, "sink tokens, yet"),
+        (lambda p: p.update(sink_v=p["sink_v"][:1]), ValueError, "sink_v"),
+        (lambda p: p.update(tail_k=np.zeros((2, 128, 64), np.float16), tail_v=np.zeros((2, 128, 64), np.float16)),
+         ValueError, "at most 127"),
+        (lambda p: p.update(tail_v=p["tail_v"][:, :3]), ValueError, "tail_v"),
+        (lambda p: p.update(records=p["records"][:, :, :-1]), ValueError, "records"),
+        (lambda p: p.update(records=p["records"].astype(np.int16)), ValueError, "records"),
+        (lambda p: p.update(preset="k4v4_g128"), ValueError, "records"),
+        (lambda p: p["records"][1, 0].__setitem__(slice(-2, None), 0xFF), ValueError, "corrupt tile record"),
+        (lambda p: p.update(sink_k=np.full((2, 128, 64), np.nan, np.float32)), ValueError, "sink_k: contains NaN"),
+        (lambda p: p.update(tail_k=p["tail_k"].astype(np.int32)), TypeError, "tail_k: dtype"),
+    ],
+)
+def test_from_parts_rejects_inconsistent_parts(change, exc, msg, rng):
+    parts = _parts(rng)
+    change(parts)
+    with pytest.raises(exc, match=msg):
+        kvarn.KVCache.from_parts(**parts)

@@ -17,6 +17,7 @@ import numpy as np
 from ._ops import (
     DEFAULT_PRESET,
     SINKHORN_ITERS,
+    as_float_array,
     check_head_dim,
     check_kv,
     check_positive_int,
@@ -236,6 +237,64 @@ class KVCache:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
         # from self._state and never see new records with an old count or the reverse.
         self._state = (sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len)
+
+    # ---- parts (persistence, other backends) ----------------------------------
+    def to_parts(self) -> dict:
+        """The cache's content as arrays (copies): sink_k, sink_v [Hk, sink_len, D] and tail_k,
+        tail_v [Hk, tail_len, D] float16, records uint8 [num_tiles, Hk, record_bytes] (SPEC §6),
+        and the settings ``from_parts`` needs (preset, sink_tokens, iters, quantize_on)."""
+        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
+        return {
+            "sink_k": sink_k.copy(), "sink_v": sink_v.copy(), "records": records[:num_tiles].copy(),
+            "tail_k": tail_k[:, :tail_len].copy(), "tail_v": tail_v[:, :tail_len].copy(),
+            "preset": self.preset.name, "sink_tokens": self.sink_tokens, "iters": self.iters,
+            "quantize_on": self.quantize_on,
+        }
+
+    @classmethod
+    def from_parts(cls, sink_k, sink_v, records, tail_k, tail_v, *, preset: str = DEFAULT_PRESET,
+                   sink_tokens: int | None = None, iters: int = SINKHORN_ITERS, quantize_on: str = "fill") -> "KVCache":
+        """A cache holding the given content (``to_parts`` output, or records from another backend):
+        sink and tail [Hk, n, D] float (stored as float16), records uint8 [tiles, Hk, record_bytes].
+        Checks shapes, that the parts fit together as appends would have left them (the sink full
+        before any tile or tail token, the tail shorter than a tile — or at most one with
+        quantize_on="next") and that every record's scales are finite."""
+        from .tile import Tile
+
+        sink_k = as_float_array(sink_k, "sink_k", ndim=3, fp16_range=True)
+        H, D = sink_k.shape[0], sink_k.shape[2]  # an empty sink is [Hk, 0, D], as to_parts gives it
+        cache = cls(H, D, preset, sink_tokens, iters=iters, quantize_on=quantize_on)
+        G, R = cache.preset.group, cache._record_bytes
+        parts = {"sink_k": sink_k}
+        for name, x in (("sink_v", sink_v), ("tail_k", tail_k), ("tail_v", tail_v)):
+            parts[name] = as_float_array(x, name, ndim=3, fp16_range=True)
+        for name, x in parts.items():
+            if x.shape[0] != H or x.shape[2] != D:
+                raise ValueError(f"{name}: expected shape [{H}, n, {D}] (num_kv_heads, tokens, head_dim), got {x.shape}")
+        for a, b in (("sink_k", "sink_v"), ("tail_k", "tail_v")):
+            if parts[a].shape != parts[b].shape:
+                raise ValueError(f"{b}: shape {parts[b].shape} does not match {a}'s {parts[a].shape}")
+        records = np.asarray(records)
+        if records.dtype != np.uint8 or records.ndim != 3 or records.shape[1:] != (H, R):
+            raise ValueError(f"records: expected uint8 [tiles, {H}, {R}] ({cache.preset.name}, head_dim {D}), "
+                             f"got {records.dtype} {records.shape}")
+        sink_len, tiles, tail_len = parts["sink_k"].shape[1], records.shape[0], parts["tail_k"].shape[1]
+        if sink_len > cache.sink_tokens:
+            raise ValueError(f"sink_k: {sink_len} tokens is more than sink_tokens={cache.sink_tokens}")
+        if (tiles or tail_len) and sink_len < cache.sink_tokens:
+            raise ValueError(f"sink_k: {sink_len} of {cache.sink_tokens} sink tokens, yet tiles or tail tokens follow")
+        max_tail = G if quantize_on == "next" else G - 1
+        if tail_len > max_tail:
+            raise ValueError(f"tail_k: {tail_len} tokens; the tail holds at most {max_tail} (quantize_on={quantize_on!r})")
+        if tiles:
+            Tile.from_records(records.reshape(tiles * H, R), cache.preset, D)  # raises on corrupt scales
+        tail_k16 = np.zeros((H, G, D), np.float16)
+        tail_v16 = np.zeros((H, G, D), np.float16)
+        tail_k16[:, :tail_len] = parts["tail_k"]
+        tail_v16[:, :tail_len] = parts["tail_v"]
+        cache._publish(np.array(parts["sink_k"], np.float16), np.array(parts["sink_v"], np.float16),
+                       np.array(records, np.uint8), tiles, tail_k16, tail_v16, tail_len)
+        return cache
 
     # ---- reading -------------------------------------------------------------
     def _native_parts(self) -> dict:

@@ -682,19 +682,14 @@ class PagedKVCache:
 
         layer, slot = self._layer(layer), self._slot(seq_id, "seq_id")
         n = int(self._lengths[layer, slot])
-        c = KVCache(self.num_kv_heads, self.head_dim, self.preset, sink_tokens=self.sink_tokens, iters=self.iters)
         tiles = int(self._tile_counts(n))
         sink_len = min(n, self.sink_tokens)
         tail_len = n - sink_len - tiles * self.preset.group
-        # Fills the CPU cache's storage directly: the state its append() publishes.
-        sink_k = np.ascontiguousarray(self._dense_host(self._sink_k, layer, slot, sink_len))
-        sink_v = np.ascontiguousarray(self._dense_host(self._sink_v, layer, slot, sink_len))
-        tail_k = np.zeros((self.num_kv_heads, self.preset.group, self.head_dim), np.float16)
-        tail_v = np.zeros_like(tail_k)
-        tail_k[:, :tail_len] = self._dense_host(self._tail_k, layer, slot, tail_len)
-        tail_v[:, :tail_len] = self._dense_host(self._tail_v, layer, slot, tail_len)
-        c._publish(sink_k, sink_v, self.records(slot, layer), tiles, tail_k, tail_v, tail_len)
-        return c
+        return KVCache.from_parts(
+            self._dense_host(self._sink_k, layer, slot, sink_len), self._dense_host(self._sink_v, layer, slot, sink_len),
+            self.records(slot, layer),
+            self._dense_host(self._tail_k, layer, slot, tail_len), self._dense_host(self._tail_v, layer, slot, tail_len),
+            preset=self.preset.name, sink_tokens=self.sink_tokens, iters=self.iters)
 
     def load_cpu(self, seq_id, cpu_cache, layer: int = 0) -> None:
         """Replaces an empty sequence's content (one layer) with a kvarn.KVCache's: its
@@ -706,16 +701,17 @@ class PagedKVCache:
         if (c.num_kv_heads, c.head_dim, c.preset.name, c.sink_tokens) != (
                 self.num_kv_heads, self.head_dim, self.preset.name, self.sink_tokens):
             raise ValueError("cpu_cache: kv heads, head_dim, preset or sink_tokens differ from this cache's")
-        n = len(c)
+        parts = c.to_parts()  # one snapshot of the CPU cache
+        recs = parts["records"]
+        n = parts["sink_k"].shape[1] + len(recs) * self.preset.group + parts["tail_k"].shape[1]
         if n > self.max_seq_len:
             raise ValueError(f"cpu_cache: {n} tokens exceed max_seq_len={self.max_seq_len}")
         H, D = self.num_kv_heads, self.head_dim
-        while len(self._pages[slot]) < c.num_tiles:
+        while len(self._pages[slot]) < len(recs):
             if not self._free_pages:
                 raise RuntimeError("PagedKVCache: out of pages")
             self._pages[slot].append(self._free_pages.pop())
-        recs = c.records
-        for i in range(c.num_tiles):
+        for i in range(len(recs)):
             dst = self._pool.ptr + (layer * self.num_pages + self._pages[slot][i]) * H * self.record_bytes
             _check(_cuda.memcpy_htod(dst, np.ascontiguousarray(recs[i]).reshape(-1), 0), "load_cpu")
         bt = np.asarray(self._pages[slot][: self.max_tiles], np.int32)
@@ -732,10 +728,9 @@ class PagedKVCache:
                 _check(_cuda.memcpy_htod(dst, np.ascontiguousarray(data[h, :rows], np.float16).reshape(-1).view(
                     np.uint8), 0), "load_cpu")
 
-        put(self._sink_k, c.sink_len, c._sink_k)
-        put(self._sink_v, c.sink_len, c._sink_v)
-        put(self._tail_k, c.tail_len, c._tail_k)
-        put(self._tail_v, c.tail_len, c._tail_v)
+        for buf, name in ((self._sink_k, "sink_k"), (self._sink_v, "sink_v"), (self._tail_k, "tail_k"),
+                          (self._tail_v, "tail_v")):
+            put(buf, parts[name].shape[1], parts[name])
         _check(_cuda.stream_sync(0), "load_cpu")
         self._lengths[layer, slot] = n
 
