@@ -578,9 +578,27 @@ def precision_sweep(first, last):
         print("over tolerance (seed, preset, D, gqa, length, error):", f)
 
 
+def dump_outputs(path):
+    """Attention outputs of a fixed several-records-per-warp workload (GQA 4, 1 / 2 / 3 forced splits), saved
+    to `path` (.npz): run once per KVARN_ATTEND_VARIANT and compare the files for bit equality
+    (`python tests/test_cuda.py --dump a.npz`; the variant is read once per process)."""
+    res = {}
+    for splits in (1, 2, 3):
+        rng = np.random.default_rng(20261130 + splits)
+        cache, ids = build("k4v2_g128", 128, 2, [16500, 9000, 2170, 300], rng)
+        force_splits(cache, splits)
+        q = kv_like(rng, (len(ids), 8, 128))
+        res[f"f32_s{splits}"] = cache.attend(dev(q), ids).cpu().numpy()
+        res[f"bf16_s{splits}"] = cache.attend(dev(q, torch.bfloat16), ids).float().cpu().numpy()
+    np.savez(path, **res)
+    print(f"dumped {len(res)} outputs to {path}")
+
+
 if __name__ == "__main__":
     if "--sanitize" in sys.argv:
         sanitizer_workload()
+    if "--dump" in sys.argv:
+        dump_outputs(sys.argv[sys.argv.index("--dump") + 1])
     if "--sweep" in sys.argv:
         i = sys.argv.index("--sweep")
         precision_sweep(int(sys.argv[i + 1]), int(sys.argv[i + 2]))
