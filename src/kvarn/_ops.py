@@ -102,6 +102,15 @@ def as_float_array(x, name, ndim=None, fp16_range=False) -> np.ndarray:
     return x
 
 
+def tile_cut_point(length: int, sink_len: int, group: int, num_tiles: int) -> int:
+    """Of a cache holding sink_len sink tokens then num_tiles quantised tiles of `group` tokens
+    (then the tail): ``length`` if its first ``length`` tokens can be kept as they are, else the
+    start of the quantised tile that ``length`` would cut (those tokens exist only as codes)."""
+    body = length - min(length, sink_len)  # tokens after the sink
+    tile, into = divmod(body, group)
+    return length - into if tile < num_tiles else length
+
+
 def check_status(rc: int, what: str) -> None:
     if rc == _native.OK:
         return

@@ -24,6 +24,7 @@ from ._ops import (
     get_preset,
     quantize_tiles_native,
     resolve_threads,
+    tile_cut_point,
 )
 from . import _ops
 
@@ -179,26 +180,25 @@ class KVCache:
         )
 
     # ---- truncate ------------------------------------------------------------
-    def _split(self, length: int) -> tuple[int, int, int]:
-        """(sink tokens, whole tiles, tokens into the next tile) of the first ``length`` tokens."""
+    def _checked_length(self, length) -> int:
         n = len(self)
         length = check_positive_int(length, "length", 0)
         if length > n:
             raise ValueError(f"length: {length} is more than the cache's {n} tokens")
-        sink = min(length, self.sink_len)
-        return (sink,) + divmod(length - sink, self.preset.group)
+        return length
 
     def truncation_point(self, length: int) -> int:
         """Where to ``truncate`` so that appending tokens ``[point, length)`` again gives exactly
         the cache that only ever held the first ``length`` tokens: ``length`` itself, or the start
         of the quantised tile it would cut — with quantize_on="next" also of a quantised tile it
         would end on (such a cache holds that tile exact, in its tail)."""
-        _, tiles, into = self._split(length)
-        if tiles < self._num_tiles and into:
-            return length - into
-        if self.quantize_on == "next" and tiles and not into and tiles <= self._num_tiles:
-            return length - self.preset.group
-        return length
+        length = self._checked_length(length)
+        G = self.preset.group
+        point = tile_cut_point(length, self.sink_len, G, self._num_tiles)
+        body = length - min(length, self.sink_len)
+        if point == length and self.quantize_on == "next" and body and not body % G and body // G <= self._num_tiles:
+            return length - G
+        return point
 
     def truncate(self, length: int) -> None:
         """Keeps the first ``length`` tokens (speculative decoding's rollback).
@@ -212,16 +212,18 @@ class KVCache:
         next append); ``truncation_point`` avoids that.
         """
         with self._append_lock:
-            kept_sink, tiles, left = self._split(length)
+            length = self._checked_length(length)
             sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state
-            if tiles < num_tiles and left:
-                start = length - left
+            start = tile_cut_point(length, sink_k.shape[1], self.preset.group, num_tiles)
+            if start != length:
                 raise ValueError(
                     f"length: {length} cuts the quantised tile of tokens {start}..{start + self.preset.group - 1}, "
                     f"whose tokens are stored only as codes; truncate to {start} and append the kept tokens again"
                 )
             if length == len(self):
                 return
+            kept_sink = min(length, sink_k.shape[1])
+            tiles, left = divmod(length - kept_sink, self.preset.group)  # left: tokens kept in the tail
             if tiles < num_tiles:
                 # Fresh arrays: a reader may still hold the old state, and appends write records
                 # past the tile count in place.

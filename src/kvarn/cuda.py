@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ._ops import DEFAULT_PRESET, SINKHORN_ITERS, check_positive_int, get_preset
+from ._ops import DEFAULT_PRESET, SINKHORN_ITERS, check_positive_int, get_preset, tile_cut_point
 
 try:  # the CUDA module is optional at build time
     from . import _cuda
@@ -404,9 +404,8 @@ class PagedKVCache:
         length = check_positive_int(length, "length", 0)
         if length > n:
             raise ValueError(f"length: {length} is more than the {n} tokens of sequence {slot} in layer {layer}")
-        into = max(length - self.sink_tokens, 0) % self.preset.group
-        cut = length < self.sink_tokens + int(self._tile_counts(n)) * self.preset.group and into
-        return (length - into if cut else length), n
+        sink_len = min(n, self.sink_tokens)
+        return tile_cut_point(length, sink_len, self.preset.group, int(self._tile_counts(n))), n
 
     def truncate(self, seq_id, length: int, *, layer: int | None = None) -> None:
         """Keeps a sequence's first ``length`` tokens in every layer (or one ``layer``): drops any
