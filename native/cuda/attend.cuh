@@ -363,6 +363,51 @@ __device__ __forceinline__ void halves_to_float(const typename HalfVec<N>::T& v,
     }
 }
 
+// Full-precision sink + tail (original frame): lane's D / 32 channels of K and V for the tokens
+// t0 + u * nw (u < U) below d_end -- token t < sink_len from the sink, else tail row t - sink_len --
+// of head `dhead` (= (layer * num_slots + slot) * Hk + kv head). Rows at or past d_end are left as
+// they are.
+template <int G, int D, int U>
+__device__ __forceinline__ void load_dense_round(const AttendArgs& a, int64_t dhead, int sink_len, int t0, int nw,
+                                                 int d_end, int lane, typename HalfVec<D / 32>::T (&kraw)[U],
+                                                 typename HalfVec<D / 32>::T (&vraw)[U])
+{
+    constexpr int DPL = D / 32;
+    using Vec = typename HalfVec<DPL>::T;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int t = t0 + u * nw;
+        if (t < d_end) {
+            const __half *kr, *vr;
+            if (t < sink_len) {
+                const int64_t off = (dhead * a.c.sink_cap + t) * D;
+                kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
+                vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
+            } else {
+                const int64_t off = (dhead * G + (t - sink_len)) * D;
+                kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
+                vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
+            }
+            kraw[u] = *reinterpret_cast<const Vec*>(kr + lane * DPL);
+            vraw[u] = *reinterpret_cast<const Vec*>(vr + lane * DPL);
+        }
+    }
+}
+
+// One step of the sink/tail online softmax for one (token, head): score sc (log2 domain), the lane's
+// V channels vv into the running m, l and acc.
+template <int DPL>
+__device__ __forceinline__ void dense_update(float& m, float& l, float (&acc)[DPL], float sc, const float (&vv)[DPL])
+{
+    const float m_new = fmaxf(m, sc);
+    const float alpha = exp2f(m - m_new);
+    const float pw = exp2f(sc - m_new);
+    l = fmaf(l, alpha, pw);
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) acc[k] = fmaf(acc[k], alpha, pw * vv[k]);
+    m = m_new;
+}
+
 template <int D>
 __device__ __forceinline__ void load_q(const AttendArgs& a, float* qs, int qld, int b, int h0, int nq)
 {
@@ -427,6 +472,79 @@ __device__ __forceinline__ void finish_states(const AttendArgs& a, const float* 
     }
 }
 
+// The owner's combine of output (head hl, channel d) from the S splits' states (mt, lt, at: the
+// tile part, Hadamard frame; md, ld, ad: sink/tail, original frame; states with l == 0 skipped): L
+// and both parts' sums, then the tile part's butterflies below 32 by warp shuffles into rot (the
+// rest: merge_store, after a barrier), the sink/tail part into dense, L into Ls. cluster_merge and
+// push_merge differ only in where they read the states from (same operations, same order: same bits).
+template <int D>
+__device__ __forceinline__ void merge_splits(const float (&mt)[8], const float (&lt)[8], const float (&at)[8],
+                                             const float (&md)[8], const float (&ld)[8], const float (&ad)[8], int S,
+                                             int hl, int d, float* buf)
+{
+    float* rot = buf;            // [hp][D]: tile part after the in-warp stages
+    float* dense = buf + 8 * D;  // [hp][D]
+    float* Ls = buf + 16 * D;    // [hp]
+    float M = -CUDART_INF_F;
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+        if (r < S) {
+            if (lt[r] > 0.0f) M = fmaxf(M, mt[r]);
+            if (ld[r] > 0.0f) M = fmaxf(M, md[r]);
+        }
+    float L = 0.0f, tile_part = 0.0f, dense_part = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+        if (r < S) {
+            if (lt[r] != 0.0f) {
+                const float w = exp2f(mt[r] - M);
+                L = fmaf(w, lt[r], L);
+                tile_part += w * at[r];
+            }
+            if (ld[r] != 0.0f) {
+                const float w = exp2f(md[r] - M);
+                L = fmaf(w, ld[r], L);
+                dense_part += w * ad[r];
+            }
+        }
+    float x = tile_part;
+#pragma unroll
+    for (int hh = 1; hh < 32; hh <<= 1) {
+        const float o = __shfl_xor_sync(0xffffffffu, x, hh);
+        x = (d & hh) ? o - x : x + o;
+    }
+    rot[hl * D + d] = x;
+    dense[hl * D + d] = dense_part;
+    if (d == 0) Ls[hl] = L;
+}
+
+// After merge_splits and a barrier: for each of the n_items outputs (head h_lo + idx / D, channel
+// idx % D) the tile part's remaining Hadamard stages from rot, scaled, plus the sink/tail part from
+// dense, divided by L, stored to out.
+template <int D>
+__device__ __forceinline__ void merge_store(const AttendArgs& a, const float* buf, int n_items, int h_lo, int b, int h0)
+{
+    const float* rot = buf;
+    const float* dense = buf + 8 * D;
+    const float* Ls = buf + 16 * D;
+    constexpr int NB = D / 32;  // butterfly inputs per output in the cross-warp stages
+    const float norm = rsqrtf((float)D);
+    for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
+        const int hl = idx / D, d = idx % D, h = h_lo + hl;
+        // the remaining stages for output d: sum_j (-1)^popc(j & (d / 32)) x[d % 32 + 32 j]
+        // (a selected butterfly output would index a register array at run time: local memory)
+        float y = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+            const float v = rot[hl * D + (d & 31) + 32 * j];
+            y += (__popc(j & (d >> 5)) & 1) ? -v : v;
+        }
+        y = (y * norm + dense[hl * D + d]) / Ls[hl];
+        store_elem(const_cast<void*>(a.out.ptr), a.out.dtype,
+                   b * a.out.stride[1] + (int64_t)(h0 + h) * a.out.stride[2] + d * a.out.stride[3], y);
+    }
+}
+
 // Direct path: every CTA of the cluster (the group's `splits` programs, rank = blockIdx.x) has its
 // two combined states in cs. CTA `rank` merges heads [rank * hp, +hp) from all CTAs' cs through
 // distributed shared memory (as merge_kernel does from global), rotates the tile part back
@@ -437,7 +555,6 @@ __device__ void cluster_merge(const AttendArgs& a, float* cs, float* buf, int b,
 {
     namespace cg = cooperative_groups;
     static_assert((D & (D - 1)) == 0 && D >= 32, "Hadamard block = D, a power of two >= 32");
-    constexpr int NB = D / 32;  // butterfly inputs per output in the cross-warp stages
     const int S = a.splits, rank = blockIdx.x;
     cg::cluster_group cl = cg::this_cluster();
     if (S > 1)
@@ -447,9 +564,6 @@ __device__ void cluster_merge(const AttendArgs& a, float* cs, float* buf, int b,
     const int hp = (nq + S - 1) / S;
     const int h_lo = min(nq, rank * hp), h_hi = min(nq, h_lo + hp);
     const int n_items = (h_hi - h_lo) * D;
-    float* rot = buf;                // [hp][D]: tile part after the in-warp stages
-    float* dense = buf + 8 * D;      // [hp][D]
-    float* Ls = buf + 16 * D;        // [hp]
     // items of one warp are 32 consecutive channels of one head (D and blockDim multiples of 32)
     for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
         const int hl = idx / D, d = idx % D, h = h_lo + hl;
@@ -466,57 +580,13 @@ __device__ void cluster_merge(const AttendArgs& a, float* cs, float* buf, int b,
                 ad[r] = src[(8 + h) * (D + 2) + 2 + d];
             }
         }
-        float M = -CUDART_INF_F;
-#pragma unroll
-        for (int r = 0; r < 8; ++r)
-            if (r < S) {
-                if (lt[r] > 0.0f) M = fmaxf(M, mt[r]);
-                if (ld[r] > 0.0f) M = fmaxf(M, md[r]);
-            }
-        float L = 0.0f, tile_part = 0.0f, dense_part = 0.0f;
-#pragma unroll
-        for (int r = 0; r < 8; ++r)
-            if (r < S) {
-                if (lt[r] != 0.0f) {
-                    const float w = exp2f(mt[r] - M);
-                    L = fmaf(w, lt[r], L);
-                    tile_part += w * at[r];
-                }
-                if (ld[r] != 0.0f) {
-                    const float w = exp2f(md[r] - M);
-                    L = fmaf(w, ld[r], L);
-                    dense_part += w * ad[r];
-                }
-            }
-        float x = tile_part;
-#pragma unroll
-        for (int hh = 1; hh < 32; hh <<= 1) {
-            const float o = __shfl_xor_sync(0xffffffffu, x, hh);
-            x = (d & hh) ? o - x : x + o;
-        }
-        rot[hl * D + d] = x;
-        dense[hl * D + d] = dense_part;
-        if (d == 0) Ls[hl] = L;
+        merge_splits<D>(mt, lt, at, md, ld, ad, S, hl, d, buf);
     }
     if (S > 1)
         cl.sync();  // rot/dense complete; and no CTA leaves while another still reads its cs
     else
         __syncthreads();
-    const float norm = rsqrtf((float)D);
-    for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
-        const int hl = idx / D, d = idx % D, h = h_lo + hl;
-        // the remaining stages for output d: sum_j (-1)^popc(j & (d / 32)) x[d % 32 + 32 j]
-        // (a selected butterfly output would index a register array at run time: local memory)
-        float y = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NB; ++j) {
-            const float v = rot[hl * D + (d & 31) + 32 * j];
-            y += (__popc(j & (d >> 5)) & 1) ? -v : v;
-        }
-        y = (y * norm + dense[hl * D + d]) / Ls[hl];
-        store_elem(const_cast<void*>(a.out.ptr), a.out.dtype,
-                   b * a.out.stride[1] + (int64_t)(h0 + h) * a.out.stride[2] + d * a.out.stride[3], y);
-    }
+    merge_store<D>(a, buf, n_items, h_lo, b, h0);
 }
 
 // ---- VAR 12/14/16 epilogue on the direct path: push instead of pull ------------------------------
@@ -554,7 +624,7 @@ __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, 
 {
     namespace cg = cooperative_groups;
     static_assert((D & (D - 1)) == 0 && D >= 32, "Hadamard block = D, a power of two >= 32");
-    constexpr int HQ = 4, NG = D / 4, NB = D / 32;
+    constexpr int HQ = 4, NG = D / 4;
     const int S = a.splits, rank = blockIdx.x;
     const int hp = (nq + S - 1) / S;
     cg::cluster_group cl = cg::this_cluster();
@@ -599,9 +669,6 @@ __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, 
         __syncthreads();
     }
     const int n_items = (h_hi - h_lo) * D;
-    float* rot = buf;
-    float* dense = buf + 8 * D;
-    float* Ls = buf + 16 * D;
     for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
         const int hl = idx / D, d = idx % D;
         float mt[8], lt[8], at[8], md[8], ld[8], ad[8];
@@ -619,53 +686,10 @@ __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, 
                 ad[r] = recv[(row + 1) * D + d];
             }
         }
-        // from here as cluster_merge (same order: same bits)
-        float M = -CUDART_INF_F;
-#pragma unroll
-        for (int r = 0; r < 8; ++r)
-            if (r < S) {
-                if (lt[r] > 0.0f) M = fmaxf(M, mt[r]);
-                if (ld[r] > 0.0f) M = fmaxf(M, md[r]);
-            }
-        float L = 0.0f, tile_part = 0.0f, dense_part = 0.0f;
-#pragma unroll
-        for (int r = 0; r < 8; ++r)
-            if (r < S) {
-                if (lt[r] != 0.0f) {
-                    const float w = exp2f(mt[r] - M);
-                    L = fmaf(w, lt[r], L);
-                    tile_part += w * at[r];
-                }
-                if (ld[r] != 0.0f) {
-                    const float w = exp2f(md[r] - M);
-                    L = fmaf(w, ld[r], L);
-                    dense_part += w * ad[r];
-                }
-            }
-        float x = tile_part;
-#pragma unroll
-        for (int hh = 1; hh < 32; hh <<= 1) {
-            const float o = __shfl_xor_sync(0xffffffffu, x, hh);
-            x = (d & hh) ? o - x : x + o;
-        }
-        rot[hl * D + d] = x;
-        dense[hl * D + d] = dense_part;
-        if (d == 0) Ls[hl] = L;
+        merge_splits<D>(mt, lt, at, md, ld, ad, S, hl, d, buf);
     }
     __syncthreads();
-    const float norm = rsqrtf((float)D);
-    for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
-        const int hl = idx / D, d = idx % D, h = h_lo + hl;
-        float y = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NB; ++j) {
-            const float v = rot[hl * D + (d & 31) + 32 * j];
-            y += (__popc(j & (d >> 5)) & 1) ? -v : v;
-        }
-        y = (y * norm + dense[hl * D + d]) / Ls[hl];
-        store_elem(const_cast<void*>(a.out.ptr), a.out.dtype,
-                   b * a.out.stride[1] + (int64_t)(h0 + h) * a.out.stride[2] + d * a.out.stride[3], y);
-    }
+    merge_store<D>(a, buf, n_items, h_lo, b, h0);
 }
 
 // ---- swapped operands (VAR 5, 6, 14, 16; k4v2, G = D = 128, <= 4 query heads per program) -------
@@ -1284,24 +1308,7 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
     const int d_begin = min(n_dense, split * d_per), d_end = min(n_dense, d_begin + d_per);
     const int64_t dhead = ((int64_t)a.layer * a.c.num_slots + slot) * Hk + kvh;
     auto load_round = [&](int t0, Vec (&kraw)[U], Vec (&vraw)[U]) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int t = t0 + u * nw;
-            if (t < d_end) {
-                const __half *kr, *vr;
-                if (t < sink_len) {
-                    const int64_t off = (dhead * a.c.sink_cap + t) * D;
-                    kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
-                    vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
-                } else {
-                    const int64_t off = (dhead * G + (t - sink_len)) * D;
-                    kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
-                    vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
-                }
-                kraw[u] = *reinterpret_cast<const Vec*>(kr + lane * DPL);
-                vraw[u] = *reinterpret_cast<const Vec*>(vr + lane * DPL);
-            }
-        }
+        load_dense_round<G, D>(a, dhead, sink_len, t0, nw, d_end, lane, kraw, vraw);
     };
     auto compute_round = [&](int t0, const Vec (&kraw)[U], const Vec (&vraw)[U]) {
         if constexpr (FAST) {
@@ -1335,13 +1342,7 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
                 for (int h = 0; h < HQ; ++h) {
                     if (h >= nq) break;
                     const float sc = scs[u][h];
-                    const float m_new = fmaxf(m_h[h], sc);
-                    const float alpha = exp2f(m_h[h] - m_new);
-                    const float pw = exp2f(sc - m_new);
-                    l_h[h] = fmaf(l_h[h], alpha, pw);
-#pragma unroll
-                    for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
-                    m_h[h] = m_new;
+                    dense_update<DPL>(m_h[h], l_h[h], acc_h[h], sc, vv);
                 }
             }
         } else {
@@ -1359,13 +1360,7 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
                     for (int k = 0; k < DPL; ++k) sc = fmaf(qd[h][k], kv[k], sc);
 #pragma unroll
                     for (int o = 16; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
-                    const float m_new = fmaxf(m_h[h], sc);
-                    const float alpha = exp2f(m_h[h] - m_new);
-                    const float pw = exp2f(sc - m_new);
-                    l_h[h] = fmaf(l_h[h], alpha, pw);
-#pragma unroll
-                    for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
-                    m_h[h] = m_new;
+                    dense_update<DPL>(m_h[h], l_h[h], acc_h[h], sc, vv);
                 }
             }
         }
@@ -1770,24 +1765,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
         const int64_t head = ((int64_t)a.layer * a.c.num_slots + slot) * Hk + kvh;
         for (int t0 = d_begin + warp; t0 < d_end; t0 += U * nw) {
             Vec kraw[U], vraw[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int t = t0 + u * nw;
-                if (t < d_end) {
-                    const __half *kr, *vr;
-                    if (t < sink_len) {
-                        const int64_t off = (head * a.c.sink_cap + t) * D;
-                        kr = reinterpret_cast<const __half*>(a.c.sink_k) + off;
-                        vr = reinterpret_cast<const __half*>(a.c.sink_v) + off;
-                    } else {
-                        const int64_t off = (head * G + (t - sink_len)) * D;
-                        kr = reinterpret_cast<const __half*>(a.c.tail_k) + off;
-                        vr = reinterpret_cast<const __half*>(a.c.tail_v) + off;
-                    }
-                    kraw[u] = *reinterpret_cast<const Vec*>(kr + lane * DPL);
-                    vraw[u] = *reinterpret_cast<const Vec*>(vr + lane * DPL);
-                }
-            }
+            load_dense_round<G, D>(a, head, sink_len, t0, nw, d_end, lane, kraw, vraw);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (t0 + u * nw >= d_end) break;
@@ -1802,13 +1780,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
                     for (int k = 0; k < DPL; ++k) s = fmaf(qs[h * C::QLD + lane * DPL + k], kv[k], s);
 #pragma unroll
                     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                    const float m_new = fmaxf(m_h[h], s);
-                    const float alpha = exp2f(m_h[h] - m_new);
-                    const float pw = exp2f(s - m_new);
-                    l_h[h] = fmaf(l_h[h], alpha, pw);
-#pragma unroll
-                    for (int k = 0; k < DPL; ++k) acc_h[h][k] = fmaf(acc_h[h][k], alpha, pw * vv[k]);
-                    m_h[h] = m_new;
+                    dense_update<DPL>(m_h[h], l_h[h], acc_h[h], s, vv);
                 }
             }
         }
