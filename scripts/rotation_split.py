@@ -2,9 +2,10 @@
 
 Pseudo-decode as `kvarn eval` (sink and own tile exact, KL from position 256) with the float64 SPEC
 quantiser (`kvarn.eval_quantizers.kvarn_ref`), the rotation switched on or off for keys and values
-separately; plus the per-channel spread of key/value standard deviations (max / median over the
-channels of each KV head, tokens after the sink) before and after the rotation, per attention layer
-that kvarn quantises.
+separately; plus, per attention layer that kvarn quantises: the spread of the channels' key/value
+standard deviations (max / median over the channels of each KV head, tokens after the sink) before
+and after the rotation, how the queries' energy falls on the key channels, and the rms error of the
+attention scores q.k that 2-bit keys cause with and without the rotation.
 
     python scripts/rotation_split.py --model gemma3-270m --tokens 1024 --bits 2,2 4,4 4,2
     python scripts/rotation_split.py --model smollm2-135m --tokens 2048 --bits 4,2 2,2
@@ -19,11 +20,37 @@ import time
 import numpy as np
 
 
+def score_error_stats(q, k, sink, group, eq):
+    """q [Hq, T, D], k [Hk, T, D]: where the queries' energy falls relative to the key channels' std
+    (all heads pooled, tokens after the sink), and the rms error of q.k over the quantised tiles
+    (the last 256 queries, which see them all) with 2-bit keys (SPEC quantiser), rotated or not."""
+    Hq, Hk, D = q.shape[0], k.shape[0], k.shape[-1]
+    n = (k.shape[1] - sink) // group
+    key_std = k[:, sink:].std(1).mean(0)
+    q_rms = np.sqrt((q[:, sink:] ** 2).mean((0, 1)))
+    big = key_std > 4 * np.median(key_std)
+    live = (key_std > 0) & (q_rms > 0)
+    out = {
+        "big_key_var_pct": float(100 * (key_std[big] ** 2).sum() / (key_std ** 2).sum()),
+        "big_q_energy_pct": float(100 * (q_rms[big] ** 2).sum() / (q_rms ** 2).sum()),
+        "corr_log_kstd_log_qrms": float(np.corrcoef(np.log(key_std[live]), np.log(q_rms[live]))[0, 1]),
+    }
+    tiles = k[:, sink : sink + n * group].reshape(Hk, n, group, D).transpose(1, 0, 2, 3).reshape(n * Hk, group, D)
+    for rotate in (False, True):
+        k_err = eq.kvarn_ref(tiles, tiles, 2, 2, rotate=rotate)[0] - tiles
+        k_err = k_err.reshape(n, Hk, group, D).transpose(1, 0, 2, 3).reshape(Hk, n * group, D)
+        err = np.concatenate([q[hq, -256:] @ k_err[hq // (Hq // Hk)].T for hq in range(Hq)])
+        suffix = "_rotated" if rotate else ""
+        out["key_err_2bit" + suffix] = float(np.sqrt((k_err ** 2).mean()))
+        out["score_err_2bit" + suffix] = float(np.sqrt((err ** 2).mean()))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--bits", nargs="+", default=["4,2", "2,2"], help="kbits,vbits pairs")
+    ap.add_argument("--bits", nargs="*", default=["4,2", "2,2"], help="kbits,vbits pairs (none: statistics only)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", help="JSON file for the results")
     args = ap.parse_args()
@@ -47,12 +74,12 @@ def main():
     class Capture(ev.PseudoDecode):  # the fp32 reference, keeping each quantised layer's K/V
         def __call__(self, module, query, key, value, mask, scaling):
             if not getattr(module, "sliding_window", None):
-                captured[module.layer_idx] = (key[0].float().numpy(), value[0].float().numpy())
+                captured[module.layer_idx] = tuple(x[0].float().numpy() for x in (query, key, value))
             return super().__call__(module, query, key, value, mask, scaling)
 
     ref_logp = torch.log_softmax(ev.forward_logits(model, ids, Capture(None, sink, group))[scored].double(), -1)
-    result = {"model": args.model, "tokens": args.tokens, "spread": {}, "kl": {}}
-    for layer, (k, v) in sorted(captured.items()):
+    result = {"model": args.model, "tokens": args.tokens, "spread": {}, "scores": {}, "kl": {}}
+    for layer, (q, k, v) in sorted(captured.items()):
         h = eq.hadamard_matrix(k.shape[-1])
         for name, x in (("K", k), ("V", v)):
             pairs = []
@@ -62,6 +89,12 @@ def main():
             result["spread"][f"{layer} {name}"] = pairs
             print(f"layer {layer} {name}: channel std max/median per head "
                   + ", ".join(f"{a:.1f} -> {b:.1f}" for a, b in pairs), flush=True)
+        result["scores"][str(layer)] = stats = score_error_stats(q, k, sink, group, eq)
+        print(f"layer {layer} q.k: key channels over 4x the median std hold {stats['big_key_var_pct']:.1f} % of the "
+              f"key variance and {stats['big_q_energy_pct']:.1f} % of the query energy; corr(log key std, log q rms) "
+              f"{stats['corr_log_kstd_log_qrms']:.2f}; 2-bit keys: key error rms {stats['key_err_2bit']:.3f} (rotated "
+              f"{stats['key_err_2bit_rotated']:.3f}), score error rms {stats['score_err_2bit']:.3f} (rotated "
+              f"{stats['score_err_2bit_rotated']:.3f})", flush=True)
 
     for pair in args.bits:
         kbits, vbits = (int(b) for b in pair.split(","))
