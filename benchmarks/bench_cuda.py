@@ -72,6 +72,80 @@ def graph_time(fn, n_calls, reps=30):
     return statistics.median(times), (min(times), max(times))
 
 
+# L2-eviction mode (s13; kvarn-only A/B, scripts/gpu_run.sh ab): KVARN_AB_EVICT_MB=N (default 0 = off) adds, per
+# point, a per-call timing with the L2 (and the kernel's code in it) made cold before every call, as in a model
+# where each layer's attention runs between GEMMs that stream more weights than the L2 holds. Per timed call:
+# an eviction kernel on the same stream, then CUDA events around one replay of a graph of one attend call (the
+# host has queued the replay while the eviction runs, so the events hold the kernel plus the graph's device-side
+# launch, ~1-2 us that every variant pays alike); median over KVARN_AB_EVICT_REPS (200, >= 30) calls, layers in
+# turn. KVARN_AB_EVICT_KIND, comma-separated, one result line each:
+#   fill: torch fill_ of an N MB buffer (writes allocate in L2 and evict it; a small kernel, so the SMs'
+#         instruction caches may keep some attend code);
+#   gemm: a bf16 [8 x K] @ [K x 8192] matmul with N MB of weights (cuBLAS: streams the weights through L2 and
+#         runs other code on every SM -- the decode-step neighbour);
+#   none: the same per-call loop without eviction, a ~50 us spin kernel in its place (control: the per-call
+#         overhead against the graph-of-many default line).
+# The default per-point line (graph of 2 x layers calls, code warm) is unchanged and printed first.
+_EVICT_MB = int(os.environ.get("KVARN_AB_EVICT_MB", "0"))
+_EVICT_KINDS = [k for k in os.environ.get("KVARN_AB_EVICT_KIND", "fill").split(",") if k]
+_EVICT_REPS = max(30, int(os.environ.get("KVARN_AB_EVICT_REPS", "200")))
+
+
+def make_evictor(kind, mb):
+    """fn() that makes the L2 cold on the current stream (see _EVICT_MB); for kind 'none' a spin kernel."""
+    if kind == "none":  # a spin kernel of ~50 us touches no memory: keeps the replay queued before its events
+        return lambda: torch.cuda._sleep(100_000)
+    if kind == "fill":
+        buf = torch.empty(mb << 20, dtype=torch.uint8, device="cuda")
+        state = [0]
+
+        def fill():
+            state[0] = (state[0] + 1) % 251
+            buf.fill_(state[0] + 1)
+
+        return fill
+    if kind == "gemm":
+        n = 8192
+        k = max(128, (mb << 20) // (2 * n) // 128 * 128)
+        w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(8, n, device="cuda", dtype=torch.bfloat16)
+        return lambda: torch.matmul(x, w, out=y)
+    raise ValueError(f"KVARN_AB_EVICT_KIND: unknown kind {kind!r} (fill, gemm, none)")
+
+
+def evicted_time(fn, n_calls, evict, reps):
+    """Median ms of one fn(i) (a one-call graph per i, in turn), each call preceded by evict() on the
+    same stream and timed alone with CUDA events; also (min, max) and the mean of the middle 80 %."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(min(n_calls, 3)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graphs = []
+    for i in range(n_calls):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(i)
+        graphs.append(g)
+    times = []
+    for r in range(reps + 5):
+        evict()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graphs[r % n_calls].replay()
+        b.record()
+        b.synchronize()
+        if r >= 5:
+            times.append(a.elapsed_time(b))
+    ts = sorted(times)
+    mid = ts[len(ts) // 10: len(ts) - len(ts) // 10]
+    del graphs
+    return statistics.median(times), (ts[0], ts[-1]), sum(mid) / len(mid)
+
+
 def eager_time(fn, n_calls, reps=30):
     for i in range(3):
         fn(i)
@@ -273,6 +347,16 @@ def main():
                   f"{row['kvarn_floor_ms'] * 1e3:6.1f}, {100 * row['kvarn_bw_frac']:4.1f}% of copy bw) | sdpa "
                   f"{(row['sdpa_ms'] or 0) * 1e3:8.1f} us [{row['sdpa_best']}] -> {sp} | dequant+sdpa "
                   f"{(dq_ms or 0) * 1e3:9.1f} us | {sdpa_all}", flush=True)
+            for kind in (_EVICT_KINDS if _EVICT_MB > 0 else []):
+                evict = make_evictor(kind, _EVICT_MB)
+                ev_ms, (ev_min, ev_max), ev_mean = evicted_time(fn, n_layers, evict, _EVICT_REPS)
+                row.setdefault("evict", {})[kind] = dict(mb=_EVICT_MB, reps=_EVICT_REPS, median_ms=ev_ms,
+                                                         min_ms=ev_min, max_ms=ev_max, trimmed_mean_ms=ev_mean)
+                print(f"ctx {ctx:6d} B {batch:2d}: evict {kind:4s} {_EVICT_MB} MB: kvarn {ev_ms * 1e3:8.1f} us "
+                      f"(median of {_EVICT_REPS} single calls; mean of middle 80 % {ev_mean * 1e3:.2f}, min "
+                      f"{ev_min * 1e3:.1f}, max {ev_max * 1e3:.1f})", flush=True)
+                del evict
+                torch.cuda.empty_cache()
             del cache, plans
             torch.cuda.empty_cache()
 

@@ -3,7 +3,10 @@
 # benchmarks it, in one go, on a machine with an NVIDIA GPU and nvcc.
 #   scripts/gpu_run.sh [all|build|test|sanitize|bench|quick|sweep|ab|before] ...   (default: all)
 #   sweep: tests/test_cuda.py --sweep 0 $SWEEP_SEEDS (15); ab: kvarn-only timings of the attend variants
-#   $AB_VARIANTS (KVARN_ATTEND_VARIANT) at $AB_POINTS, alternating.
+#   $AB_VARIANTS (KVARN_ATTEND_VARIANT) at $AB_POINTS, alternating. With KVARN_AB_EVICT_MB=N (e.g. 256) each
+#   point also gets per-call timings with the L2 made cold before every call (KVARN_AB_EVICT_KIND fill / gemm /
+#   none, comma-separated; KVARN_AB_EVICT_REPS calls, default 200): lines "ctx ... evict KIND N MB: ...", after
+#   the unchanged default line (graph replays, code warm). See benchmarks/bench_cuda.py, make_evictor.
 #   Order: build, test, bench (or quick), sanitize, profile, before -- the timings before the
 #   slow sanitizer runs, so a run cut short by a time limit still has them.
 #   before: rebuild with the previous attend arithmetic (KVARN_OFFSET_CODES=0) in build/old and
@@ -92,7 +95,8 @@ if [[ " ${steps[*]} " == *" ab "* ]]; then
   # kvarn only, alternating so that clock drift hits every variant alike.
   # An entry of $AB_VARIANTS is a variant number (KVARN_ATTEND_VARIANT) or a comma-separated list of
   # VAR=VALUE settings (e.g. KVARN_ATTEND_FUSED=0,KVARN_ATTEND_QPF=0).
-  echo "== A/B: variants ${AB_VARIANTS:-12 16 12 16} at ${AB_POINTS:-32768x8,4096x1}"
+  # KVARN_AB_EVICT_MB / _KIND / _REPS (environment, passed through): the L2-eviction timings (header).
+  echo "== A/B: variants ${AB_VARIANTS:-12 16 12 16} at ${AB_POINTS:-32768x8,4096x1}${KVARN_AB_EVICT_MB:+, L2 evicted (${KVARN_AB_EVICT_MB} MB ${KVARN_AB_EVICT_KIND:-fill}) and warm}"
   abn=0
   for v in ${AB_VARIANTS:-12 16 12 16}; do
     abn=$((abn + 1))
