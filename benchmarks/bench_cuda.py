@@ -46,8 +46,8 @@ if _MIN_PROGRAMS > 0:
     kc.PagedKVCache._choose_splits = _choose_more
 
 
-def graph_time(fn, n_calls, reps=30):
-    """Median ms of one fn(i) over CUDA-graph replays of fn(0..n_calls-1)."""
+def _warm_up(fn, n_calls):
+    """A few eager calls on a side stream before capture (allocations and lazy init out of the graph)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -55,6 +55,11 @@ def graph_time(fn, n_calls, reps=30):
             fn(i)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+
+
+def graph_time(fn, n_calls, reps=30):
+    """Median ms of one fn(i) over CUDA-graph replays of fn(0..n_calls-1)."""
+    _warm_up(fn, n_calls)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for i in range(n_calls):
@@ -117,13 +122,7 @@ def make_evictor(kind, mb):
 def evicted_time(fn, n_calls, evict, reps):
     """Median ms of one fn(i) (a one-call graph per i, in turn), each call preceded by evict() on the
     same stream and timed alone with CUDA events; also (min, max) and the mean of the middle 80 %."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(min(n_calls, 3)):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    _warm_up(fn, n_calls)
     graphs = []
     for i in range(n_calls):
         g = torch.cuda.CUDAGraph()
