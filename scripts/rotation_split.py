@@ -22,8 +22,9 @@ import numpy as np
 
 def score_error_stats(q, k, sink, group, eq):
     """q [Hq, T, D], k [Hk, T, D]: where the queries' energy falls relative to the key channels' std
-    (all heads pooled, tokens after the sink), and the rms error of q.k over the quantised tiles
-    (the last 256 queries, which see them all) with 2-bit keys (SPEC quantiser), rotated or not."""
+    (all heads pooled, tokens after the sink), and the rms error of q.k that 2-bit keys (SPEC
+    quantiser, rotated or not) cause: the last 256 queries against every key of the tiles after the
+    sink -- an error-size proxy that ignores causality and the exact own tile."""
     Hq, Hk, D = q.shape[0], k.shape[0], k.shape[-1]
     n = (k.shape[1] - sink) // group
     key_std = k[:, sink:].std(1).mean(0)
