@@ -20,11 +20,13 @@ import time
 import numpy as np
 
 
-def score_error_stats(q, k, sink, group, eq):
+def score_error_stats(q, k, sink, group, eq, scaling):
     """q [Hq, T, D], k [Hk, T, D]: where the queries' energy falls relative to the key channels' std
     (all heads pooled, tokens after the sink), and the rms error of q.k that 2-bit keys (SPEC
     quantiser, rotated or not) cause: the last 256 queries against every key of the tiles after the
-    sink -- an error-size proxy that ignores causality and the exact own tile."""
+    sink -- an error-size proxy that ignores causality and the exact own tile -- and the same errors
+    weighted by the exact attention of each query over those keys (softmax of q.k * scaling): the
+    error where the attention actually looks."""
     Hq, Hk, D = q.shape[0], k.shape[0], k.shape[-1]
     n = (k.shape[1] - sink) // group
     key_std = k[:, sink:].std(1).mean(0)
@@ -37,13 +39,18 @@ def score_error_stats(q, k, sink, group, eq):
         "corr_log_kstd_log_qrms": float(np.corrcoef(np.log(key_std[live]), np.log(q_rms[live]))[0, 1]),
     }
     tiles = k[:, sink : sink + n * group].reshape(Hk, n, group, D).transpose(1, 0, 2, 3).reshape(n * Hk, group, D)
+    kv = [hq // (Hq // Hk) for hq in range(Hq)]  # GQA: consecutive query heads share a KV head
+    logits = np.concatenate([q[hq, -256:] @ k[kv[hq], sink : sink + n * group].T for hq in range(Hq)]) * scaling
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
     for rotate in (False, True):
         k_err = eq.kvarn_ref(tiles, tiles, 2, 2, rotate=rotate)[0] - tiles
         k_err = k_err.reshape(n, Hk, group, D).transpose(1, 0, 2, 3).reshape(Hk, n * group, D)
-        err = np.concatenate([q[hq, -256:] @ k_err[hq // (Hq // Hk)].T for hq in range(Hq)])
+        err = np.concatenate([q[hq, -256:] @ k_err[kv[hq]].T for hq in range(Hq)])
         suffix = "_rotated" if rotate else ""
         out["key_err_2bit" + suffix] = float(np.sqrt((k_err ** 2).mean()))
         out["score_err_2bit" + suffix] = float(np.sqrt((err ** 2).mean()))
+        out["attn_weighted_score_err_2bit" + suffix] = float(np.sqrt((p * err ** 2).sum(1).mean()))
     return out
 
 
@@ -75,12 +82,12 @@ def main():
     class Capture(ev.PseudoDecode):  # the fp32 reference, keeping each quantised layer's K/V
         def __call__(self, module, query, key, value, mask, scaling):
             if not getattr(module, "sliding_window", None):
-                captured[module.layer_idx] = tuple(x[0].float().numpy() for x in (query, key, value))
+                captured[module.layer_idx] = tuple(x[0].float().numpy() for x in (query, key, value)) + (scaling,)
             return super().__call__(module, query, key, value, mask, scaling)
 
     ref_logp = torch.log_softmax(ev.forward_logits(model, ids, Capture(None, sink, group))[scored].double(), -1)
     result = {"model": args.model, "tokens": args.tokens, "spread": {}, "scores": {}, "kl": {}}
-    for layer, (q, k, v) in sorted(captured.items()):
+    for layer, (q, k, v, scaling) in sorted(captured.items()):
         h = eq.hadamard_matrix(k.shape[-1])
         for name, x in (("K", k), ("V", v)):
             pairs = []
@@ -90,12 +97,13 @@ def main():
             result["spread"][f"{layer} {name}"] = pairs
             print(f"layer {layer} {name}: channel std max/median per head "
                   + ", ".join(f"{a:.1f} -> {b:.1f}" for a, b in pairs), flush=True)
-        result["scores"][str(layer)] = stats = score_error_stats(q, k, sink, group, eq)
+        result["scores"][str(layer)] = stats = score_error_stats(q, k, sink, group, eq, scaling)
         print(f"layer {layer} q.k: key channels over 4x the median std hold {stats['big_key_var_pct']:.1f} % of the "
               f"key variance and {stats['big_q_energy_pct']:.1f} % of the query energy; corr(log key std, log q rms) "
               f"{stats['corr_log_kstd_log_qrms']:.2f}; 2-bit keys: key error rms {stats['key_err_2bit']:.3f} (rotated "
               f"{stats['key_err_2bit_rotated']:.3f}), score error rms {stats['score_err_2bit']:.3f} (rotated "
-              f"{stats['score_err_2bit_rotated']:.3f})", flush=True)
+              f"{stats['score_err_2bit_rotated']:.3f}), attention-weighted {stats['attn_weighted_score_err_2bit']:.3f} "
+              f"(rotated {stats['attn_weighted_score_err_2bit_rotated']:.3f})", flush=True)
 
     for pair in args.bits:
         kbits, vbits = (int(b) for b in pair.split(","))
