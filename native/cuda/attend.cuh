@@ -709,6 +709,33 @@ __device__ void push_merge(const AttendArgs& a, const float* ws, int ws_floats, 
 //     row g+8 <-> channel 16g + 2mm + 1 (x 4^(channel % 4)); B column n = g as above, read from a
 //     per-warp transpose buffer in the stage's (consumed) K-code bytes; C: head c, hi and lo, for
 //     channels 16g + i.
+// x = q * ka for the lane's channels 16 s2 + 4c + q (s2 < KS, q < 4; the quad holds all D), and
+// the quad's q . kz and max |x| -- four partial chains each, not one 32-deep chain. Shared by the
+// swapped-operand B prep (swapped_qk_b) and the row-split A prep.
+template <int KS>
+__device__ __forceinline__ void q_times_ka(const float* q_row, const __half* ka, const __half* kz, int c,
+                                           float (&x)[KS][4], float& qz, float& amax)
+{
+    float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s2 = 0; s2 < KS; ++s2) {
+        const int d0 = 16 * s2 + 4 * c;
+        const float4 qv4 = *reinterpret_cast<const float4*>(q_row + d0);
+        const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
+        float kav[4], kzv[4];
+        halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
+        halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            x[s2][i] = qv[i] * kav[i];
+            qzp[i] = fmaf(qv[i], kzv[i], qzp[i]);
+            amp[i] = fmaxf(amp[i], fabsf(x[s2][i]));
+        }
+    }
+    qz = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
+    amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
+}
+
 // ---- pieces shared by tiles_swapped and tiles_pair (swapped operands, k4v2, G = D = 128) -------
 // B of QK: part `part` (g % 2: hi or lo) of x = q[g/2] * ka, scaled by a power of two, for channels
 // 16 s2 + 4c + q; qz_b = q[g/2] . kz; inv_s1 the inverse scale; the start values -1024 * sum_k B[k][n]
@@ -719,25 +746,8 @@ __device__ __forceinline__ void swapped_qk_b(const float* qb, const __half* ka, 
                                              uint32_t (&Bq)[KS][2], float& qz_b, float& inv_s1, float& k_hi, float& k_lo)
 {
     constexpr uint32_t kNeg1024 = 0xE400E400u;
-    float xb[KS][4];
-    float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int s2 = 0; s2 < KS; ++s2) {
-        const int d0 = 16 * s2 + 4 * c;
-        const float4 qv4 = *reinterpret_cast<const float4*>(qb + d0);
-        const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
-        float kav[4], kzv[4];
-        halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
-        halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            xb[s2][q] = qv[q] * kav[q];
-            qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
-            amp[q] = fmaxf(amp[q], fabsf(xb[s2][q]));
-        }
-    }
-    qz_b = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
-    const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
+    float xb[KS][4], amax;
+    q_times_ka<KS>(qb, ka, kz, c, xb, qz_b, amax);
     float s1;
     pow2_scale(amax, s1, inv_s1);
 #pragma unroll
@@ -1549,27 +1559,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
             const uint8_t* vcodes = rec + a.L.v_codes;
 
             // A = q * ka (hi/lo, scaled), qz = q . kz
-            float xa[C::KS][4];
-            // four partial chains each for amax and qz, not one 32-deep chain
-            float amp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int s2 = 0; s2 < C::KS; ++s2) {
-                const int d0 = 16 * s2 + 4 * c;
-                const float4 qv4 = *reinterpret_cast<const float4*>(qrow + d0);
-                const float qv[4] = {qv4.x, qv4.y, qv4.z, qv4.w};
-                float kav[4], kzv[4];
-                halves_to_float<4>(*reinterpret_cast<const uint2*>(ka + d0), kav);
-                halves_to_float<4>(*reinterpret_cast<const uint2*>(kz + d0), kzv);
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    xa[s2][q] = qv[q] * kav[q];
-                    qzp[q] = fmaf(qv[q], kzv[q], qzp[q]);
-                    amp[q] = fmaxf(amp[q], fabsf(xa[s2][q]));
-                }
-            }
-            float qz = quad_sum((qzp[0] + qzp[1]) + (qzp[2] + qzp[3]));
-            // per head (A row): its quad holds all its channels
-            const float amax = quad_max(fmaxf(fmaxf(amp[0], amp[1]), fmaxf(amp[2], amp[3])));
+            float xa[C::KS][4], qz, amax;  // per head (A row): its quad holds all its channels
+            q_times_ka<C::KS>(qrow, ka, kz, c, xa, qz, amax);
             float s1, inv_s1;
             pow2_scale(amax, s1, inv_s1);
             uint32_t A[C::KS][4];
