@@ -38,6 +38,17 @@ def record(benchmark, bytes_moved, **extra):
     RESULTS.append((benchmark.group, benchmark.name, st.min, st.median, bytes_moved, extra))
 
 
+def record_calls(benchmark, impl, times, bytes_moved, **extra):
+    """A row for calls timed inside the benchmarked function (one call of several in a step):
+    min / median of `times` (seconds per call) with the bytes ONE call reads, so its GB/s is
+    that call's. Kept apart from the benchmark's own stats (the whole function): in the summary
+    and in extra_info["calls"][impl]."""
+    mn, med = min(times), float(np.median(times))
+    benchmark.extra_info.setdefault("calls", {})[impl] = dict(
+        bytes=int(bytes_moved), min_s=mn, median_s=med, n=len(times), **{"GB/s": round(bytes_moved / mn / 1e9, 3)})
+    RESULTS.append((benchmark.group, f"{benchmark.name}[{impl}]", mn, med, bytes_moved, dict(extra, impl=impl)))
+
+
 def pytest_report_header(config):
     import platform
 
@@ -80,7 +91,9 @@ def _table():
         for _, name, mn, med, nbytes, extra in sorted(rows, key=lambda r: r[2]):
             gbps = nbytes / mn / 1e9
             frac = f"{100 * gbps / copy:.0f}%" if copy else "-"
-            ratios = [f"{ref[k] / mn:.2f}x" if ref[k] else "-" for k in ("fp16", "numpy", "torch")]
+            # compare=False: a row timing something else than one call (e.g. a whole cold step)
+            ratios = [f"{ref[k] / mn:.2f}x" if ref[k] and extra.get("compare", True) else "-"
+                      for k in ("fp16", "numpy", "torch")]
             label = extra.get("impl", name)
             lines.append(
                 f"| {label} | {mn * 1e3:.3f} | {med * 1e3:.3f} | {nbytes / 1e6:.2f} | {gbps:.2f} | {frac} | " + " | ".join(ratios) + " |"
