@@ -9,7 +9,11 @@ dequantise-then-SDPA (torch ops unpack the same records into a bf16 K/V, then
 SDPA). All times are medians of many CUDA-graph replays; each graph walks
 through several copies of the data (layers) so that nothing is served from L2.
 Bandwidth counts the bytes a call must read (records + fp16 sink/tail, or the
-bf16 K/V) against a device-to-device copy measured in the same run.
+bf16 K/V) against a device-to-device copy measured in the same run (--kvarn-only:
+not measured, so no floor or % of copy bw). After timing a point, kvarn's output
+for one sequence is checked against the CPU path on the same records, and
+dequant+SDPA's against a float64 oracle (check_kvarn, check_dequant); any check
+over tolerance makes the run exit nonzero after writing the json and table.
 """
 import argparse
 import json
@@ -255,6 +259,77 @@ def dequant_sdpa_fn(cache, ids, layer, q_rot):
     return fn
 
 
+# Output checks after timing (not timed). REL_TOL: tests/test_cuda.py's tolerance of GPU attention (fp32 q/out)
+# against a reference on the same records. The CPU reference runs in its "float" score mode, the exact one (its
+# default int16 mode is itself ~2e-4 from the float64 oracle). bf16 q/out against the fp32 q/out: rtol = atol =
+# 2e-2, as tests/test_cuda.py test_attend_long_split_k_and_ragged. DQ_TOL: dequant+SDPA (bf16 K/V after fp16
+# arithmetic, bf16 out; ~7e-3 from the float64 oracle in a CPU emulation at 4K / 32K) -- catches wrong unpacking.
+REL_TOL = 2e-4
+BF16_TOL = 2e-2
+DQ_TOL = 5e-2
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def oracle(q, K, V):
+    """float64 GQA attention of q [Hq, D] over K/V [Hk, n, D], scale 1/sqrt(D)."""
+    g = q.shape[0] // K.shape[0]
+    out = np.empty(q.shape)
+    for kv in range(K.shape[0]):
+        k, v = K[kv].astype(np.float64), V[kv].astype(np.float64)
+        for h in range(kv * g, (kv + 1) * g):
+            s = k @ q[h].astype(np.float64) / math.sqrt(q.shape[1])
+            p = np.exp(s - s.max())
+            out[h] = p @ v / p.sum()
+    return out
+
+
+def check_kvarn(cache, sid, q, plan):
+    """kvarn's GPU output for the plan's first sequence (sid) against the CPU path on the same records
+    (cache.to_cpu, as tests/test_cuda.py check_attention). Returns (fp32 error, q.dtype error, failure
+    message or None); main() exits nonzero at the end if any check failed."""
+    from kvarn import _native
+
+    mode = _native.score_mode()
+    _native.set_score_mode("float")
+    try:
+        want = kvarn.attend(q[0].float().cpu().numpy(), cache.to_cpu(sid, plan.layer))
+    finally:
+        _native.set_score_mode(mode)
+    got32 = cache.attend(q.float(), plan=plan, validate=False)[0].cpu().numpy()
+    got = cache.attend(q, plan=plan, validate=False)[0].float().cpu().numpy()  # the timed call's dtype
+    err32, err = rel_err(got32, want), rel_err(got, want)
+    close = np.allclose(got, got32, rtol=BF16_TOL, atol=BF16_TOL)
+    print(f"  check: kvarn GPU vs CPU (seq {sid}, layer {plan.layer}): fp32 q/out rel err {err32:.2e} (tol {REL_TOL:g}), "
+          f"{q.dtype} q/out {err:.2e}, max |{q.dtype} - fp32| {np.abs(got - got32).max():.2e}", flush=True)
+    fail = None
+    if not (err32 < REL_TOL and close):
+        fail = (f"kvarn GPU output check FAILED: fp32 rel err {err32:.3e} (tol {REL_TOL:g}); {q.dtype} vs fp32 "
+                f"allclose(rtol=atol={BF16_TOL:g}): {close}")
+        print("  " + fail, flush=True)
+    return err32, err, fail
+
+
+def check_dequant(cache, sid, q_rot, out):
+    """dequant+SDPA's output for sequence sid (row 0 of out, layer 0) against the float64 oracle over the
+    same tiles (it reads the records only, no sink/tail, and stays in the records' rotated frame, while
+    KVCache.dequantize rotates back: the Hadamard is its own inverse). Returns (error, failure message or None)."""
+    cpu = cache.to_cpu(sid, 0)
+    K, V = cpu.dequantize()
+    t = slice(cpu.sink_len, cpu.sink_len + cpu.num_tiles * cache.preset.group)  # equal lengths: all tiles
+    K, V = kvarn.hadamard(K[:, t]), kvarn.hadamard(V[:, t])
+    err = rel_err(out[0, :, 0].float().cpu().numpy(), oracle(q_rot[0, :, 0].float().cpu().numpy(), K, V))
+    print(f"  check: dequant+SDPA vs float64 oracle over the same tiles (seq {sid}): rel err {err:.2e} "
+          f"(tol {DQ_TOL:g})", flush=True)
+    fail = None if err < DQ_TOL else f"dequant+SDPA output check FAILED: rel err {err:.3e}, tol {DQ_TOL:g}"
+    if fail:
+        print("  " + fail, flush=True)
+    return err, fail
+
+
 def kernel_us(fn, name, calls=10):
     """Mean device time (us) of the kernels whose name contains `name`, per fn() call, from the
     torch profiler (CUPTI): the kernel alone, without the host work around it."""
@@ -296,9 +371,9 @@ def main():
         return
     dev = torch.cuda.get_device_properties(0)
     print(f"device: {dev.name}, {dev.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
-    bw = 4.27e12 if args.kvarn_only else copy_bandwidth()  # kvarn-only: the last measured value, for % only
-    print(f"device-to-device copy: {bw / 1e12:.3f} TB/s (read + write)"
-          + (" (not measured: --kvarn-only)" if args.kvarn_only else ""), flush=True)
+    bw = None if args.kvarn_only else copy_bandwidth()  # kvarn-only: not measured, so no floor / % of copy bw
+    print("device-to-device copy: " + ("not measured (--kvarn-only)" if bw is None else
+                                       f"{bw / 1e12:.3f} TB/s (read + write)"), flush=True)
     contexts = [4096, 32768] if args.quick else [4096, 32768, 131072]
     batches = [1, 8] if args.quick else [1, 8, 32]
     points = [(c, b) for c in contexts for b in batches]
@@ -306,7 +381,7 @@ def main():
         points = [tuple(int(x) for x in p.split("x")) for p in args.points.split(",")]
     if args.store_only:
         points = []
-    rows = []
+    rows, failures = [], []  # failures: output checks over tolerance (exit status 1 after the json and table)
     R = kvarn.PRESETS["k4v2_g128"].record_bytes(D)
     for ctx, batch in points:
         if True:
@@ -324,26 +399,33 @@ def main():
             kv_ms, (kv_min, kv_max) = graph_time(fn, 2 * n_layers)
             kv_eager = eager_time(fn, 2 * n_layers)
             # kvarn output sanity against the CPU path on one sequence (not timed)
+            chk32, chk, fail = check_kvarn(cache, ids[0], q, plans[0])
+            failures += [f"ctx {ctx} B {batch}: {fail}"] if fail else []
             best, sdpa_all = (None, {}) if args.kvarn_only else bench_sdpa(ctx, batch)
-            dq_ms = None
+            dq_ms = dq_err = None
             if batch * ctx <= 32768 * 32 and not args.kvarn_only:
                 try:
                     q_rot = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
                     dq = dequant_sdpa_fn(cache, ids, 0, q_rot)
                     dq_ms = graph_time(lambda i: dq(), 3, reps=10)[0]
+                    dq_err, fail = check_dequant(cache, ids[0], q_rot, dq())
+                    failures += [f"ctx {ctx} B {batch}: {fail}"] if fail else []
                 except torch.OutOfMemoryError:
                     dq_ms = None
                 torch.cuda.empty_cache()
             sdpa_bytes = 2 * batch * HK * ctx * D * 2
             row = dict(ctx=ctx, batch=batch, kvarn_ms=kv_ms, kvarn_min=kv_min, kvarn_max=kv_max,
-                       kvarn_eager_ms=kv_eager, kvarn_bytes=kv_bytes, kvarn_floor_ms=kv_bytes / bw * 1e3,
-                       kvarn_bw_frac=kv_bytes / (kv_ms * 1e-3) / bw, sdpa_best=best[0] if best else None,
+                       kvarn_eager_ms=kv_eager, kvarn_bytes=kv_bytes,
+                       kvarn_floor_ms=kv_bytes / bw * 1e3 if bw else None,  # None: copy bw not measured
+                       kvarn_bw_frac=kv_bytes / (kv_ms * 1e-3) / bw if bw else None, sdpa_best=best[0] if best else None,
                        sdpa_ms=best[1] if best else None, sdpa_all=sdpa_all, sdpa_bytes=sdpa_bytes,
-                       dequant_sdpa_ms=dq_ms, fill_s=fill_s, layers=n_layers)
+                       dequant_sdpa_ms=dq_ms, fill_s=fill_s, layers=n_layers,
+                       check_rel_err_fp32=chk32, check_rel_err=chk, check_dequant_rel_err=dq_err)
             rows.append(row)
             sp = f"{row['sdpa_ms'] / kv_ms:.2f}x" if row["sdpa_ms"] else "n/a"
-            print(f"ctx {ctx:6d} B {batch:2d}: kvarn {kv_ms * 1e3:8.1f} us (eager {kv_eager * 1e3:7.1f}, floor "
-                  f"{row['kvarn_floor_ms'] * 1e3:6.1f}, {100 * row['kvarn_bw_frac']:4.1f}% of copy bw) | sdpa "
+            fl = (f"floor {row['kvarn_floor_ms'] * 1e3:6.1f}, {100 * row['kvarn_bw_frac']:4.1f}% of copy bw" if bw
+                  else "floor -, copy bw not measured")
+            print(f"ctx {ctx:6d} B {batch:2d}: kvarn {kv_ms * 1e3:8.1f} us (eager {kv_eager * 1e3:7.1f}, {fl}) | sdpa "
                   f"{(row['sdpa_ms'] or 0) * 1e3:8.1f} us [{row['sdpa_best']}] -> {sp} | dequant+sdpa "
                   f"{(dq_ms or 0) * 1e3:9.1f} us | {sdpa_all}", flush=True)
             for kind in (_EVICT_KINDS if _EVICT_MB > 0 else []):
@@ -398,7 +480,7 @@ def main():
                   f"amortised; {k64 * 1e-3 / ref['kvarn_ms']:.2f} decode steps on the step a tile fills", flush=True)
     res = dict(device=dev.name, sms=dev.multi_processor_count, torch=torch.__version__, copy_bw=bw, rows=rows,
                store_ms=store, store_share=share, store_kernel_us=store_kernel, store_kernel_share=kshare,
-               command=" ".join(sys.argv),
+               command=" ".join(sys.argv), check_failures=failures,
                attend_variant=os.environ.get("KVARN_ATTEND_VARIANT", "16"))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"bench_cuda{args.tag}.json"), "w") as f:
@@ -409,8 +491,12 @@ def main():
         sd = f"{r['sdpa_ms'] * 1e3:.1f} ({r['sdpa_best']})" if r["sdpa_ms"] else "n/a"
         su = f"{r['sdpa_ms'] / r['kvarn_ms']:.2f}x" if r["sdpa_ms"] else "n/a"
         dq = f"{r['dequant_sdpa_ms'] * 1e3:.1f}" if r["dequant_sdpa_ms"] else "n/a"
-        print(f"| {r['ctx']} | {r['batch']} | {r['kvarn_ms'] * 1e3:.1f} | {r['kvarn_floor_ms'] * 1e3:.1f} | "
-              f"{100 * r['kvarn_bw_frac']:.1f} | {sd} | {su} | {dq} | {r['kvarn_eager_ms'] * 1e3:.1f} |")
+        fl = f"{r['kvarn_floor_ms'] * 1e3:.1f}" if r["kvarn_floor_ms"] is not None else "-"
+        fr = f"{100 * r['kvarn_bw_frac']:.1f}" if r["kvarn_bw_frac"] is not None else "-"
+        print(f"| {r['ctx']} | {r['batch']} | {r['kvarn_ms'] * 1e3:.1f} | {fl} | "
+              f"{fr} | {sd} | {su} | {dq} | {r['kvarn_eager_ms'] * 1e3:.1f} |")
+    if failures:
+        raise SystemExit("output checks FAILED:\n" + "\n".join(failures))
 
 
 if __name__ == "__main__":
