@@ -224,6 +224,58 @@ def test_rejected_append_leaves_cache_unchanged(rng):
     assert len(cache) == 350
 
 
+def test_overflow_names_the_tensor_head_and_tokens(rng):
+    H, G, D = 3, 64, 64
+    cache = kvarn.KVCache(H, D, "k4v2_g64", sink_tokens=G)
+    cache.append(rng.standard_normal((H, G + 10, D)), rng.standard_normal((H, G + 10, D)))
+    snap = snapshot(cache)
+    k = rng.standard_normal((H, 3 * G, D))
+    v = rng.standard_normal((H, 3 * G, D))
+    bad_v = v.copy()
+    bad_v[1, G - 10 : 2 * G - 10] = 30000.0  # the second tile this append completes: tokens 128..191
+    with pytest.raises(ValueError, match=r"^v: head 1 of the tile of tokens 128\.\.191 has values too large"):
+        cache.append(k, bad_v)
+    assert_unchanged(cache, snap)
+    both = np.full((H, 3 * G, D), 60000.0)
+    with pytest.raises(ValueError, match=r"^v: head 0 of the tile of tokens 128\.\.191"):  # 64..127 has tail tokens
+        cache.append(both, both)
+    assert_unchanged(cache, snap)
+    tile_k = rng.standard_normal((4, G, D))
+    tile_v = tile_k.copy()
+    tile_v[3] = 60000.0
+    with pytest.raises(ValueError, match="^v: head 3 has values too large"):
+        kvarn.quantize_tile(tile_k, tile_v, "k4v2_g64")
+    with pytest.raises(ValueError, match="^v: the tile has values too large"):
+        kvarn.quantize_tile(tile_k[0], tile_v[3], "k4v2_g64")
+    # (Keys do not overflow from fp16-range input: a constant channel's size goes into the per-token
+    # scale kt, which the balancing lets grow to e^10; values' constant channels have no such outlet.)
+
+
+def test_custom_presets(rng):
+    with pytest.raises(ValueError, match="preset: 'mine' has 32-token tiles"):
+        kvarn.KVCache(1, 128, kvarn.Preset("mine", 4, 2, 32))
+    with pytest.raises(ValueError, match="preset: 'k3' has k3/v3 bits"):
+        kvarn.quantize_tile(np.ones((128, 128)), np.ones((128, 128)), kvarn.Preset("k3", 3, 3, 128))
+    # A supported combination that is not a named preset works end to end, and survives to_parts.
+    p = kvarn.Preset("k2v4_g64", 2, 4, 64)
+    cache = kvarn.KVCache(2, 64, p, sink_tokens=64)
+    k, v = rng.standard_normal((2, 300, 64)), rng.standard_normal((2, 300, 64))
+    cache.append(k, v)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    back = kvarn.KVCache.from_parts(**cache.to_parts())
+    assert back.preset == p and len(back) == 300
+    np.testing.assert_array_equal(kvarn.attend(q, back), kvarn.attend(q, cache))
+
+
+def test_integer_settings_have_upper_bounds():
+    with pytest.raises(ValueError, match="n: must be <= 4096"):
+        kvarn.set_num_threads(2**40)
+    with pytest.raises(ValueError, match="iters: must be <= 1000"):
+        kvarn.KVCache(1, 64, iters=2**31)
+    with pytest.raises(ValueError, match="iters: must be <= 1000"):
+        kvarn.quantize_tile(np.ones((128, 16)), np.ones((128, 16)), iters=1001)
+
+
 def test_bad_attend_input(rng):
     cache, _, _ = filled(rng, 2, 64, 300)
     q = rng.standard_normal((4, 64)).astype(np.float32)
@@ -239,6 +291,18 @@ def test_bad_attend_input(rng):
         kvarn.attend(q[0], cache)
     with pytest.raises(ValueError, match="scale: must be finite"):
         kvarn.attend(q, cache, scale=float("inf"))
+    # Finite, but beyond what the float32 kernels can hold: named errors, not NaN output.
+    with pytest.raises(ValueError, match="scale: 1e\\+39 is beyond the float32 range"):
+        kvarn.attend(q, cache, scale=1e39)
+    with pytest.raises(ValueError, match="q: max \\|q\\| x \\|scale\\| .* could overflow"):
+        kvarn.attend(np.full((4, 64), 1e39), cache)  # float64 q beyond float32
+    with pytest.raises(ValueError, match="q: max \\|q\\| x \\|scale\\|"):
+        kvarn.attend(q, cache, scale=1e36)
+    with pytest.raises(ValueError, match="q: max \\|q\\| x \\|scale\\|"):
+        kvarn.attend_batch(np.full((1, 4, 64), 1e34), [cache])
+    assert np.isfinite(kvarn.attend(q * 1e6, cache, scale=1e6)).all()  # large but safe: computed
+    with pytest.raises(ValueError, match="num_threads: must be <= 4096"):
+        kvarn.attend(q, cache, num_threads=2**31)
     with pytest.raises(TypeError, match="cache: expected a kvarn.KVCache"):
         kvarn.attend(q, "cache")
     with pytest.raises(ValueError, match="cache: the cache is empty"):
@@ -472,7 +536,7 @@ def _parts(rng, n=600):
         (lambda p: p.update(records=p["records"][:, :, :-1]), ValueError, "records"),
         (lambda p: p.update(records=p["records"].astype(np.int16)), ValueError, "records"),
         (lambda p: p.update(preset="k4v4_g128"), ValueError, "records"),
-        (lambda p: p["records"][1, 0].__setitem__(slice(-2, None), 0xFF), ValueError, "corrupt tile record"),
+        (lambda p: p["records"][1, 0].__setitem__(slice(-2, None), 0xFF), ValueError, "records: corrupt tile record"),
         (lambda p: p.update(sink_k=np.full((2, 128, 64), np.nan, np.float32)), ValueError, "sink_k: contains NaN"),
         (lambda p: p.update(tail_k=p["tail_k"].astype(np.int32)), TypeError, "tail_k: dtype"),
     ],

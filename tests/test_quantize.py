@@ -21,7 +21,10 @@ def test_record_size_matches_spec():
     assert kvarn.PRESETS["k4v2_g128"].record_bytes(128) == 13824
     assert kvarn.PRESETS["k4v2_g128"].record_bytes(128) / 128 == 108  # bytes per token per head
     assert kvarn.PRESETS["k4v2_g128"].bits_per_element(128) == pytest.approx(3.375)
-    assert 2 * 128 * 128 * 2 / 13824 == pytest.approx(4.74, abs=0.005)
+    # SPEC: 4.74x smaller than fp16 (K and V, 2 bytes per element) -- from kvarn's own numbers.
+    p = kvarn.PRESETS["k4v2_g128"]
+    assert 2 * p.group * 128 * 2 / p.record_bytes(128) == pytest.approx(4.74, abs=0.005)
+    assert 16 / p.bits_per_element(128) == pytest.approx(4.74, abs=0.005)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -266,11 +269,33 @@ def test_from_bytes_rejects_corruption(rng):
     hdr[9] = 3  # kbits
     with pytest.raises(ValueError, match="unknown format"):
         kvarn.Tile.from_bytes(bytes(hdr))
-    # Random garbage never crashes.
+    # kt and vc (the per-token and per-channel scales) must be positive: zero or negative is corrupt.
+    layout = kvarn._native.record_layout(4, 2, 128, 64)
+    for field in ("kt", "vc"):
+        for value in (0.0, -1.5):
+            bad = bytearray(data)
+            off = layout[field] + kvarn.tile._HEADER.size + 2 * 7  # entry 7 of head 0
+            bad[off : off + 2] = np.array([value], np.float16).tobytes()
+            with pytest.raises(ValueError, match=f"field {field} must be positive"):
+                kvarn.Tile.from_bytes(bytes(bad))
+    # Garbage after a valid header: either rejected with ValueError, or a record whose scales are
+    # all finite (kt, vc > 0) and that dequantises to finite values -- never a crash.
+    header = data[: kvarn.tile._HEADER.size]
+    outcomes = set()
     for seed in range(50):
-        junk = np.random.default_rng(seed).integers(0, 256, size=len(data), dtype=np.uint8).tobytes()
-        with pytest.raises(ValueError):
-            kvarn.Tile.from_bytes(junk)
+        body = np.random.default_rng(seed).integers(0, 256, size=len(data) - len(header), dtype=np.uint8)
+        if seed % 2:  # half of them with sane fp16 exponents, so some records pass validation
+            body[1::2] &= 0x3B
+        try:
+            t = kvarn.Tile.from_bytes(header + body.tobytes())
+        except ValueError as e:
+            assert str(e).startswith("data: corrupt tile record"), e
+            outcomes.add("rejected")
+            continue
+        kd, vd = kvarn.dequantize_tile(t)
+        assert np.isfinite(kd).all() and np.isfinite(vd).all()
+        outcomes.add("accepted")
+    assert outcomes == {"rejected", "accepted"}
 
 
 # ---- bad input ---------------------------------------------------------------------
@@ -290,6 +315,56 @@ def test_bad_tile_input(rng):
     for kwargs, exc, msg in cases:
         with pytest.raises(exc, match=msg):
             kvarn.quantize_tile(**kwargs)
+
+
+def test_pack_codes_checks_bits_and_range():
+    np.testing.assert_array_equal(kvarn.unpack_codes(kvarn.pack_codes(np.array([15, 0, 3, 7]), 4), 4), [15, 0, 3, 7])
+    with pytest.raises(ValueError, match=r"codes: values must be in \[0, 15\]"):
+        kvarn.pack_codes(np.array([16, 0]), 4)
+    with pytest.raises(ValueError, match=r"codes: values must be in \[0, 3\]"):
+        kvarn.pack_codes(np.array([-1, 0, 0, 0]), 2)
+    with pytest.raises(ValueError, match="codes: last axis 3 is not a multiple of 2"):
+        kvarn.pack_codes(np.array([1, 2, 3]), 4)
+    with pytest.raises(TypeError, match="codes: expected an integer array"):
+        kvarn.pack_codes(np.array([0.5, 1.0]), 4)
+    for bits in (3, 0, 4.0, True):
+        with pytest.raises(ValueError, match="bits: must be one of"):
+            kvarn.pack_codes(np.zeros(8, np.uint8), bits)
+        with pytest.raises(ValueError, match="bits: must be one of"):
+            kvarn.unpack_codes(np.zeros(2, np.uint8), bits)
+    with pytest.raises(TypeError, match="packed: expected a uint8 array"):
+        kvarn.unpack_codes(np.zeros(2, np.int32), 4)
+
+
+def test_tile_round_trip_keeps_its_shape_and_reads_version_1(rng):
+    k2, v2 = kv_like(rng, (128, 64)), kv_like(rng, (128, 64))
+    t2 = kvarn.quantize_tile(k2, v2)
+    t3 = kvarn.quantize_tile(k2[None], v2[None])
+    for t, shape in ((t2, (128, 64)), (t3, (1, 128, 64))):
+        back = kvarn.Tile.from_bytes(t.to_bytes())
+        assert kvarn.dequantize_tile(back)[0].shape == shape
+        np.testing.assert_array_equal(back.records, t.records)
+    # Bytes written before the flags byte existed (version 1) read back, as the [H, G, D] form.
+    v1 = kvarn.tile._HEADER_V1.pack(b"KVARNTL1", 1, 4, 2, 128, 64, 1) + t2.records.tobytes()
+    np.testing.assert_array_equal(kvarn.Tile.from_bytes(v1).records, t2.records)
+    bad = bytearray(t3.to_bytes())
+    bad[kvarn.tile._HEADER.size - 1] = 0x80  # an unknown flag
+    with pytest.raises(ValueError, match="data: header flags 0x80"):
+        kvarn.Tile.from_bytes(bytes(bad))
+    with pytest.raises(ValueError, match=r"records: expected shape \[H, 13824\] \(H >= 1\)"):
+        kvarn.Tile(np.zeros((0, 13824), np.uint8), "k4v2_g128", 128)
+    with pytest.raises(ValueError, match="squeeze: a 2-D tile has one head"):
+        kvarn.Tile(np.concatenate([t3.records, t3.records]), "k4v2_g128", 64, squeeze=True)
+    # A custom (supported) format round-trips too.
+    tc = kvarn.quantize_tile(k2[:64], v2[:64], kvarn.Preset("k2v4_g64", 2, 4, 64))
+    assert kvarn.Tile.from_bytes(tc.to_bytes()).preset.name == "k2v4_g64"
+
+
+def test_array_likes_that_numpy_cannot_read_get_a_named_error():
+    torch = pytest.importorskip("torch")  # installed with the eval extra, as in CI
+    x = torch.randn(1, 3, 16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="k: cannot be read as a numpy array"):
+        kvarn.KVCache(1, 16).append(x, x)
 
 
 def test_scale_overflow_is_an_error_not_garbage():

@@ -15,8 +15,12 @@ import numpy as np
 from . import _native
 
 FP16_MAX = 65504.0
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 SUPPORTED_BITS = (2, 4, 8)
+SUPPORTED_GROUPS = (64, 128)
 SINKHORN_ITERS = 8
+MAX_SINKHORN_ITERS = 1000  # a bound, so a typo cannot stall a call for hours (SPEC's default is 8)
+MAX_THREADS = 4096
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,14 @@ DEFAULT_PRESET = "k4v2_g128"
 
 def get_preset(preset) -> Preset:
     if isinstance(preset, Preset):
+        if preset.kbits not in SUPPORTED_BITS or preset.vbits not in SUPPORTED_BITS:
+            raise ValueError(
+                f"preset: {preset.name!r} has k{preset.kbits}/v{preset.vbits} bits; kvarn supports {SUPPORTED_BITS}"
+            )
+        if preset.group not in SUPPORTED_GROUPS:
+            raise ValueError(
+                f"preset: {preset.name!r} has {preset.group}-token tiles; kvarn supports {SUPPORTED_GROUPS}"
+            )
         return preset
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ValueError(f"preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
@@ -70,22 +82,34 @@ def check_head_dim(head_dim, name="head_dim") -> int:
     return head_dim
 
 
-def check_positive_int(value, name, minimum=1) -> int:
+def check_positive_int(value, name, minimum=1, maximum=2**31 - 1) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ValueError(f"{name}: must be <= {maximum}, got {value}")
     return int(value)
+
+
+def check_iters(iters) -> int:
+    return check_positive_int(iters, "iters", minimum=0, maximum=MAX_SINKHORN_ITERS)
 
 
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
-def as_float_array(x, name, ndim=None, fp16_range=False) -> np.ndarray:
-    """Checks a float array argument (dtype, rank, finiteness, optional fp16 range)."""
+def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
+    """Checks a float array argument (dtype, rank, finiteness, optional fp16 range). With
+    with_max_abs, returns (x, max |x|) (0.0 for an empty array)."""
     if not isinstance(x, np.ndarray):
         if hasattr(x, "__array__") or isinstance(x, (list, tuple)):
-            x = np.asarray(x)
+            try:
+                x = np.asarray(x)
+            except (TypeError, ValueError, RuntimeError) as e:  # e.g. a bfloat16 torch tensor
+                raise TypeError(
+                    f"{name}: cannot be read as a numpy array ({e}); pass float16, float32 or float64"
+                ) from None
         else:
             raise TypeError(f"{name}: expected a numpy array, got {type(x).__name__}")
     if x.dtype.type not in _FLOAT_DTYPES:
@@ -95,11 +119,12 @@ def as_float_array(x, name, ndim=None, fp16_range=False) -> np.ndarray:
         if x.ndim not in allowed:
             want = " or ".join(f"{n}-D" for n in allowed)
             raise ValueError(f"{name}: expected a {want} array, got shape {x.shape}")
-    if x.size and not np.isfinite(x).all():
+    max_abs = float(np.abs(x).max()) if x.size else 0.0  # NaN propagates through max
+    if not math.isfinite(max_abs):
         raise ValueError(f"{name}: contains NaN or Inf")
-    if fp16_range and x.size and x.dtype != np.float16 and np.abs(x).max() > FP16_MAX:
+    if fp16_range and x.dtype != np.float16 and max_abs > FP16_MAX:
         raise ValueError(f"{name}: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
-    return x
+    return (x, max_abs) if with_max_abs else x
 
 
 def tile_cut_point(length: int, sink_len: int, group: int, num_tiles: int) -> int:
@@ -130,7 +155,7 @@ _num_threads = 0  # 0: all cores
 def set_num_threads(n: int) -> None:
     """Default thread count for native calls (0 = all cores)."""
     global _num_threads
-    _num_threads = check_positive_int(n, "n", minimum=0)
+    _num_threads = check_positive_int(n, "n", minimum=0, maximum=MAX_THREADS)
 
 
 def get_num_threads() -> int:
@@ -140,7 +165,7 @@ def get_num_threads() -> int:
 def resolve_threads(num_threads) -> int:
     if num_threads is None:
         return _num_threads
-    return check_positive_int(num_threads, "num_threads", minimum=0)
+    return check_positive_int(num_threads, "num_threads", minimum=0, maximum=MAX_THREADS)
 
 
 ISAS = ("scalar", "avx2", "avx512")
@@ -223,18 +248,30 @@ def hadamard(x) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-def quantize_tiles_native(k3: np.ndarray, v3: np.ndarray, preset: Preset, iters: int, num_threads) -> np.ndarray:
-    """k3, v3: float32 C-contiguous [n, G, D] -> records uint8 [n, record_bytes]."""
+def quantize_tiles_native(k3: np.ndarray, v3: np.ndarray, preset: Preset, iters: int, num_threads,
+                          describe=lambda i: f"tile {i}") -> np.ndarray:
+    """k3, v3: float32 C-contiguous [n, G, D] -> records uint8 [n, record_bytes]. describe(i) names
+    pair i in the error raised when its scales overflow fp16."""
     n, _, head_dim = k3.shape
     records = np.empty((n, preset.record_bytes(head_dim)), dtype=np.uint8)
     rc, bad = _native.quantize_tiles(k3, v3, preset.kbits, preset.vbits, iters, records, resolve_threads(num_threads))
     if rc == _native.ERR_OVERFLOW:
         raise ValueError(
-            f"k/v: tile {bad} has values too large for its fp16 scale vectors after rotation; "
-            "keep |k|, |v| well inside the fp16 range"
+            f"{_overflowing(k3[bad], v3[bad], preset, iters)}: {describe(bad)} has values too large for its fp16 "
+            "scale vectors after rotation; keep |k|, |v| well inside the fp16 range"
         )
     check_status(rc, "quantize")
     return records
+
+
+def _overflowing(k2, v2, preset: Preset, iters: int) -> str:
+    """Which of one record's k, v overflows its fp16 scales: each quantised again beside zeros
+    (an error path only)."""
+    zeros = np.zeros((1, *k2.shape), np.float32)
+    out = np.empty((1, preset.record_bytes(k2.shape[-1])), np.uint8)
+    names = [name for name, pair in (("k", (k2[None], zeros)), ("v", (zeros, v2[None])))
+             if _native.quantize_tiles(*pair, preset.kbits, preset.vbits, iters, out, 1)[0] == _native.ERR_OVERFLOW]
+    return " and ".join(names) or "k/v"
 
 
 def dequantize_records_native(records: np.ndarray, preset: Preset, head_dim: int):
@@ -251,7 +288,7 @@ def balance_scales(x, iters: int = SINKHORN_ITERS):
     x = as_float_array(x, "x", ndim=2)
     if x.shape[0] < 2 or x.shape[1] < 2:
         raise ValueError(f"x: needs at least 2 rows and 2 columns, got shape {x.shape}")
-    iters = check_positive_int(iters, "iters", minimum=0)
+    iters = check_iters(iters)
     x32 = np.ascontiguousarray(x, dtype=np.float32)
     r = np.empty(x.shape[0], np.float32)
     c = np.empty(x.shape[1], np.float32)
@@ -273,8 +310,17 @@ def check_kv(k, v, num_kv_heads: int, head_dim: int):
     return k, v
 
 
-def check_queries(q, num_kv_heads: int, head_dim: int, ndim: int, name: str = "q"):
-    q = as_float_array(q, name, ndim=ndim)
+def check_queries(q, num_kv_heads: int, head_dim: int, ndim: int, scale: float, name: str = "q"):
+    """Checks queries [..., Hq, head_dim] against a cache, and that q * scale cannot overflow the
+    float32 scores: |score| <= head_dim * max|q * scale| * max|k|, and keys (fp16, or decoded
+    from codes) stay below 2**17."""
+    q, max_abs = as_float_array(q, name, ndim=ndim, with_max_abs=True)
+    limit = FLOAT32_MAX / (head_dim * 2.0**17)
+    if max_abs * abs(scale) > limit:
+        raise ValueError(
+            f"{name}: max |{name}| x |scale| = {max_abs * abs(scale):.3g} could overflow the float32 attention "
+            f"scores (limit {limit:.3g} at head_dim {head_dim}); scale the queries down"
+        )
     if q.shape[-1] != head_dim:
         raise ValueError(f"{name}: last dimension {q.shape[-1]} does not match the cache's head_dim {head_dim}")
     hq = q.shape[-2]
@@ -289,8 +335,10 @@ def check_scale(scale, head_dim: int) -> float:
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
         raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
     scale = float(scale)
-    if not np.isfinite(scale):
+    if not math.isfinite(scale):
         raise ValueError("scale: must be finite")
+    if abs(scale) > FLOAT32_MAX:
+        raise ValueError(f"scale: {scale:g} is beyond the float32 range the kernels compute in")
     return scale
 
 
@@ -312,10 +360,11 @@ def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
             )
         if len(c) == 0:
             raise ValueError(f"caches[{i}]: the cache is empty; append tokens before attending")
-    q = check_queries(q, first.num_kv_heads, first.head_dim, ndim=3)
+    scale = check_scale(scale, first.head_dim)
+    q = check_queries(q, first.num_kv_heads, first.head_dim, ndim=3, scale=scale)
     if q.shape[0] != len(caches):
         raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
-    return run_attend(q, caches, check_scale(scale, first.head_dim), num_threads)
+    return run_attend(q, caches, scale, num_threads)
 
 
 def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
@@ -324,8 +373,9 @@ def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
         raise TypeError(f"cache: expected a kvarn.{cache_type.__name__}, got {type(cache).__name__}")
     if len(cache) == 0:
         raise ValueError("cache: the cache is empty; append tokens before attending")
-    q = check_queries(q, cache.num_kv_heads, cache.head_dim, ndim=2)
-    return run_attend(q[None], [cache], check_scale(scale, cache.head_dim), num_threads)[0]
+    scale = check_scale(scale, cache.head_dim)
+    q = check_queries(q, cache.num_kv_heads, cache.head_dim, ndim=2, scale=scale)
+    return run_attend(q[None], [cache], scale, num_threads)[0]
 
 
 def run_attend(q, caches, scale: float, num_threads) -> np.ndarray:

@@ -16,9 +16,11 @@ import numpy as np
 
 from ._ops import (
     DEFAULT_PRESET,
+    PRESETS,
     SINKHORN_ITERS,
     as_float_array,
     check_head_dim,
+    check_iters,
     check_kv,
     check_positive_int,
     get_preset,
@@ -58,7 +60,7 @@ class KVCache:
         self.head_dim = check_head_dim(head_dim)
         self.preset = get_preset(preset)
         self.sink_tokens = self.preset.group if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
-        self.iters = check_positive_int(iters, "iters", 0)
+        self.iters = check_iters(iters)
         self._record_bytes = self.preset.record_bytes(self.head_dim)
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
         empty = np.zeros((H, 0, D), np.float16)
@@ -156,7 +158,12 @@ class KVCache:
                 x = x[:, : n_full * G].reshape(H, n_full, G, D).transpose(1, 0, 2, 3)
                 return np.ascontiguousarray(x, dtype=np.float32).reshape(n_full * H, G, D)
 
-            new_records = quantize_tiles_native(tiles(rest_k), tiles(rest_v), self.preset, self.iters, threads)
+            def describe(i):  # the cache positions of pair i's tokens
+                start = self.sink_tokens + (self._num_tiles + i // H) * G
+                return f"head {i % H} of the tile of tokens {start}..{start + G - 1}"
+
+            new_records = quantize_tiles_native(tiles(rest_k), tiles(rest_v), self.preset, self.iters, threads,
+                                                describe)
             new_records = new_records.reshape(n_full, H, self._record_bytes)
         records = self._records
         if n_full and self._num_tiles + n_full > records.shape[0]:
@@ -249,9 +256,13 @@ class KVCache:
         return {
             "sink_k": sink_k.copy(), "sink_v": sink_v.copy(), "records": records[:num_tiles].copy(),
             "tail_k": tail_k[:, :tail_len].copy(), "tail_v": tail_v[:, :tail_len].copy(),
-            "preset": self.preset.name, "sink_tokens": self.sink_tokens, "iters": self.iters,
+            "preset": self._preset_for_parts(), "sink_tokens": self.sink_tokens, "iters": self.iters,
             "quantize_on": self.quantize_on,
         }
+
+    def _preset_for_parts(self):
+        # A built-in preset by name; a custom kvarn.Preset as itself (its name alone could not be resolved).
+        return self.preset.name if PRESETS.get(self.preset.name) == self.preset else self.preset
 
     @classmethod
     def from_parts(cls, sink_k, sink_v, records, tail_k, tail_v, *, preset: str = DEFAULT_PRESET,
@@ -289,7 +300,7 @@ class KVCache:
         if tail_len > max_tail:
             raise ValueError(f"tail_k: {tail_len} tokens; the tail holds at most {max_tail} (quantize_on={quantize_on!r})")
         if tiles:
-            Tile.from_records(records.reshape(tiles * H, R), cache.preset, D)  # raises on corrupt scales
+            Tile.from_records(records.reshape(tiles * H, R), cache.preset, D, argname="records")  # raises on corrupt scales
         tail_k16 = np.zeros((H, G, D), np.float16)
         tail_v16 = np.zeros((H, G, D), np.float16)
         tail_k16[:, :tail_len] = parts["tail_k"]

@@ -5,6 +5,19 @@ import argparse
 import sys
 
 
+def int_at_least(minimum: int):
+    """An argparse type: an int >= minimum (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
 def _cmd_demo(args) -> int:
     from . import set_num_threads
     from .demo import run_demo
@@ -42,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="compress a KV sample and compare with fp16, KIVI and numpy attention")
     demo.add_argument("--preset", default="k4v2_g128")
     demo.add_argument("--synthetic", action="store_true", help="use the synthetic sample even if a real one ships")
-    demo.add_argument("--queries", type=int, default=8, help="query positions per layer for the error")
-    demo.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
-    demo.add_argument("--threads", type=int, default=None, help="native threads (default: all cores)")
+    demo.add_argument("--queries", type=int_at_least(1), default=8, help="query positions per layer for the error")
+    demo.add_argument("--repeats", type=int_at_least(1), default=5, help="timed runs per measurement (median)")
+    demo.add_argument("--threads", type=int_at_least(0), default=None, help="native threads (default, 0: all cores)")
     demo.set_defaults(func=_cmd_demo)
     info = sub.add_parser("info", help="ISAs, threads, presets, CUDA")
     info.set_defaults(func=_cmd_info)

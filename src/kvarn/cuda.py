@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ._ops import DEFAULT_PRESET, SINKHORN_ITERS, check_positive_int, get_preset, tile_cut_point
+from ._ops import DEFAULT_PRESET, SINKHORN_ITERS, check_iters, check_positive_int, get_preset, tile_cut_point
 
 try:  # the CUDA module is optional at build time
     from . import _cuda
@@ -268,7 +268,7 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
     if G != p.group:
         raise ValueError(f"k: a {p.name} tile holds {p.group} tokens, got {G} (shape {vk.shape})")
     _check_no_gpu_head_dim(D, "k.shape[-1]")
-    iters = check_positive_int(iters, "iters", minimum=0)
+    iters = check_iters(iters)
     layout = _cuda.record_layout(p.kbits, p.vbits, p.group, D)
     records = _uint8_like(vk, (n, layout["total"]))
     if n == 0:
@@ -339,7 +339,7 @@ class PagedKVCache:
         self.max_seq_len = check_positive_int(max_seq_len, "max_seq_len")
         G = self.preset.group
         self.sink_tokens = G if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
-        self.iters = check_positive_int(iters, "iters", 0)
+        self.iters = check_iters(iters)
         self.max_tiles = max(1, -(-max(self.max_seq_len - self.sink_tokens, 0) // G))
         self.num_pages = (self.max_seqs * self.max_tiles if num_pages is None
                           else check_positive_int(num_pages, "num_pages"))

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from . import baselines
-from ._ops import get_num_threads, get_preset, active_isa
+from ._ops import active_isa, check_positive_int, get_num_threads, get_preset
 from .cache import KVCache, attend
 
 
@@ -75,6 +75,8 @@ def _median_time(fn, repeats):
 
 def run_demo(preset: str = "k4v2_g128", synthetic: bool = False, max_queries: int = 8, repeats: int = 5, out=print):
     p = get_preset(preset)
+    max_queries = check_positive_int(max_queries, "max_queries")
+    repeats = check_positive_int(repeats, "repeats")
     sample = load_sample(synthetic)
     k_all, v_all, q_all = sample["k"], sample["v"], sample["q"]
     meta = sample.get("meta", {})

@@ -25,6 +25,8 @@ from typing import Callable
 
 import numpy as np
 
+from .cli import int_at_least
+
 PAPER_PRESETS = ("k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128")
 BASELINE_BITS = ((4, 2), (4, 4), (2, 2))
 TURBOQUANT_BITS = (3, 4)
@@ -324,7 +326,7 @@ def add_eval_parser(subparsers):
                    help="real decode steps (KVarNCache) compared with pseudo-decode per preset (0: skip)")
     p.add_argument("--decode-prefix", type=int, default=1024, help="prefill length before those steps")
     p.add_argument("--out", default="kvarn_eval", help="output folder for results.json and kl_vs_bits.png")
-    p.add_argument("--threads", type=int, default=None, help="torch and kvarn threads")
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch and kvarn threads")
     p.set_defaults(func=run_eval)
     return p
 

@@ -9,21 +9,26 @@ from . import _native
 from ._ops import (
     PRESETS,
     SINKHORN_ITERS,
+    SUPPORTED_BITS,
+    SUPPORTED_GROUPS,
     Preset,
     as_float_array,
     check_head_dim,
-    check_positive_int,
+    check_iters,
     dequantize_records_native,
     get_preset,
     quantize_tiles_native,
 )
 
 # Container around raw records for to_bytes/from_bytes: magic, version, kbits,
-# vbits, group, head_dim, num_heads (little endian). The records themselves
+# vbits, group, head_dim, num_heads, flags (little endian). The records themselves
 # follow unchanged, so any backend's records can be wrapped and read back.
+# Version 1 had no flags byte; version 2 adds it (bit 0: the tile came from 2-D k, v).
 _MAGIC = b"KVARNTL1"
-_HEADER = struct.Struct("<8sBBBHHI")
-_VERSION = 1
+_HEADER_V1 = struct.Struct("<8sBBBHHI")
+_HEADER = struct.Struct("<8sBBBHHIB")
+_VERSION = 2
+_FLAG_SQUEEZE = 1
 
 
 def _field_views(records: np.ndarray, preset: Preset, head_dim: int) -> dict:
@@ -45,8 +50,18 @@ def _field_views(records: np.ndarray, preset: Preset, head_dim: int) -> dict:
     }
 
 
+def _check_bits(bits) -> int:
+    if isinstance(bits, (bool, np.bool_)) or not isinstance(bits, (int, np.integer)) or bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits: must be one of {SUPPORTED_BITS}, got {bits!r}")
+    return int(bits)
+
+
 def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
     """Unpacks codes along the last axis: code i from byte i // (8/bits), shift (i % (8/bits))*bits."""
+    bits = _check_bits(bits)
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8 or packed.ndim == 0:
+        raise TypeError(f"packed: expected a uint8 array of at least 1 dimension, got {packed.dtype} {packed.shape}")
     per_byte = 8 // bits
     shifts = (np.arange(per_byte, dtype=np.uint8) * bits).astype(np.uint8)
     codes = (packed[..., :, None] >> shifts) & np.uint8((1 << bits) - 1)
@@ -55,8 +70,17 @@ def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Inverse of unpack_codes; codes must be < 2**bits and the last axis a multiple of 8/bits."""
+    bits = _check_bits(bits)
     per_byte = 8 // bits
-    codes = np.asarray(codes, dtype=np.uint8)
+    codes = np.asarray(codes)
+    if codes.dtype.kind not in "iu" or codes.ndim == 0:
+        raise TypeError(f"codes: expected an integer array of at least 1 dimension, got {codes.dtype} {codes.shape}")
+    if codes.size and (codes.min() < 0 or codes.max() >= 1 << bits):
+        raise ValueError(f"codes: values must be in [0, {(1 << bits) - 1}] for {bits}-bit codes, "
+                         f"got [{codes.min()}, {codes.max()}]")
+    if codes.shape[-1] % per_byte:
+        raise ValueError(f"codes: last axis {codes.shape[-1]} is not a multiple of {per_byte} ({bits}-bit codes)")
+    codes = codes.astype(np.uint8)
     grouped = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per_byte, per_byte)
     shifts = (np.arange(per_byte, dtype=np.uint8) * bits).astype(np.uint8)
     return np.bitwise_or.reduce(grouped << shifts, axis=-1).astype(np.uint8)
@@ -71,11 +95,13 @@ class Tile:
         rec_bytes = self.preset.record_bytes(self.head_dim)
         if not isinstance(records, np.ndarray) or records.dtype != np.uint8:
             raise TypeError("records: expected a uint8 numpy array")
-        if records.ndim != 2 or records.shape[1] != rec_bytes:
+        if records.ndim != 2 or records.shape[1] != rec_bytes or records.shape[0] == 0:
             raise ValueError(
-                f"records: expected shape [H, {rec_bytes}] for {self.preset.name} with head_dim "
+                f"records: expected shape [H, {rec_bytes}] (H >= 1) for {self.preset.name} with head_dim "
                 f"{self.head_dim}, got {records.shape}"
             )
+        if squeeze and records.shape[0] != 1:
+            raise ValueError(f"squeeze: a 2-D tile has one head, got {records.shape[0]}")
         self.records = np.ascontiguousarray(records)
         self.squeeze = bool(squeeze)
 
@@ -107,55 +133,70 @@ class Tile:
     # ---- serialisation -------------------------------------------------------
     def to_bytes(self) -> bytes:
         header = _HEADER.pack(
-            _MAGIC, _VERSION, self.preset.kbits, self.preset.vbits, self.preset.group, self.head_dim, self.num_heads
+            _MAGIC, _VERSION, self.preset.kbits, self.preset.vbits, self.preset.group, self.head_dim, self.num_heads,
+            _FLAG_SQUEEZE if self.squeeze else 0,
         )
         return header + self.records.tobytes()
 
     @classmethod
     def from_bytes(cls, data, preset=None) -> "Tile":
-        """Reads to_bytes() output; checks header, length, preset and that every scale is finite."""
+        """Reads to_bytes() output (this version's or version 1's); checks header, length, preset
+        and that every scale is finite."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data: expected bytes, got {type(data).__name__}")
         data = bytes(data)
-        if len(data) < _HEADER.size:
-            raise ValueError(f"data: {len(data)} bytes is shorter than the {_HEADER.size}-byte tile header")
-        magic, version, kbits, vbits, group, head_dim, num_heads = _HEADER.unpack_from(data)
+        if len(data) < _HEADER_V1.size:
+            raise ValueError(f"data: {len(data)} bytes is shorter than the {_HEADER_V1.size}-byte tile header")
+        magic, version = data[:8], data[8]
         if magic != _MAGIC:
             raise ValueError("data: not a kvarn tile (bad magic)")
-        if version != _VERSION:
+        if version == 1:
+            header, flags = _HEADER_V1, 0
+            _, _, kbits, vbits, group, head_dim, num_heads = header.unpack_from(data)
+        elif version == _VERSION:
+            header = _HEADER
+            if len(data) < header.size:
+                raise ValueError(f"data: {len(data)} bytes is shorter than the {header.size}-byte tile header")
+            _, _, kbits, vbits, group, head_dim, num_heads, flags = header.unpack_from(data)
+        else:
             raise ValueError(f"data: unsupported tile format version {version}")
-        matches = [p for p in PRESETS.values() if (p.kbits, p.vbits, p.group) == (kbits, vbits, group)]
-        if not matches:
+        if kbits not in SUPPORTED_BITS or vbits not in SUPPORTED_BITS or group not in SUPPORTED_GROUPS:
             raise ValueError(f"data: header names an unknown format k{kbits}v{vbits}_g{group}")
-        stored = matches[0]
+        matches = [p for p in PRESETS.values() if (p.kbits, p.vbits, p.group) == (kbits, vbits, group)]
+        stored = matches[0] if matches else Preset(f"k{kbits}v{vbits}_g{group}", kbits, vbits, group)
         if preset is not None:
             wanted = get_preset(preset)
             if (wanted.kbits, wanted.vbits, wanted.group) != (kbits, vbits, group):
                 raise ValueError(f"preset: data holds {stored.name}, not {wanted.name}")
+            stored = wanted
         try:
             check_head_dim(head_dim)
         except ValueError:
             raise ValueError(f"data: header names unsupported head_dim {head_dim}") from None
         if num_heads < 1:
             raise ValueError("data: header names zero heads")
+        squeeze = bool(flags & _FLAG_SQUEEZE)
+        if flags & ~_FLAG_SQUEEZE or (squeeze and num_heads != 1):
+            raise ValueError(f"data: header flags {flags:#x} are not valid for {num_heads} head(s)")
         rec_bytes = stored.record_bytes(head_dim)
-        expected = _HEADER.size + num_heads * rec_bytes
+        expected = header.size + num_heads * rec_bytes
         if len(data) != expected:
             raise ValueError(f"data: expected {expected} bytes for {num_heads} head(s) of {stored.name}, got {len(data)}")
-        records = np.frombuffer(data, dtype=np.uint8, offset=_HEADER.size).reshape(num_heads, rec_bytes).copy()
-        return cls.from_records(records, stored, head_dim)
+        records = np.frombuffer(data, dtype=np.uint8, offset=header.size).reshape(num_heads, rec_bytes).copy()
+        return cls.from_records(records, stored, head_dim, squeeze=squeeze, argname="data")
 
     @classmethod
-    def from_records(cls, records, preset, head_dim) -> "Tile":
-        """Wraps raw SPEC §6 records (e.g. written by the CUDA store kernel), validating their scales."""
-        tile = cls(records, preset, head_dim)
+    def from_records(cls, records, preset, head_dim, squeeze: bool = False, argname: str = "records") -> "Tile":
+        """Wraps raw SPEC §6 records (e.g. written by the CUDA store kernel), validating their scales;
+        errors name ``argname``."""
+        tile = cls(records, preset, head_dim, squeeze=squeeze)
         for name, view in tile.fields().items():
             if view.dtype == np.float16:
                 vals = view.astype(np.float32)
                 if not np.isfinite(vals).all():
-                    raise ValueError(f"data: corrupt tile record: field {name} holds NaN or Inf")
+                    raise ValueError(f"{argname}: corrupt tile record: field {name} holds NaN or Inf")
                 if name in ("kt", "vc") and not (vals > 0).all():
-                    raise ValueError(f"data: corrupt tile record: field {name} must be positive")
+                    raise ValueError(f"{argname}: corrupt tile record: field {name} must be positive")
         return tile
 
     def __repr__(self) -> str:
@@ -181,9 +222,10 @@ def quantize_tile(k, v, preset="k4v2_g128", *, iters: int = SINKHORN_ITERS, num_
     if k3.shape[0] == 0:
         raise ValueError("k: needs at least one head")
     head_dim = check_head_dim(k3.shape[2], "k.shape[-1]")
-    iters = check_positive_int(iters, "iters", minimum=0)
+    iters = check_iters(iters)
     records = quantize_tiles_native(
-        np.ascontiguousarray(k3, dtype=np.float32), np.ascontiguousarray(v3, dtype=np.float32), p, iters, num_threads
+        np.ascontiguousarray(k3, dtype=np.float32), np.ascontiguousarray(v3, dtype=np.float32), p, iters, num_threads,
+        describe=(lambda i: "the tile") if squeeze else (lambda i: f"head {i}"),
     )
     return Tile(records, p, head_dim, squeeze=squeeze)
 
