@@ -425,9 +425,10 @@ def main():
             sp = f"{row['sdpa_ms'] / kv_ms:.2f}x" if row["sdpa_ms"] else "n/a"
             fl = (f"floor {row['kvarn_floor_ms'] * 1e3:6.1f}, {100 * row['kvarn_bw_frac']:4.1f}% of copy bw" if bw
                   else "floor -, copy bw not measured")
+            us = lambda ms, width: f"{ms * 1e3:{width}.1f} us" if ms else f"{'n/a':>{width + 3}}"  # noqa: E731
             print(f"ctx {ctx:6d} B {batch:2d}: kvarn {kv_ms * 1e3:8.1f} us (eager {kv_eager * 1e3:7.1f}, {fl}) | sdpa "
-                  f"{(row['sdpa_ms'] or 0) * 1e3:8.1f} us [{row['sdpa_best']}] -> {sp} | dequant+sdpa "
-                  f"{(dq_ms or 0) * 1e3:9.1f} us | {sdpa_all}", flush=True)
+                  f"{us(row['sdpa_ms'], 8)} [{row['sdpa_best']}] -> {sp} | dequant+sdpa {us(dq_ms, 9)} | {sdpa_all}",
+                  flush=True)
             for kind in (_EVICT_KINDS if _EVICT_MB > 0 else []):
                 evict = make_evictor(kind, _EVICT_MB)
                 ev_ms, (ev_min, ev_max), ev_mean = evicted_time(fn, n_layers, evict, _EVICT_REPS)
