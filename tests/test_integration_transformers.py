@@ -342,3 +342,51 @@ def test_gemma3_second_head_dim_decode_path_agrees():
     pseudo = kev.forward_logits(model, seq, kev.PseudoDecode(m, 128, 128, exact_prefix=P))[P:]
     # No tile fills while decoding here, so the two paths differ by float summation order only.
     assert float((dec - pseudo).abs().max()) < 0.05
+
+
+def _tiny(config_cls, **kw):
+    torch.manual_seed(0)
+    cfg = config_cls(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_hidden_layers=2,
+                     vocab_size=256, intermediate_size=128, **kw)
+    import transformers
+
+    model_cls = getattr(transformers, config_cls.__name__.replace("Config", "ForCausalLM"))
+    return model_cls(cfg).eval()
+
+
+def test_window_and_softcap_configs():
+    import transformers
+
+    # Mistral-7B-v0.1 style: sliding_window and no layer_types means every layer is windowed
+    # (as transformers' own caches read it): nothing for kvarn to compress, so refused by name.
+    windowed = _tiny(transformers.MistralConfig, sliding_window=32)
+    with pytest.raises(NotImplementedError, match="every attention layer is 'sliding_attention'"):
+        KVarNCache(windowed.config)
+    # Without a window the same architecture is served, and near-lossless k8v8 follows the fp cache.
+    full = _tiny(transformers.MistralConfig, sliding_window=None)
+    ids = torch.randint(1, 256, (1, 300), generator=torch.Generator().manual_seed(1))  # sink + a quantised tile
+    ref = full.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    got = full.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                        **cache_kwargs(full, KVarNCache(full.config, preset="k8v8_g128")))
+    assert torch.equal(got, ref)
+    softcapped = _tiny(transformers.Gemma2Config, attn_logit_softcapping=50.0)
+    with pytest.raises(NotImplementedError, match="soft-capping"):
+        KVarNCache(softcapped.config)
+
+
+def test_restore_attention():
+    import transformers
+    from kvarn.integrations.transformers import restore_attention
+
+    model = _tiny(transformers.LlamaConfig)
+    model.set_attn_implementation("eager")
+    ids = torch.randint(1, 256, (1, 8), generator=torch.Generator().manual_seed(2))
+    cache = KVarNCache(model.config)
+    assert model.config._attn_implementation == "kvarn"
+    restore_attention(model)
+    assert model.config._attn_implementation == "eager"
+    assert len(model(ids, output_attentions=True).attentions) == 2  # eager-only feature back
+    with pytest.raises(RuntimeError, match="attn_implementation is 'eager'"):
+        model(ids, **cache_kwargs(model, cache))
+    restore_attention(model)  # nothing to undo: no-op
+    assert model.config._attn_implementation == "eager"

@@ -8,8 +8,10 @@ How it works
 - ``KVarNCache(config)`` registers an attention function named ``"kvarn"`` with transformers'
   ``AttentionInterface`` (its mask builder is sdpa's) and switches ``config`` to it, so every
   attention module that shares this config (all of them, in the Llama family) routes through it.
-  Where the cache is not a KVarN one, the function is plain sdpa: the switch is harmless to later
-  calls without a KVarNCache.
+  Where the cache is not a KVarN one, the function is plain sdpa, so later calls without a
+  KVarNCache run sdpa whatever the model used before (eager-only features such as
+  ``output_attentions`` then return nothing); ``restore_attention(model.config)`` switches the
+  config back to its previous implementation.
 - Prefill on an empty cache: the layer appends the prompt's post-RoPE K/V to one
   ``kvarn.KVCache`` per batch row (full tiles get quantised at once) and hands the full-precision
   K/V back, so the prompt attends exactly as without the cache.
@@ -17,9 +19,11 @@ How it works
   returned key tensor; the attention function then, token by token, appends the token to the
   kvarn cache and calls ``kvarn.attend_batch`` over the packed codes. No dequantised copy of the
   cache is ever made (transformers' own QuantizedCache dequantises the whole cache every step).
-- Sliding-window layers (Gemma 3's local layers) keep transformers' full-precision
+- Sliding-window layers (Gemma 3's local layers; every layer of a config with ``sliding_window``
+  and no ``layer_types``, as Mistral-7B-v0.1) keep transformers' full-precision
   ``DynamicSlidingWindowLayer``: they hold at most ``sliding_window`` tokens, and kvarn's attention
-  has no window.
+  has no window. A config with no full-attention layer at all (nothing to compress) or with logit
+  soft-capping is refused when the cache is built.
 
 Batch rows can be reordered, repeated and selected (beam search, ``num_return_sequences``): a
 row that appears twice gets a copy of its ``kvarn.KVCache``. Left-padded batches (what
@@ -64,7 +68,7 @@ def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     """
     layer = getattr(key, _TAG, None)
     if layer is not None:
-        if kwargs.get("softcap") is not None or getattr(module, "sliding_window", None):
+        if kwargs.get("softcap") is not None or kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
             layer._pending = None
             raise NotImplementedError("KVarNCache: kvarn attention has no logit soft-capping or sliding window")
         return layer.attend_pending(query, attention_mask, scaling), None
@@ -87,13 +91,36 @@ def register() -> str:
     return ATTN_IMPLEMENTATION
 
 
+_PREVIOUS_ATTN = "_kvarn_previous_attn_implementation"  # config attribute: what use_kvarn_attention replaced
+
+
 def use_kvarn_attention(model_or_config) -> None:
-    """Routes a model's (or config's) attention through ``kvarn_attention``."""
+    """Routes a model's (or config's) attention through ``kvarn_attention``; the previous
+    implementation is remembered for ``restore_attention``."""
     register()
+    config = getattr(model_or_config, "config", model_or_config)
+    previous = getattr(config, "_attn_implementation", None)
+    if previous != ATTN_IMPLEMENTATION:
+        setattr(config, _PREVIOUS_ATTN, previous)
     if hasattr(model_or_config, "set_attn_implementation"):
         model_or_config.set_attn_implementation(ATTN_IMPLEMENTATION)
     else:
         model_or_config._attn_implementation = ATTN_IMPLEMENTATION
+
+
+def restore_attention(model_or_config) -> None:
+    """Undoes ``use_kvarn_attention`` (which building a KVarNCache does): the model's attention
+    implementation goes back to what it was, e.g. for eager-only features. A KVarNCache built on
+    this config refuses to run until it is switched to ``"kvarn"`` again."""
+    config = getattr(model_or_config, "config", model_or_config)
+    if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION or not hasattr(config, _PREVIOUS_ATTN):
+        return
+    previous = getattr(config, _PREVIOUS_ATTN)
+    delattr(config, _PREVIOUS_ATTN)
+    if hasattr(model_or_config, "set_attn_implementation") and previous is not None:
+        model_or_config.set_attn_implementation(previous)
+    else:
+        config._attn_implementation = previous
 
 
 @contextlib.contextmanager
@@ -371,7 +398,17 @@ class KVarNCache(Cache):
         if not hasattr(config, "num_hidden_layers"):
             raise TypeError(f"config: expected a transformers model config, got {type(config).__name__}")
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        layer_types = getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers
+        softcap = getattr(text_config, "attn_logit_softcapping", None)
+        if softcap:
+            raise NotImplementedError(
+                f"config: attention logit soft-capping (attn_logit_softcapping={softcap}) is not supported by kvarn attention"
+            )
+        layer_types = getattr(text_config, "layer_types", None)
+        if not layer_types:  # as transformers infers them: a config-wide window or chunk applies to every layer
+            kind = ("sliding_attention" if getattr(text_config, "sliding_window", None) is not None
+                    else "chunked_attention" if getattr(text_config, "attention_chunk_size", None) is not None
+                    else "full_attention")
+            layer_types = [kind] * text_config.num_hidden_layers
         layers = []
         for t in layer_types:
             if t == "full_attention":
@@ -381,6 +418,13 @@ class KVarNCache(Cache):
                 layers.append(DynamicSlidingWindowLayer(sliding_window=window))
             else:
                 raise NotImplementedError(f"config: layer type {t!r} is not supported by KVarNCache")
+        if not any(isinstance(layer, KVarNLayer) for layer in layers):
+            raise NotImplementedError(
+                f"config: every attention layer is {layer_types[0]!r} (sliding_window="
+                f"{getattr(text_config, 'sliding_window', None)}, attention_chunk_size="
+                f"{getattr(text_config, 'attention_chunk_size', None)}); kvarn attention has no window, so a "
+                "KVarNCache would compress nothing: use the model's own cache"
+            )
         super().__init__(layers=layers)
         self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset.name
         self.quantize_on = quantize_on
