@@ -14,7 +14,6 @@ One group per (shape, context, batch). Bytes moved = cache bytes read per call
 
     pytest benchmarks/bench_attend.py --benchmark-columns=min,median,rounds
 """
-import copy
 import os
 import time
 
@@ -95,13 +94,7 @@ def data(shape, ctx):
 
 def clone(cache):
     """A copy of a cache with its own arrays (so batch rows and layers read distinct memory)."""
-    if isinstance(cache, kvarn.KVCache):
-        c = cache.copy()  # its arrays live in one state tuple, which a shallow copy would share
-    else:  # FP16Cache: shallow copy + array copies
-        c = copy.copy(cache)
-        for name, val in vars(cache).items():
-            if isinstance(val, np.ndarray):
-                setattr(c, name, val.copy())
+    c = cache.copy()  # KVCache, FP16Cache: their arrays live in one state tuple, which a shallow copy would share
     for key in ("sink_k", "records", "tail_k"):
         a, b = cache._native_parts()[key], c._native_parts()[key]
         assert a.size == 0 or not np.shares_memory(a, b), f"clone shares {key}"

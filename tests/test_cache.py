@@ -369,6 +369,132 @@ def test_concurrent_appends_and_attends_lose_nothing(rng):
     assert cache.sink_len + cache.num_tiles * 128 + cache.tail_len == 24 * 37
 
 
+def _race(seconds, writer, readers):
+    """Runs writer() repeatedly for `seconds` (at least once) while each reader() loops in its own
+    thread; returns the exceptions raised."""
+    import threading
+    import time
+
+    errors, done = [], threading.Event()
+
+    def loop(fn):
+        try:
+            while not done.is_set():
+                fn()
+        except Exception as exc:  # reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(r,)) for r in readers]
+    for t in threads:
+        t.start()
+    t0 = time.perf_counter()
+    try:
+        writer()
+        while time.perf_counter() - t0 < seconds:
+            writer()
+    except Exception as exc:
+        errors.append(exc)
+    done.set()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_readers_see_one_state_while_appends_and_truncates_run(rng):
+    """Sizes, nbytes, records, dequantize and attend each read one published state: with appends of
+    50 tokens, every length a reader sees is a multiple of 50; an attend racing truncate(0) gets the
+    'empty' error by name, not a native argument error."""
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0)
+    chunk = rng.standard_normal((2, 50, 64)).astype(np.float32)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    seen = set()
+
+    def writer():
+        for _ in range(6):
+            cache.append(chunk, chunk)
+        cache.truncate(0)
+
+    def sizes():
+        seen.add(len(cache))
+        k, _ = cache.dequantize()
+        seen.add(k.shape[1])
+        assert cache.records.shape[0] * 64 <= 300
+
+    def attend():
+        try:
+            kvarn.attend(q, cache)
+        except ValueError as e:
+            assert "the cache is empty" in str(e), e
+
+    errors = _race(1.0, writer, [sizes, attend])
+    assert not errors, errors[:3]
+    assert seen and all(n % 50 == 0 for n in seen), sorted(seen)
+
+
+def test_fp16_cache_appends_from_threads_lose_nothing(rng):
+    import threading
+
+    cache = kvarn.FP16Cache(1, 16)
+    ones, twos = np.ones((1, 7, 16)), np.full((1, 7, 16), 2.0)
+
+    def writer(x):
+        for _ in range(300):
+            cache.append(x, x)
+
+    def reader():
+        k, v = cache.keys_values()
+        assert k.shape == v.shape
+        if len(k[0]):
+            kvarn.fp16cache.attend_fp16_batch(np.ones((1, 2, 16), np.float32), [cache])
+
+    def two_writers():
+        ts = [threading.Thread(target=writer, args=(x,)) for x in (ones, twos)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    errors = _race(0.0, two_writers, [reader])  # the writers once, a reader meanwhile
+    assert not errors, errors[:3]
+    k, _ = cache.keys_values()
+    assert len(cache) == 4200 and (k == 1).all(axis=(0, 2)).sum() == 2100 and (k == 2).all(axis=(0, 2)).sum() == 2100
+
+
+def test_forked_child_attends_after_the_pool_ran(tmp_path):
+    """A child fork()ed after the thread pool has run gets a pool of its own; it used to hang on the
+    parent's condition variable (multiprocessing's fork start method does this fork)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "fork_child.py"
+    script.write_text(textwrap.dedent("""
+        import os, time, numpy as np, kvarn
+        c = kvarn.KVCache(2, 64)
+        c.append(np.ones((2, 2000, 64)), np.ones((2, 2000, 64)))
+        q = np.ones((4, 64), np.float32)
+        ref = kvarn.attend(q, c, num_threads=4)
+        time.sleep(0.5)  # the parent's workers asleep on the pool's condition variable
+        pid = os.fork()
+        if pid == 0:
+            ok = True
+            for i in range(12):  # with pauses, so the child's own workers sleep and are woken
+                ok &= np.array_equal(kvarn.attend(q, c, num_threads=4), ref)
+                time.sleep(0.3 if i % 4 == 0 else 0.0)
+            os._exit(0 if ok else 3)
+        t0 = time.time()
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.time() - t0 > 30:
+                os.kill(pid, 9)
+                print("child hung")
+                raise SystemExit(1)
+            time.sleep(0.05)
+        print("child ok")
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "child ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
 @pytest.mark.parametrize("n", [1, 127, 128, 129, 256, 300])
 def test_quantize_on_next_keeps_a_full_tail_exact(n, rng):
     """quantize_on="next": the token that completes a tile still sees that tile exact; the tile is

@@ -360,6 +360,22 @@ def test_tile_round_trip_keeps_its_shape_and_reads_version_1(rng):
     assert kvarn.Tile.from_bytes(tc.to_bytes()).preset.name == "k2v4_g64"
 
 
+def test_tile_describing_fields_are_read_only_and_native_buffers_are_checked(rng):
+    t = kvarn.quantize_tile(kv_like(rng, (128, 64)), kv_like(rng, (128, 64)))
+    for name, value in (("records", np.zeros((20000, 1), np.uint8)), ("head_dim", 1024),
+                        ("preset", kvarn.PRESETS["k8v8_g128"]), ("squeeze", False)):
+        with pytest.raises(AttributeError):
+            setattr(t, name, value)  # native reads are sized from these: they must keep matching
+    # The wrappers themselves refuse buffers the native code would overrun (callers skipping _ops).
+    k = np.zeros((3, 128, 64), np.float32)
+    with pytest.raises(ValueError, match="records do not match"):
+        kvarn._native.dequantize_tiles(np.zeros((3, 10), np.uint8), 4, 2, k, k.copy())
+    with pytest.raises(ValueError, match="k and v differ"):
+        kvarn._native.quantize_tiles(k, k[:2].copy(), 4, 2, 8, np.zeros((3, 10), np.uint8), 1)
+    with pytest.raises(ValueError, match="records buffer does not fit"):
+        kvarn._native.quantize_tiles(k, k.copy(), 4, 2, 8, np.zeros((3, 10), np.uint8), 1)
+
+
 def test_array_likes_that_numpy_cannot_read_get_a_named_error():
     torch = pytest.importorskip("torch")  # installed with the eval extra, as in CI
     x = torch.randn(1, 3, 16, dtype=torch.bfloat16)

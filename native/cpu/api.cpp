@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -48,9 +49,13 @@ int resolve_threads(int32_t requested)
 // the OS has not scheduled yet simply finds no items left, which keeps a call
 // from losing a scheduler tick (~4 ms) when the machine is oversubscribed.
 // Workers spin for ~200 us after a job (decode calls come back to back, one per
-// layer), then sleep on a condition variable.
+// layer), then sleep on a condition variable until the next one.
 // One job at a time: a concurrent caller (another Python thread; the GIL is
 // released) that finds the pool busy runs its items itself.
+// At most one helper per CPU the process may use besides the caller: more threads than
+// CPUs only take turns (the split layout still follows the requested thread count).
+// After fork() the child gets a fresh pool (pool(), below): the parent's workers do not
+// exist there, and its mutexes and condition variable may be in any state.
 class ThreadPool {
 public:
     template <typename F>
@@ -66,8 +71,11 @@ public:
             for (int64_t i = 0; i < n; ++i) fn(i);
             return;
         }
-        after_fork_check();
-        const int helpers = (int)std::min<int64_t>(threads - 1, n - 1);
+        const int helpers = (int)std::min<int64_t>(std::min(threads, max_threads_) - 1, n - 1);
+        if (helpers <= 0) {
+            for (int64_t i = 0; i < n; ++i) fn(i);
+            return;
+        }
         if (!grow(helpers)) {
             for (int64_t i = 0; i < n; ++i) fn(i);
             return;
@@ -138,18 +146,21 @@ private:
         uint64_t seen = gen_.load();
         for (;;) {
             uint64_t g;
-            auto t0 = std::chrono::steady_clock::now();
+            const auto t0 = std::chrono::steady_clock::now();
             int spins = 0;
+            bool slept = false;  // once asleep, stay asleep until a job: no new spin per wake-up
             while ((g = gen_.load(std::memory_order_acquire)) == seen || (g & 1)) {
-                if (++spins % 256 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(200)) {
+                if (slept || (++spins % 256 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(200))) {
                     std::unique_lock<std::mutex> lk(mu_);
                     sleeping_.fetch_add(1);
+                    // A timed wait: the publisher checks sleeping_ without the lock, so a
+                    // notification can be missed; the caller does the items meanwhile.
                     cv_.wait_for(lk, std::chrono::milliseconds(100), [&] {
                         const uint64_t x = gen_.load();
                         return x != seen && !(x & 1);
                     });
                     sleeping_.fetch_sub(1);
-                    t0 = std::chrono::steady_clock::now();
+                    slept = true;
                 } else {
                     pause();
                 }
@@ -159,19 +170,6 @@ private:
             if (gen_.load() == g && idx < max_workers_) work();
             active_.fetch_sub(1);
         }
-    }
-
-    // After fork() the child has none of the parent's workers: forget them
-    // (their std::thread objects are leaked on purpose, never joined).
-    void after_fork_check()
-    {
-        const pid_t pid = getpid();
-        if (pid == pid_) return;
-        if (pid_ != 0 && !workers_.empty()) new std::vector<std::thread>(std::move(workers_));
-        workers_.clear();
-        active_.store(0);
-        sleeping_.store(0);
-        pid_ = pid;
     }
 
     std::mutex run_mu_, mu_;
@@ -184,14 +182,25 @@ private:
     void* ctx_ = nullptr;
     int64_t n_ = 0;
     int max_workers_ = 0;
-    pid_t pid_ = 0;
+    const int max_threads_ = std::max<int>(1, kvarn_default_threads());
 };
 
-// Never destroyed: workers blocked in a wait at process exit are simply ended.
+// Never destroyed: workers blocked in a wait at process exit are simply ended. In a
+// fork()ed child the handler below, run by the only thread there before anything else,
+// replaces the pool; the parent's is leaked on purpose (its threads do not exist in the
+// child, so its std::thread objects can never be joined or destroyed).
+std::atomic<ThreadPool*> g_pool{nullptr};
+
+void new_pool_after_fork() { g_pool.store(new ThreadPool); }
+
 ThreadPool& pool()
 {
-    static ThreadPool* p = new ThreadPool;
-    return *p;
+    static const bool registered = [] {
+        g_pool.store(new ThreadPool);
+        return pthread_atfork(nullptr, nullptr, new_pool_after_fork) == 0;
+    }();
+    (void)registered;  // fails only without memory (ENOMEM); nothing better to do then
+    return *g_pool.load();
 }
 
 template <typename F>

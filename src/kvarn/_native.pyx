@@ -1,7 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Thin wrappers over the C ABI. Shapes, dtypes and friendly errors live in
 kvarn/_ops.py; here we only take typed buffers, release the GIL and return
-the native status code (0 = ok)."""
+the native status code (0 = ok). Each wrapper still checks that its buffers are
+as large as the native code will read or write (ValueError otherwise): a caller
+that skipped _ops must get an exception, never a read out of bounds."""
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport malloc, free
 
@@ -87,6 +89,8 @@ def hadamard_f64(double[:, ::1] x, int head_dim):
 
 def balance(const float[:, ::1] x, int iters, float[::1] r, float[::1] c):
     cdef int rc
+    if r.shape[0] != x.shape[0] or c.shape[0] != x.shape[1]:
+        raise ValueError("balance: r, c do not match x's rows, columns")
     with nogil:
         rc = kvarn_balance(&x[0, 0], <int32_t>x.shape[0], <int32_t>x.shape[1], iters, &r[0], &c[0])
     return rc
@@ -98,6 +102,9 @@ def quantize_tiles(const float[:, :, ::1] k, const float[:, :, ::1] v, int kbits
     cdef int rc
     cdef int64_t bad = -1
     cdef int64_t n = k.shape[0]
+    _check_same(k.shape, v.shape, 3, "quantize_tiles: k and v")
+    if records.shape[0] != n or (n and records.shape[1] != _record_total(kbits, vbits, k.shape[1], k.shape[2])):
+        raise ValueError("quantize_tiles: records buffer does not fit the tiles")
     if n == 0:
         return 0, -1
     with nogil:
@@ -110,12 +117,29 @@ def dequantize_tiles(const uint8_t[:, ::1] records, int kbits, int vbits,
                      float[:, :, ::1] k, float[:, :, ::1] v):
     cdef int rc
     cdef int64_t n = records.shape[0]
+    _check_same(k.shape, v.shape, 3, "dequantize_tiles: k and v")
+    if k.shape[0] != n or (n and records.shape[1] != _record_total(kbits, vbits, k.shape[1], k.shape[2])):
+        raise ValueError("dequantize_tiles: records do not match the output buffers' format")
     if n == 0:
         return 0
     with nogil:
         rc = kvarn_dequantize_tiles(&records[0, 0], n, kbits, vbits, <int32_t>k.shape[1],
                                     <int32_t>k.shape[2], &k[0, 0, 0], &v[0, 0, 0])
     return rc
+
+
+cdef int _check_same(Py_ssize_t* a, Py_ssize_t* b, int ndim, str what) except -1:
+    for i in range(ndim):
+        if a[i] != b[i]:
+            raise ValueError(f"{what} differ in shape")
+    return 0
+
+
+def _record_total(int kbits, int vbits, Py_ssize_t group, Py_ssize_t head_dim):
+    """Bytes of one record, or -1 for a format the core rejects anyway (its status says so)."""
+    if not (0 < group <= 1 << 16 and 0 < head_dim <= 1 << 16):
+        return -1
+    return kvarn_layout(kbits, vbits, <int32_t>group, <int32_t>head_dim).total
 
 
 cdef int fill_view(kvarn_cache_view* c, dict parts) except -1:
@@ -169,8 +193,12 @@ def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] o
     if views == NULL:
         raise MemoryError()
     try:
+        if q.shape[0] != batch or out.shape[0] != batch or out.shape[1] != q.shape[1] or out.shape[2] != q.shape[2]:
+            raise ValueError("attend: q and out must both be [batch, Hq, D]")
         for i in range(batch):
             fill_view(&views[i], parts[i])
+            if views[i].head_dim != q.shape[2] or q.shape[1] % views[i].num_kv_heads:
+                raise ValueError("attend: q's heads / head_dim do not match a cache view")
         with nogil:
             rc = kvarn_attend(views, batch, &q[0, 0, 0], <int32_t>q.shape[1], scale,
                               &out[0, 0, 0], num_threads)

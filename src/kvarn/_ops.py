@@ -364,7 +364,7 @@ def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
     q = check_queries(q, first.num_kv_heads, first.head_dim, ndim=3, scale=scale)
     if q.shape[0] != len(caches):
         raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
-    return run_attend(q, caches, scale, num_threads)
+    return run_attend(q, caches, scale, num_threads, [f"caches[{i}]" for i in range(len(caches))])
 
 
 def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
@@ -375,13 +375,16 @@ def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
         raise ValueError("cache: the cache is empty; append tokens before attending")
     scale = check_scale(scale, cache.head_dim)
     q = check_queries(q, cache.num_kv_heads, cache.head_dim, ndim=2, scale=scale)
-    return run_attend(q[None], [cache], scale, num_threads)[0]
+    return run_attend(q[None], [cache], scale, num_threads, ["cache"])[0]
 
 
-def run_attend(q, caches, scale: float, num_threads) -> np.ndarray:
-    """The native call for validated queries [B, Hq, D] and caches."""
+def run_attend(q, caches, scale: float, num_threads, names) -> np.ndarray:
+    """The native call for validated queries [B, Hq, D] and caches (names: for errors)."""
     q32 = np.ascontiguousarray(q, dtype=np.float32)
     out = np.empty_like(q32)
-    parts = [c._native_parts() for c in caches]
+    parts = [c._native_parts() for c in caches]  # the snapshots attended
+    for name, p in zip(names, parts):
+        if p["sink_len"] + p["num_tiles"] + p["tail_len"] == 0:  # emptied (truncated) by another thread
+            raise ValueError(f"{name}: the cache is empty; append tokens before attending")
     check_status(_native.attend(parts, q32, scale, out, resolve_threads(num_threads)), "attend")
     return out

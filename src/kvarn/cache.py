@@ -85,6 +85,12 @@ class KVCache:
     _tail_len = property(lambda self: self._state[6])
 
     # ---- sizes ---------------------------------------------------------------
+    # Each reads one snapshot of the state: another thread may append meanwhile.
+    def _sizes(self, state=None) -> tuple:
+        """(sink_len, num_tiles, tail_len) of one state (default: the current one)."""
+        sink_k, _, _, num_tiles, _, _, tail_len = self._state if state is None else state
+        return sink_k.shape[1], num_tiles, tail_len
+
     @property
     def sink_len(self) -> int:
         return self._sink_k.shape[1]
@@ -98,26 +104,30 @@ class KVCache:
         return self._tail_len
 
     def __len__(self) -> int:
-        return self.sink_len + self._num_tiles * self.preset.group + self._tail_len
+        sink_len, num_tiles, tail_len = self._sizes()
+        return sink_len + num_tiles * self.preset.group + tail_len
+
+    def _nbytes(self, sink_len, num_tiles, tail_len) -> int:
+        fp16_token_bytes = 2 * 2 * self.num_kv_heads * self.head_dim  # K and V
+        return (sink_len + tail_len) * fp16_token_bytes + num_tiles * self.num_kv_heads * self._record_bytes
 
     @property
     def nbytes(self) -> int:
         """Bytes holding the cached tokens: fp16 sink and tail, plus packed tile records."""
-        fp16_token_bytes = 2 * 2 * self.num_kv_heads * self.head_dim  # K and V
-        return (self.sink_len + self._tail_len) * fp16_token_bytes + self._num_tiles * self.num_kv_heads * self._record_bytes
+        return self._nbytes(*self._sizes())
 
     @property
     def compression_ratio(self) -> float:
         """fp16 cache bytes of the same tokens / nbytes (1.0 for an empty cache)."""
-        n = len(self)
-        if n == 0:
-            return 1.0
-        return n * 2 * 2 * self.num_kv_heads * self.head_dim / self.nbytes
+        sink_len, num_tiles, tail_len = sizes = self._sizes()
+        n = sink_len + num_tiles * self.preset.group + tail_len
+        return n * 2 * 2 * self.num_kv_heads * self.head_dim / self._nbytes(*sizes) if n else 1.0
 
     @property
     def records(self) -> np.ndarray:
         """The quantised tiles' records, uint8 [num_tiles, num_kv_heads, record_bytes] (a view)."""
-        return self._records[: self._num_tiles]
+        state = self._state
+        return state[2][: state[3]]
 
     # ---- append --------------------------------------------------------------
     def append(self, k, v, *, num_threads=None) -> None:
@@ -187,8 +197,7 @@ class KVCache:
         )
 
     # ---- truncate ------------------------------------------------------------
-    def _checked_length(self, length) -> int:
-        n = len(self)
+    def _checked_length(self, length, n: int) -> int:
         length = check_positive_int(length, "length", 0)
         if length > n:
             raise ValueError(f"length: {length} is more than the cache's {n} tokens")
@@ -199,11 +208,12 @@ class KVCache:
         the cache that only ever held the first ``length`` tokens: ``length`` itself, or the start
         of the quantised tile it would cut — with quantize_on="next" also of a quantised tile it
         would end on (such a cache holds that tile exact, in its tail)."""
-        length = self._checked_length(length)
         G = self.preset.group
-        point = tile_cut_point(length, self.sink_len, G, self._num_tiles)
-        body = length - min(length, self.sink_len)
-        if point == length and self.quantize_on == "next" and body and not body % G and body // G <= self._num_tiles:
+        sink_len, num_tiles, tail_len = self._sizes()  # one snapshot: appends may run meanwhile
+        length = self._checked_length(length, sink_len + num_tiles * G + tail_len)
+        point = tile_cut_point(length, sink_len, G, num_tiles)
+        body = length - min(length, sink_len)
+        if point == length and self.quantize_on == "next" and body and not body % G and body // G <= num_tiles:
             return length - G
         return point
 
@@ -219,7 +229,7 @@ class KVCache:
         next append); ``truncation_point`` avoids that.
         """
         with self._append_lock:
-            length = self._checked_length(length)
+            length = self._checked_length(length, len(self))
             sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state
             start = tile_cut_point(length, sink_k.shape[1], self.preset.group, num_tiles)
             if start != length:
@@ -340,15 +350,16 @@ class KVCache:
         """(K̂, V̂) float32 [num_kv_heads, len, head_dim]: what attention sees. For tests and
         inspection only — attend() never builds this."""
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
-        parts_k = [self._sink_k.astype(np.float32)]
-        parts_v = [self._sink_v.astype(np.float32)]
-        if self._num_tiles:
-            flat = self.records.reshape(self._num_tiles * H, self._record_bytes)
+        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
+        parts_k = [sink_k.astype(np.float32)]
+        parts_v = [sink_v.astype(np.float32)]
+        if num_tiles:
+            flat = records[:num_tiles].reshape(num_tiles * H, self._record_bytes)
             k, v = _ops.dequantize_records_native(flat, self.preset, D)
-            parts_k.append(k.reshape(self._num_tiles, H, G, D).transpose(1, 0, 2, 3).reshape(H, -1, D))
-            parts_v.append(v.reshape(self._num_tiles, H, G, D).transpose(1, 0, 2, 3).reshape(H, -1, D))
-        parts_k.append(self._tail_k[:, : self._tail_len].astype(np.float32))
-        parts_v.append(self._tail_v[:, : self._tail_len].astype(np.float32))
+            parts_k.append(k.reshape(num_tiles, H, G, D).transpose(1, 0, 2, 3).reshape(H, -1, D))
+            parts_v.append(v.reshape(num_tiles, H, G, D).transpose(1, 0, 2, 3).reshape(H, -1, D))
+        parts_k.append(tail_k[:, :tail_len].astype(np.float32))
+        parts_v.append(tail_v[:, :tail_len].astype(np.float32))
         return np.concatenate(parts_k, axis=1), np.concatenate(parts_v, axis=1)
 
     def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
@@ -366,10 +377,12 @@ class KVCache:
         return new
 
     def __repr__(self) -> str:
+        sink_len, num_tiles, tail_len = sizes = self._sizes()
+        n = sink_len + num_tiles * self.preset.group + tail_len
+        ratio = n * 2 * 2 * self.num_kv_heads * self.head_dim / self._nbytes(*sizes) if n else 1.0
         return (
             f"KVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "
-            f"tokens={len(self)} [sink {self.sink_len}, tiles {self._num_tiles}, tail {self._tail_len}], "
-            f"{self.compression_ratio:.2f}x vs fp16)"
+            f"tokens={n} [sink {sink_len}, tiles {num_tiles}, tail {tail_len}], {ratio:.2f}x vs fp16)"
         )
 
 

@@ -15,6 +15,8 @@ so it goes through kvarn_attend unchanged.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import _ops
@@ -22,23 +24,26 @@ from ._ops import check_head_dim, check_kv, check_positive_int
 
 
 class FP16Cache:
-    """Keys and values of one sequence, all kv heads of one layer, stored as float16."""
+    """Keys and values of one sequence, all kv heads of one layer, stored as float16.
+
+    Thread-safe as KVCache is: appends are serialised, and readers take one snapshot
+    (buffers, length); an append writes only past the published length, or into new buffers."""
 
     def __init__(self, num_kv_heads: int, head_dim: int, capacity: int = 0):
         self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
         self.head_dim = check_head_dim(head_dim)
         capacity = check_positive_int(capacity, "capacity", 0)
-        self._k = np.zeros((self.num_kv_heads, capacity, self.head_dim), np.float16)
-        self._v = np.zeros_like(self._k)
-        self._len = 0
+        k = np.zeros((self.num_kv_heads, capacity, self.head_dim), np.float16)
+        self._state = (k, np.zeros_like(k), 0)  # (K buffer, V buffer, tokens): replaced whole
+        self._append_lock = threading.Lock()
 
     def __len__(self) -> int:
-        return self._len
+        return self._state[2]
 
     @property
     def nbytes(self) -> int:
         """Bytes holding the cached tokens (K and V, fp16)."""
-        return 2 * 2 * self.num_kv_heads * self.head_dim * self._len
+        return 2 * 2 * self.num_kv_heads * self.head_dim * len(self)
 
     def append(self, k, v) -> None:
         """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16 or float32."""
@@ -47,28 +52,40 @@ class FP16Cache:
         n = k.shape[1]
         if n == 0:
             return
-        need = self._len + n
-        if need > self._k.shape[1]:
-            cap = max(need, 2 * self._k.shape[1], 256)
-            for name in ("_k", "_v"):
-                old = getattr(self, name)
-                new = np.zeros((H, cap, D), np.float16)
-                new[:, : self._len] = old[:, : self._len]
-                setattr(self, name, new)
-        self._k[:, self._len : need] = k
-        self._v[:, self._len : need] = v
-        self._len = need
+        with self._append_lock:
+            kbuf, vbuf, length = self._state
+            need = length + n
+            if need > kbuf.shape[1]:
+                cap = max(need, 2 * kbuf.shape[1], 256)
+                grown = []
+                for old in (kbuf, vbuf):
+                    new = np.zeros((H, cap, D), np.float16)
+                    new[:, :length] = old[:, :length]
+                    grown.append(new)
+                kbuf, vbuf = grown
+            kbuf[:, length:need] = k  # past the published length: no reader looks there
+            vbuf[:, length:need] = v
+            self._state = (kbuf, vbuf, need)
+
+    def copy(self) -> "FP16Cache":
+        """An independent cache with the same contents."""
+        kbuf, vbuf, length = self._state
+        new = FP16Cache(self.num_kv_heads, self.head_dim)
+        new._state = (kbuf[:, :length].copy(), vbuf[:, :length].copy(), length)
+        return new
 
     def keys_values(self):
         """(K, V) float16 [num_kv_heads, len, head_dim] views."""
-        return self._k[:, : self._len], self._v[:, : self._len]
+        kbuf, vbuf, length = self._state
+        return kbuf[:, :length], vbuf[:, :length]
 
     def _native_parts(self) -> dict:
-        # Built once per (buffers, length), as KVCache does: same per-call Python cost on both paths.
-        key = (self._k, self._v, self._len)
+        # Built once per state, as KVCache does: same per-call Python cost on both paths.
+        state = self._state  # one snapshot
         cached = self.__dict__.get("_parts_cache")
-        if cached is not None and cached[0][0] is self._k and cached[0][1] is self._v and cached[0][2] == self._len:
+        if cached is not None and cached[0] is state:
             return cached[1]
+        kbuf, vbuf, length = state
         H, D = self.num_kv_heads, self.head_dim
         empty16 = np.zeros((H, 0, D), np.uint16)
         parts = {
@@ -79,16 +96,16 @@ class FP16Cache:
             "kbits": 4,
             "vbits": 2,
             # The whole capacity buffer: its row/head strides are what the view needs.
-            "sink_k": self._k.view(np.uint16),
-            "sink_v": self._v.view(np.uint16),
-            "sink_len": self._len,
+            "sink_k": kbuf.view(np.uint16),
+            "sink_v": vbuf.view(np.uint16),
+            "sink_len": length,
             "records": np.zeros((0, H, 1), np.uint8),
             "num_tiles": 0,
             "tail_k": empty16,
             "tail_v": empty16,
             "tail_len": 0,
         }
-        self._parts_cache = (key, parts)
+        self._parts_cache = (state, parts)
         return parts
 
     def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
@@ -96,7 +113,7 @@ class FP16Cache:
         return _ops.attend_one(q, self, FP16Cache, scale, num_threads)
 
     def __repr__(self) -> str:
-        return f"FP16Cache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, tokens={self._len})"
+        return f"FP16Cache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, tokens={len(self)})"
 
 
 def attend_fp16_batch(q, caches, scale=None, *, num_threads=None) -> np.ndarray:

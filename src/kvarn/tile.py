@@ -90,8 +90,8 @@ class Tile:
     """Packed records of one tile for H kv-heads: ``records`` is uint8 [H, record_bytes]."""
 
     def __init__(self, records: np.ndarray, preset, head_dim: int, squeeze: bool = False):
-        self.preset = get_preset(preset)
-        self.head_dim = check_head_dim(head_dim)
+        self._preset = get_preset(preset)
+        self._head_dim = check_head_dim(head_dim)
         rec_bytes = self.preset.record_bytes(self.head_dim)
         if not isinstance(records, np.ndarray) or records.dtype != np.uint8:
             raise TypeError("records: expected a uint8 numpy array")
@@ -102,8 +102,15 @@ class Tile:
             )
         if squeeze and records.shape[0] != 1:
             raise ValueError(f"squeeze: a 2-D tile has one head, got {records.shape[0]}")
-        self.records = np.ascontiguousarray(records)
-        self.squeeze = bool(squeeze)
+        self._records = np.ascontiguousarray(records)
+        self._squeeze = bool(squeeze)
+
+    # Read-only: native calls size their reads from preset and head_dim, so they must keep
+    # describing records (the bytes themselves may be edited in place; from_records validates).
+    preset = property(lambda self: self._preset, doc="The quantisation format (a kvarn.Preset).")
+    head_dim = property(lambda self: self._head_dim)
+    records = property(lambda self: self._records, doc="uint8 [H, record_bytes], SPEC §6 records.")
+    squeeze = property(lambda self: self._squeeze, doc="Whether the tile came from 2-D k, v.")
 
     # ---- fields --------------------------------------------------------------
     @property
