@@ -12,5 +12,5 @@ for v in old new; do
      -C build-dir=/tmp/b_$v -C cmake.define.KVARN_CUDA=OFF . >"$OUT/build_$v.log" 2>&1) || { tail -20 "$OUT/build_$v.log"; exit 1; }
 done
 echo built
-AB="$PWD/.s17/ab.py"
+AB="$PWD/.s17/ab.py"  # the same file as results/pool_ab_s17.py
 for r in 1 2 3 4; do for v in old new; do (cd /tmp && PYTHONPATH=/tmp/site_$v python3 "$AB" $v); done; done | tee "$OUT/ab.log"
