@@ -86,9 +86,9 @@ class KVCache:
 
     # ---- sizes ---------------------------------------------------------------
     # Each reads one snapshot of the state: another thread may append meanwhile.
-    def _sizes(self, state=None) -> tuple:
-        """(sink_len, num_tiles, tail_len) of one state (default: the current one)."""
-        sink_k, _, _, num_tiles, _, _, tail_len = self._state if state is None else state
+    def _sizes(self) -> tuple:
+        """(sink_len, num_tiles, tail_len) of the current state."""
+        sink_k, _, _, num_tiles, _, _, tail_len = self._state
         return sink_k.shape[1], num_tiles, tail_len
 
     @property
@@ -111,6 +111,10 @@ class KVCache:
         fp16_token_bytes = 2 * 2 * self.num_kv_heads * self.head_dim  # K and V
         return (sink_len + tail_len) * fp16_token_bytes + num_tiles * self.num_kv_heads * self._record_bytes
 
+    def _ratio(self, sink_len, num_tiles, tail_len) -> float:
+        n = sink_len + num_tiles * self.preset.group + tail_len
+        return n * 2 * 2 * self.num_kv_heads * self.head_dim / self._nbytes(sink_len, num_tiles, tail_len) if n else 1.0
+
     @property
     def nbytes(self) -> int:
         """Bytes holding the cached tokens: fp16 sink and tail, plus packed tile records."""
@@ -119,9 +123,7 @@ class KVCache:
     @property
     def compression_ratio(self) -> float:
         """fp16 cache bytes of the same tokens / nbytes (1.0 for an empty cache)."""
-        sink_len, num_tiles, tail_len = sizes = self._sizes()
-        n = sink_len + num_tiles * self.preset.group + tail_len
-        return n * 2 * 2 * self.num_kv_heads * self.head_dim / self._nbytes(*sizes) if n else 1.0
+        return self._ratio(*self._sizes())
 
     @property
     def records(self) -> np.ndarray:
@@ -379,10 +381,9 @@ class KVCache:
     def __repr__(self) -> str:
         sink_len, num_tiles, tail_len = sizes = self._sizes()
         n = sink_len + num_tiles * self.preset.group + tail_len
-        ratio = n * 2 * 2 * self.num_kv_heads * self.head_dim / self._nbytes(*sizes) if n else 1.0
         return (
             f"KVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "
-            f"tokens={n} [sink {sink_len}, tiles {num_tiles}, tail {tail_len}], {ratio:.2f}x vs fp16)"
+            f"tokens={n} [sink {sink_len}, tiles {num_tiles}, tail {tail_len}], {self._ratio(*sizes):.2f}x vs fp16)"
         )
 
 
