@@ -508,6 +508,295 @@ def test_graph_capture_with_plan():
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
+@gpu
+@need_torch
+def test_review_s18_plan_scale_out_checks_on_gpu():
+    """s18 review: stale / foreign plans, q x scale beyond the float32 scores, out overlapping q,
+    read-only sizes, an unserved preset in quantize_tiles: each refused by name, the cache unchanged."""
+    rng = np.random.default_rng(18)
+    cache, ids = build("k4v2_g128", 128, 2, [300, 140], rng)
+    other, oids = build("k4v2_g128", 128, 2, [300, 140], rng)
+    plan = cache.plan(ids)
+    q = dev(kv_like(rng, (2, 8, 128)))
+    ref = cache.attend(q, plan=plan).cpu().numpy()
+    with pytest.raises(ValueError, match="^plan: made by another PagedKVCache"):
+        other.attend(q, plan=plan)
+    with pytest.raises(AttributeError):
+        plan.batch = 9
+    with pytest.raises(AttributeError):
+        cache.num_kv_heads = 1
+    with pytest.raises(ValueError, match="^q: max \\|q\\| x \\|scale\\|"):
+        cache.attend(q * 1e12, ids, scale=1e20)
+    with pytest.raises(ValueError, match="^q: max \\|q\\| x \\|scale\\|"):
+        cache.attend((q * 1e4).to(torch.bfloat16), ids, scale=1e28)
+    with pytest.raises(ValueError, match="^scale: .* beyond the float32 range"):
+        cache.attend(q, ids, scale=1e39)
+    with pytest.raises(ValueError, match="^out: overlaps q"):
+        cache.attend(q, ids, out=q)
+    big = torch.zeros(3, 8, 128, device="cuda")
+    with pytest.raises(ValueError, match="^out: overlaps q"):
+        cache.attend(big[:2], ids, out=big[1:])
+    with pytest.raises(ValueError, match="^out: a zero stride"):
+        cache.attend(q, ids, out=torch.zeros(1, 8, 128, device="cuda").expand(2, 8, 128))
+    with pytest.raises(ValueError, match="^preset: k8v8_g128 is not served"):
+        kc.quantize_tiles(torch.randn(1, 128, 128, device="cuda"), torch.randn(1, 128, 128, device="cuda"), "k8v8_g128")
+    np.testing.assert_array_equal(cache.attend(q, plan=plan).cpu().numpy(), ref)  # nothing changed
+    cache.append(ids, dev(kv_like(rng, (2, 2, 128))), dev(kv_like(rng, (2, 2, 128))))
+    with pytest.raises(ValueError, match="^plan: sequence .* holds 301 tokens in layer 0, 300 when the plan was made"):
+        cache.attend(q, plan=plan)
+    cache.free(ids[0])
+    with pytest.raises(ValueError, match=f"^plan: sequence {ids[0]} was freed"):
+        cache.attend(q, plan=plan)
+    out = cache.attend(q[:1], plan=cache.plan(ids[1:]))
+    assert torch.isfinite(out).all()
+
+
+# ---- validation without a GPU: the Cython wrapper's own bounds, and cuda.py against a fake _cuda ----
+need_module = pytest.mark.skipif(kc._cuda is None, reason="kvarn._cuda is not built")
+
+
+@need_module
+def test_cython_wrapper_checks_sizes_before_native_code():
+    """The wrapper refuses what would make the kernels read or write outside the buffers it is told of
+    (no GPU is touched: every case raises before the native call; the pointers are never dereferenced)."""
+    c = kc._cuda
+    desc = dict(kbits=4, vbits=2, group=128, head_dim=128, num_kv_heads=2, num_layers=1, num_slots=2, sink_cap=128,
+                max_tiles=4, num_pages=8, pool=16, sink_k=16, sink_v=16, tail_k=16, tail_v=16, block_table=16)
+    q = (4096, 0, (2, 8, 128), (1024, 128, 1))
+    scratch = c.attend_scratch_bytes(2, 8, 128, 3)
+    ok = (desc, 0, 4096, 32, 2, q, 8, 0.1, q, 4096, scratch, 3, 1, 0)
+
+    def attend(**kw):
+        names = ["cache", "layer", "meta", "meta_bytes", "batch", "q", "num_q_heads", "scale", "out", "scratch",
+                 "scratch_bytes", "splits", "tiles_per_split", "stream"]
+        args = dict(zip(names, ok))
+        args.update(kw)
+        return c.attend(*[args[n] for n in names])
+
+    with pytest.raises(ValueError, match="^meta"):
+        attend(meta_bytes=31)
+    with pytest.raises(ValueError, match="^scratch"):
+        attend(scratch_bytes=scratch - 1)
+    with pytest.raises(ValueError, match="^scratch"):
+        attend(splits=4)  # more splits than the scratch was sized for
+    with pytest.raises(ValueError, match="^q: shape"):
+        attend(batch=3, meta_bytes=48)
+    with pytest.raises(ValueError, match="^q: shape"):
+        attend(q=(4096, 0, (2, 8, 64), (512, 64, 1)), out=(4096, 0, (2, 8, 64), (512, 64, 1)))
+    with pytest.raises(ValueError, match="^out: shape"):
+        attend(out=(4096, 0, (2, 4, 128), (512, 128, 1)))
+    with pytest.raises(ValueError, match="^layer"):
+        attend(layer=1)
+    with pytest.raises(ValueError, match="^scale"):
+        attend(scale=1e39)
+    with pytest.raises(ValueError, match="dtype code 7"):
+        attend(q=(4096, 7, (2, 8, 128), (1024, 128, 1)))
+    with pytest.raises(ValueError, match="null pointer"):
+        attend(q=(0, 0, (2, 8, 128), (1024, 128, 1)))
+    with pytest.raises(ValueError, match="1 to 4 dims"):
+        attend(q=(4096, 0, (1, 2, 8, 128, 1), (1, 1024, 128, 1, 1)))
+    kv = (4096, 0, (2, 5, 2, 128), (1280, 256, 128, 1))
+    with pytest.raises(ValueError, match="^meta"):
+        c.write_tokens(desc, 0, kv, kv, 4096, 23, 2, 4096, 0)
+    with pytest.raises(ValueError, match="does not hold 3 sequences"):
+        c.write_tokens(desc, 0, kv, kv, 4096, 36, 3, 4096, 0)
+    with pytest.raises(ValueError, match="^layer"):
+        c.write_tokens(desc, -1, kv, kv, 4096, 24, 2, 4096, 0)
+    with pytest.raises(ValueError, match="shapes differ"):
+        c.write_tokens(desc, 0, kv, (4096, 0, (2, 4, 2, 128), (1024, 256, 128, 1)), 4096, 24, 2, 4096, 0)
+    with pytest.raises(ValueError, match="^jobs"):
+        c.store(desc, kv, kv, 4096, 7 * 4 * 3 - 1, 3, 8, True, 4096, 0)
+    with pytest.raises(ValueError, match="kv heads"):
+        c.store(desc, (4096, 0, (2, 5, 4, 128), (2560, 512, 128, 1)), (4096, 0, (2, 5, 4, 128), (2560, 512, 128, 1)),
+                4096, 7 * 4, 1, 8, True, 4096, 0)
+
+
+class FakeCuda:
+    """Stands in for kvarn._cuda with no GPU: allocations get addresses in a host dict, copies
+    move bytes, the check/store/write/attend "kernels" only record that they were called (so a
+    test can see that a rejected call reached none)."""
+
+    OK, ERR_ARGUMENT, ERR_CUDA = 0, 1, 2
+    F32, F16, BF16 = 0, 1, 2
+    FLAG_K_NONFINITE, FLAG_V_NONFINITE, FLAG_K_RANGE, FLAG_V_RANGE, FLAG_SCALE_OVERFLOW = 1, 2, 4, 8, 16
+
+    def __init__(self):
+        self.mem = {}  # base address -> uint8 array
+        self.next = 1 << 32
+        self.calls = []
+
+    def alloc_host(self, arr):
+        """Registers a host array as 'device memory'; returns its address."""
+        ptr = self.next
+        self.next += ((arr.nbytes + 4095) // 4096 + 1) * 4096
+        self.mem[ptr] = arr.reshape(-1).view(np.uint8)
+        return ptr
+
+    def _find(self, ptr, n):
+        for base, buf in self.mem.items():
+            if base <= ptr and ptr + n <= base + buf.nbytes:
+                return buf, ptr - base
+        raise AssertionError(f"fake device access out of bounds: {ptr:#x} + {n}")
+
+    last_error = staticmethod(lambda: "")
+    device_count = staticmethod(lambda: (0, 1))
+    set_device = staticmethod(lambda d: 0)
+    get_device = staticmethod(lambda: (0, 0))
+    device_props = staticmethod(lambda d: (0, dict(multiprocessors=132, major=9, minor=0, max_smem_optin=232448,
+                                                   l2_bytes=60 << 20)))
+    free = staticmethod(lambda ptr: 0)
+    stream_sync = staticmethod(lambda s: 0)
+
+    def malloc(self, n):
+        return 0, self.alloc_host(np.zeros(max(n, 1), np.uint8))
+
+    def memset(self, ptr, value, n, stream):
+        buf, off = self._find(ptr, n)
+        buf[off:off + n] = value
+        return 0
+
+    def memcpy_htod(self, dst, src, stream):
+        buf, off = self._find(dst, len(src))
+        buf[off:off + len(src)] = np.asarray(src)
+        return 0
+
+    def memcpy_dtoh(self, dst, src, stream):
+        buf, off = self._find(src, len(dst))
+        np.asarray(dst)[:] = buf[off:off + len(dst)]
+        return 0
+
+    @staticmethod
+    def record_layout(kb, vb, g, d):
+        return kvarn._native.record_layout(kb, vb, g, d)
+
+    @staticmethod
+    def format_supported(kb, vb, g, d):
+        return kb in (2, 4) and vb in (2, 4) and g in (64, 128) and d in (64, 128, 256)
+
+    @staticmethod
+    def attend_scratch_bytes(b, hq, d, splits):
+        return 4 * b * hq * 2 * splits * (d + 2)
+
+    def check(self, *a):
+        self.calls.append("check")
+        return 0
+
+    def store(self, *a):
+        self.calls.append("store")
+        return 0
+
+    def write_tokens(self, *a):
+        self.calls.append("write_tokens")
+        return 0
+
+    def attend(self, *a):
+        self.calls.append("attend")
+        return 0
+
+
+class FakeDevArray:
+    """A host array exposed through __cuda_array_interface__ at a FakeCuda address."""
+
+    def __init__(self, fake, arr, readonly=False, ptr=None, strides=None):
+        self.arr = np.ascontiguousarray(arr)
+        self.ptr = fake.alloc_host(self.arr) if ptr is None else ptr
+        self.readonly, self.strides = readonly, strides
+        self.shape = self.arr.shape
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.arr.shape, "typestr": self.arr.dtype.str, "data": (self.ptr, self.readonly),
+                "version": 3, "strides": self.strides, "stream": None}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = FakeCuda()
+    monkeypatch.setattr(kc, "_cuda", f)
+    return f
+
+
+def test_fake_validation_before_any_kernel(fake):
+    """cuda.py's checks on a machine without a GPU (a fake _cuda): each rejected call raises a named
+    error, reaches no kernel and changes nothing."""
+    cache = kc.PagedKVCache(2, 128, max_seqs=3, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    rng = np.random.default_rng(1)
+    k = FakeDevArray(fake, kv_like(rng, (2, 200, 2, 128)))
+    cache.append([a, b], k, k)
+    assert fake.calls == ["check", "check", "write_tokens"]  # 200 tokens: sink + tail, no tile yet
+    state = (cache.length(a), cache.length(b), cache.free_pages)
+
+    def rejected(exc, match, fn, *args, **kw):
+        fake.calls.clear()
+        with pytest.raises(exc, match=match):
+            fn(*args, **kw)
+        assert not set(fake.calls) - {"check"}, fake.calls  # the checking kernel alone: it writes no state
+        assert (cache.length(a), cache.length(b), cache.free_pages) == state
+
+    # the attributes the buffers were sized by cannot be changed
+    for name in ("num_kv_heads", "head_dim", "max_seq_len", "sink_tokens", "num_pages", "max_seqs", "record_bytes",
+                 "preset", "num_layers", "device", "max_tiles", "iters"):
+        with pytest.raises(AttributeError):
+            setattr(cache, name, 1)
+    rejected(TypeError, "^seq_ids: expected a list", cache.append, None, k, k)
+    rejected(TypeError, "^seq_ids: expected a list", cache.append, "ab", k, k)
+    cai = FakeDevArray(fake, np.zeros((2, 20, 3, 128), np.float32)).__cuda_array_interface__
+    bare = type("Bare", (), {"__cuda_array_interface__": cai})()  # no .shape: the message still gives it
+    rejected(ValueError, r"^k: expected shape \[B, T, 2, 128\].*\(2, 20, 3, 128\)", cache.append, [a, b], bare, bare)
+    q = FakeDevArray(fake, kv_like(rng, (2, 8, 128)))
+    rejected(ValueError, "^scale: .* beyond the float32 range", cache.attend, q, [a, b], scale=1e39)
+    big = FakeDevArray(fake, np.full((2, 8, 128), 1e4, np.float32))
+    rejected(ValueError, "^q: max \\|q\\| x \\|scale\\|", cache.attend, big, [a, b], scale=1e28)
+    fake.calls.clear()
+    cache.attend(FakeDevArray(fake, np.full((2, 8, 128), 1.0, np.float32)), [a, b], scale=1e28)  # |q| 1: fine
+    assert fake.calls == ["check", "attend"]
+    rejected(ValueError, "^out: overlaps q", cache.attend, q, [a, b], out=q)
+    shifted = FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), ptr=q.ptr + 4 * 128)
+    rejected(ValueError, "^out: overlaps q", cache.attend, q, [a, b], out=shifted)
+    rejected(ValueError, "^out: the array is read-only", cache.attend, q, [a, b],
+             out=FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), readonly=True))
+    rejected(ValueError, "^out: a zero stride", cache.attend, q, [a, b],
+             out=FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), strides=(0, 512, 4)))
+    # plans: only the cache that made them, only while the lengths hold
+    plan = cache.plan([a, b])
+    with pytest.raises(AttributeError):
+        plan.batch = 5
+    other = kc.PagedKVCache(2, 128, max_seqs=3, max_seq_len=1024)
+    oa, ob = other.add_sequence(), other.add_sequence()
+    other.append([oa, ob], k, k)
+    rejected(ValueError, "^plan: made by another PagedKVCache", other.attend, q, plan=plan)
+    fake.calls.clear()
+    cache.attend(q, plan=plan)
+    assert fake.calls == ["check", "attend"]
+    cache.append([a], FakeDevArray(fake, kv_like(rng, (1, 1, 2, 128))), FakeDevArray(fake, kv_like(rng, (1, 1, 2, 128))))
+    state = (cache.length(a), cache.length(b), cache.free_pages)
+    rejected(ValueError, "^plan: sequence 0 holds 201 tokens in layer 0, 200 when the plan was made", cache.attend, q,
+             plan=plan)
+    # load_cpu: a wrong type, and too few pages: nothing taken
+    c = cache.add_sequence()
+    rejected(TypeError, "^cpu_cache: expected a kvarn.KVCache", cache.load_cpu, c, object())
+    cpu = kvarn.KVCache(2, 128)
+    cpu.append(kv_like(rng, (2, 1000, 128)), kv_like(rng, (2, 1000, 128)))
+    small = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024, num_pages=3)
+    s = small.add_sequence()
+    with pytest.raises(RuntimeError, match="out of pages"):
+        small.load_cpu(s, cpu)
+    assert (small.free_pages, small.length(s), small._pages[s]) == (3, 0, [])
+    # constructor and quantize_tiles arguments
+    with pytest.raises(TypeError, match="^device: expected an int"):
+        kc.PagedKVCache(2, 128, device=0.5)
+    with pytest.raises(ValueError, match="^device: cuda:3 is not visible"):
+        kc.PagedKVCache(2, 128, device=3)
+    with pytest.raises(ValueError, match="^num_pages: .* more than the kernels address"):
+        kc.PagedKVCache(2, 128, max_seqs=2**20, max_seq_len=2**30)
+    t = FakeDevArray(fake, kv_like(rng, (1, 128, 128)))
+    fake.calls.clear()
+    with pytest.raises(ValueError, match="^preset: k8v8_g128 is not served by the CUDA kernels"):
+        kc.quantize_tiles(t, t, "k8v8_g128")
+    assert fake.calls == []
+
+
 # ---- compute-sanitizer workload (no torch: only kvarn's own allocations) ---------
 def sanitizer_workload():
     rng = np.random.default_rng(0)

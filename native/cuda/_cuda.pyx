@@ -75,10 +75,16 @@ FLAG_SCALE_OVERFLOW = KVARN_FLAG_SCALE_OVERFLOW
 
 
 cdef int fill_tensor(kvarn_cuda_tensor* t, tuple spec) except -1:
-    """spec: (ptr, dtype, shape, strides) with len(shape) <= 4."""
+    """spec: (ptr, dtype, shape, strides) with 1 <= len(shape) <= 4."""
     ptr, dtype, shape, strides = spec
-    if len(shape) > 4 or len(shape) != len(strides):
-        raise ValueError("tensor spec: at most 4 dims, one stride per dim")
+    if not 1 <= len(shape) <= 4 or len(shape) != len(strides):
+        raise ValueError("tensor spec: 1 to 4 dims, one stride per dim")
+    if dtype not in (KVARN_F32, KVARN_F16, KVARN_BF16):
+        raise ValueError(f"tensor spec: unknown dtype code {dtype}")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"tensor spec: negative extent in shape {shape}")
+    if ptr == 0 and all(s > 0 for s in shape):
+        raise ValueError("tensor spec: null pointer")
     t.ptr = ptr
     t.dtype = dtype
     t.ndim = len(shape)
@@ -192,23 +198,48 @@ def check(tuple x, uintptr_t flag, int bit_nonfinite, int bit_range, uintptr_t s
     return kvarn_cuda_check(&t, flag, bit_nonfinite, bit_range, stream)
 
 
-def write_tokens(dict cache, int layer, tuple k, tuple v, uintptr_t meta, int batch, uintptr_t flag,
-                 uintptr_t stream):
+cdef int check_kv(const kvarn_cuda_cache* c, const kvarn_cuda_tensor* k, const kvarn_cuda_tensor* v,
+                  int64_t batch) except -1:
+    """k, v [>= batch, T, num_kv_heads, head_dim], the same shape: what the kernels index."""
+    cdef int i
+    if k.ndim != 4 or v.ndim != 4:
+        raise ValueError("k, v: expected 4-D tensors [B, T, Hk, D]")
+    for i in range(4):
+        if k.shape[i] != v.shape[i]:
+            raise ValueError("k, v: shapes differ")
+    if k.shape[0] < batch or k.shape[2] != c.num_kv_heads or k.shape[3] != c.head_dim:
+        raise ValueError(f"k, v: shape ({k.shape[0]}, {k.shape[1]}, {k.shape[2]}, {k.shape[3]}) does not hold "
+                         f"{batch} sequences of {c.num_kv_heads} kv heads x {c.head_dim}")
+    return 0
+
+
+def write_tokens(dict cache, int layer, tuple k, tuple v, uintptr_t meta, size_t meta_bytes, int batch,
+                 uintptr_t flag, uintptr_t stream):
+    """meta: int32 [batch][3] in a device buffer of meta_bytes bytes."""
     cdef kvarn_cuda_cache c
     cdef kvarn_cuda_tensor tk, tv
     fill_cache(&c, cache)
     fill_tensor(&tk, k)
     fill_tensor(&tv, v)
+    check_kv(&c, &tk, &tv, batch)
+    if not 0 <= layer < c.num_layers:
+        raise ValueError(f"layer: {layer} is outside [0, {c.num_layers})")
+    if batch < 0 or <size_t>batch * 3 * 4 > meta_bytes:
+        raise ValueError(f"meta: {meta_bytes} bytes cannot hold {batch} rows of 3 int32")
     return kvarn_cuda_write_tokens(&c, layer, &tk, &tv, meta, batch, flag, stream)
 
 
-def store(dict cache, tuple k, tuple v, uintptr_t jobs, int n_jobs, int iters, bint round_f16, uintptr_t flag,
-          uintptr_t stream):
+def store(dict cache, tuple k, tuple v, uintptr_t jobs, size_t jobs_bytes, int n_jobs, int iters, bint round_f16,
+          uintptr_t flag, uintptr_t stream):
+    """jobs: int32 [n_jobs][7] in a device buffer of jobs_bytes bytes."""
     cdef kvarn_cuda_cache c
     cdef kvarn_cuda_tensor tk, tv
     fill_cache(&c, cache)
     fill_tensor(&tk, k)
     fill_tensor(&tv, v)
+    check_kv(&c, &tk, &tv, 0)
+    if n_jobs < 0 or <size_t>n_jobs * 7 * 4 > jobs_bytes:
+        raise ValueError(f"jobs: {jobs_bytes} bytes cannot hold {n_jobs} rows of 7 int32")
     return kvarn_cuda_store(&c, &tk, &tv, jobs, n_jobs, iters, round_f16, flag, stream)
 
 
@@ -216,12 +247,31 @@ def attend_scratch_bytes(int batch, int num_q_heads, int head_dim, int splits):
     return kvarn_cuda_attend_scratch(batch, num_q_heads, head_dim, splits)
 
 
-def attend(dict cache, int layer, uintptr_t meta, int batch, tuple q, int num_q_heads, float scale, tuple out,
-           uintptr_t scratch, int splits, int tiles_per_split, uintptr_t stream):
+def attend(dict cache, int layer, uintptr_t meta, size_t meta_bytes, int batch, tuple q, int num_q_heads,
+           double scale, tuple out, uintptr_t scratch, size_t scratch_bytes, int splits, int tiles_per_split,
+           uintptr_t stream):
+    """meta: int32 [batch][4] in meta_bytes; q, out [batch, num_q_heads, head_dim]; scratch: scratch_bytes."""
     cdef kvarn_cuda_cache c
     cdef kvarn_cuda_tensor tq, to
+    cdef int i
     fill_cache(&c, cache)
     fill_tensor(&tq, q)
     fill_tensor(&to, out)
+    if tq.ndim != 3 or to.ndim != 3:
+        raise ValueError("q, out: expected 3-D tensors [B, Hq, D]")
+    if (tq.shape[0], tq.shape[1], tq.shape[2]) != (batch, num_q_heads, c.head_dim):
+        raise ValueError(f"q: shape ({tq.shape[0]}, {tq.shape[1]}, {tq.shape[2]}) is not "
+                         f"({batch}, {num_q_heads}, {c.head_dim})")
+    for i in range(3):
+        if to.shape[i] != tq.shape[i]:
+            raise ValueError("out: shape differs from q's")
+    if not 0 <= layer < c.num_layers:
+        raise ValueError(f"layer: {layer} is outside [0, {c.num_layers})")
+    if batch <= 0 or <size_t>batch * 4 * 4 > meta_bytes:
+        raise ValueError(f"meta: {meta_bytes} bytes cannot hold {batch} rows of 4 int32")
+    if splits < 1 or num_q_heads < 1 or kvarn_cuda_attend_scratch(batch, num_q_heads, c.head_dim, splits) > scratch_bytes:
+        raise ValueError(f"scratch: {scratch_bytes} bytes are too few for {splits} splits")
+    if not (-3.4028234663852886e38 <= scale <= 3.4028234663852886e38):  # also NaN
+        raise ValueError("scale: not a finite float32")
     return kvarn_cuda_attend(&c, layer, meta, batch, &tq, num_q_heads, scale, &to, scratch, splits,
                              tiles_per_split, stream)

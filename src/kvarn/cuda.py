@@ -16,11 +16,11 @@ written here decodes on the CPU path and vice versa (see ``to_cpu`` / ``load_cpu
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
-from ._ops import DEFAULT_PRESET, SINKHORN_ITERS, check_iters, check_positive_int, get_preset, tile_cut_point
+from ._ops import (DEFAULT_PRESET, FLOAT32_MAX, SINKHORN_ITERS, check_iters, check_positive_int, check_scale, get_preset,
+                   tile_cut_point)
 
 try:  # the CUDA module is optional at build time
     from . import _cuda
@@ -117,10 +117,43 @@ class DeviceArray:
 class _View:
     """What the kernels need of one strided device tensor."""
 
-    __slots__ = ("obj", "kind", "ptr", "dtype", "shape", "strides", "stream", "device")
+    __slots__ = ("obj", "kind", "ptr", "dtype", "shape", "strides", "stream", "device", "readonly", "shape0")
 
     def spec(self):
         return (self.ptr, self.dtype, self.shape, self.strides)
+
+    def extent(self):
+        """[first, last] element offsets (from ptr) the view can touch; None when it holds nothing."""
+        if any(s == 0 for s in self.shape):
+            return None
+        lo = sum((n - 1) * st for n, st in zip(self.shape, self.strides) if st < 0)
+        hi = sum((n - 1) * st for n, st in zip(self.shape, self.strides) if st > 0)
+        return lo, hi
+
+    def byte_range(self):
+        e = self.extent()
+        if e is None:
+            return None
+        item = _DTYPE_BYTES[self.dtype]
+        return self.ptr + e[0] * item, self.ptr + (e[1] + 1) * item
+
+    def max_abs(self, stream):
+        """max |x| over the view, read back to the host (an error path only: copies the view's span)."""
+        e = self.extent()
+        if e is None:
+            return 0.0
+        item = _DTYPE_BYTES[self.dtype]
+        n = e[1] - e[0] + 1
+        buf = np.empty(n * item, np.uint8)
+        _check(_cuda.memcpy_dtoh(buf, self.ptr + e[0] * item, stream), "max_abs")
+        if self.dtype == 0:
+            flat = buf.view(np.float32)
+        elif self.dtype == 1:
+            flat = buf.view(np.float16)
+        else:  # bfloat16: the upper half of a float32
+            flat = (buf.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        x = np.lib.stride_tricks.as_strided(flat[-e[0]:], self.shape, [s * flat.itemsize for s in self.strides])
+        return float(np.max(np.abs(x.astype(np.float64))))
 
 
 def _is_torch(x):
@@ -131,6 +164,7 @@ def _view(x, name) -> _View:
     """Describes a GPU tensor without copying it; TypeError naming `name` for anything else."""
     v = _View()
     v.obj = x
+    v.readonly = False
     if _is_torch(x):
         import torch
 
@@ -141,6 +175,7 @@ def _view(x, name) -> _View:
             raise TypeError(f"{name}: dtype {x.dtype} is not supported; use bfloat16, float16 or float32")
         v.kind, v.ptr, v.dtype = "torch", x.data_ptr(), codes[x.dtype]
         v.shape, v.strides = tuple(x.shape), tuple(x.stride())
+        v.shape0 = v.shape
         v.stream = torch.cuda.current_stream(x.device).cuda_stream
         v.device = x.device.index
         return v
@@ -154,8 +189,13 @@ def _view(x, name) -> _View:
     codes = {"<f4": 0, "<f2": 1}
     if typestr not in codes:
         raise TypeError(f"{name}: dtype {typestr} is not supported; use float16 or float32 (bfloat16 via torch)")
+    if cai.get("mask") is not None:
+        raise TypeError(f"{name}: masked arrays are not supported")
     v.dtype = codes[typestr]
     v.shape = tuple(int(s) for s in cai["shape"])
+    v.shape0 = v.shape
+    if len(v.shape) > 4:
+        raise ValueError(f"{name}: at most 4 dimensions, got shape {v.shape}")
     item = _DTYPE_BYTES[v.dtype]
     if cai.get("strides") is None:
         strides, acc = [], 1
@@ -166,8 +206,13 @@ def _view(x, name) -> _View:
     else:
         if any(s % item for s in cai["strides"]):
             raise ValueError(f"{name}: strides must be whole elements")
-        v.strides = tuple(s // item for s in cai["strides"])
+        if len(cai["strides"]) != len(v.shape):
+            raise ValueError(f"{name}: {len(cai['strides'])} strides for shape {v.shape}")
+        v.strides = tuple(int(s) // item for s in cai["strides"])
     v.ptr = int(cai["data"][0])
+    v.readonly = bool(cai["data"][1])
+    if v.ptr == 0 and all(s > 0 for s in v.shape):
+        raise ValueError(f"{name}: null data pointer")
     v.kind = "cupy" if type(x).__module__.startswith("cupy") else "cai"
     if v.kind == "cupy":
         import cupy
@@ -211,6 +256,12 @@ def _ptr(x):
     if _is_torch(x):
         return x.data_ptr()
     return int(x.__cuda_array_interface__["data"][0])
+
+
+def _check_device(view, name, device):
+    """A tensor on another GPU than the kernels run on would be read through a wrong address space."""
+    if view.device is not None and int(view.device) != int(device):
+        raise ValueError(f"{name}: on cuda:{view.device}, but the kernels run on cuda:{device}")
 
 
 def _check_no_gpu_head_dim(head_dim, name="head_dim"):
@@ -260,6 +311,10 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
     _require()
     p = get_preset(preset)
     vk, vv = _view(k, "k"), _view(v, "v")
+    rc, device = _cuda.get_device()
+    _check(rc, "quantize_tiles")
+    _check_device(vk, "k", device)
+    _check_device(vv, "v", device)
     if len(vk.shape) != 3:
         raise ValueError(f"k: expected a 3-D array [n, G, D], got shape {vk.shape}")
     if vv.shape != vk.shape:
@@ -268,6 +323,8 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
     if G != p.group:
         raise ValueError(f"k: a {p.name} tile holds {p.group} tokens, got {G} (shape {vk.shape})")
     _check_no_gpu_head_dim(D, "k.shape[-1]")
+    if not _cuda.format_supported(p.kbits, p.vbits, p.group, D):
+        raise ValueError(f"preset: {p.name} is not served by the CUDA kernels")
     iters = check_iters(iters)
     layout = _cuda.record_layout(p.kbits, p.vbits, p.group, D)
     records = _uint8_like(vk, (n, layout["total"]))
@@ -290,7 +347,8 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
     def as4(view):
         return (view.ptr, view.dtype, (n, G, 1, D), (view.strides[0], view.strides[1], 0, view.strides[2]))
 
-    _check(_cuda.store(cache, as4(vk), as4(vv), jobs_dev.ptr, n, iters, False, flag.ptr, stream), "quantize_tiles")
+    _check(_cuda.store(cache, as4(vk), as4(vv), jobs_dev.ptr, jobs_dev.nbytes, n, iters, False, flag.ptr, stream),
+           "quantize_tiles")
     if not validate:
         _keepalive.append((jobs_dev, flag))  # freed later; cudaFree waits for the kernel
         del _keepalive[:-8]
@@ -305,11 +363,22 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
 # ---- the paged cache -------------------------------------------------------------
 class AttendPlan:
     """Device-side metadata of one attend() batch, reusable while the sequences' lengths
-    stay the same (e.g. inside a captured CUDA graph). Made by PagedKVCache.plan()."""
+    stay the same (e.g. inside a captured CUDA graph). Made by PagedKVCache.plan(); read-only
+    (the kernels trust its batch, splits and metadata) and usable only with the cache that made it."""
 
-    def __init__(self, meta_dev, batch, splits, tiles_per_split, layer, lengths):
-        self.meta_dev, self.batch, self.splits, self.tiles_per_split = meta_dev, batch, splits, tiles_per_split
-        self.layer, self.lengths = layer, lengths
+    def __init__(self, owner, meta_dev, slots, splits, tiles_per_split, layer, lengths):
+        self._owner, self._meta_dev, self._slots = owner, meta_dev, tuple(slots)
+        self._splits, self._tiles_per_split, self._layer = int(splits), int(tiles_per_split), int(layer)
+        self._lengths = np.array(lengths, np.int64)
+        self._lengths.flags.writeable = False
+
+    meta_dev = property(lambda self: self._meta_dev)
+    batch = property(lambda self: len(self._slots))
+    seq_ids = property(lambda self: self._slots)
+    splits = property(lambda self: self._splits)
+    tiles_per_split = property(lambda self: self._tiles_per_split)
+    layer = property(lambda self: self._layer)
+    lengths = property(lambda self: self._lengths, doc="The sequences' lengths when the plan was made.")
 
 
 class PagedKVCache:
@@ -324,33 +393,56 @@ class PagedKVCache:
     Pages are taken from a free list as tiles complete and returned by free().
     """
 
+    # Read-only: the device buffers were sized by them, and the kernels trust them.
+    num_kv_heads = property(lambda self: self._num_kv_heads)
+    head_dim = property(lambda self: self._head_dim)
+    preset = property(lambda self: self._preset)
+    num_layers = property(lambda self: self._num_layers)
+    max_seqs = property(lambda self: self._max_seqs)
+    max_seq_len = property(lambda self: self._max_seq_len)
+    sink_tokens = property(lambda self: self._sink_tokens)
+    iters = property(lambda self: self._iters)
+    max_tiles = property(lambda self: self._max_tiles)
+    num_pages = property(lambda self: self._num_pages)
+    num_sms = property(lambda self: self._num_sms)
+    record_bytes = property(lambda self: self._record_bytes)
+    device = property(lambda self: self._device)
+
     def __init__(self, num_kv_heads: int, head_dim: int, preset=DEFAULT_PRESET, *, num_layers: int = 1,
                  max_seqs: int = 16, max_seq_len: int = 32768, num_pages: int | None = None,
                  sink_tokens: int | None = None, iters: int = SINKHORN_ITERS, device: int | None = None):
         _require()
-        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
-        self.head_dim = check_positive_int(head_dim, "head_dim")
+        self._num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self._head_dim = check_positive_int(head_dim, "head_dim")
         _check_no_gpu_head_dim(self.head_dim)
-        self.preset = get_preset(preset)
+        self._preset = get_preset(preset)
         if not _cuda.format_supported(self.preset.kbits, self.preset.vbits, self.preset.group, self.head_dim):
             raise ValueError(f"preset: {self.preset.name} is not served by the CUDA kernels")
-        self.num_layers = check_positive_int(num_layers, "num_layers")
-        self.max_seqs = check_positive_int(max_seqs, "max_seqs")
-        self.max_seq_len = check_positive_int(max_seq_len, "max_seq_len")
+        self._num_layers = check_positive_int(num_layers, "num_layers")
+        self._max_seqs = check_positive_int(max_seqs, "max_seqs")
+        self._max_seq_len = check_positive_int(max_seq_len, "max_seq_len")
         G = self.preset.group
-        self.sink_tokens = G if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
-        self.iters = check_iters(iters)
-        self.max_tiles = max(1, -(-max(self.max_seq_len - self.sink_tokens, 0) // G))
-        self.num_pages = (self.max_seqs * self.max_tiles if num_pages is None
-                          else check_positive_int(num_pages, "num_pages"))
+        self._sink_tokens = G if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
+        self._iters = check_iters(iters)
+        self._max_tiles = max(1, -(-max(self.max_seq_len - self.sink_tokens, 0) // G))
+        self._num_pages = (self.max_seqs * self.max_tiles if num_pages is None
+                           else check_positive_int(num_pages, "num_pages"))
+        if self.num_pages > 2**31 - 1:  # page numbers are int32 on the device
+            raise ValueError(f"num_pages: max_seqs x tiles per sequence = {self.num_pages} pages is more than the "
+                             f"kernels address (2**31 - 1); lower max_seqs or max_seq_len, or pass num_pages")
         if device is not None:
-            _check(_cuda.set_device(int(device)), "device")
-        rc, self.device = _cuda.get_device()
+            device = check_positive_int(device, "device", 0)
+            rc, count = _cuda.device_count()
+            _check(rc, "device")
+            if device >= count:
+                raise ValueError(f"device: cuda:{device} is not visible here ({count} device(s))")
+            _check(_cuda.set_device(device), "device")
+        rc, self._device = _cuda.get_device()
         _check(rc, "device")
         rc, props = _cuda.device_props(self.device)
         _check(rc, "device")
-        self.num_sms = int(props["multiprocessors"])
-        self.record_bytes = int(_cuda.record_layout(self.preset.kbits, self.preset.vbits, G, self.head_dim)["total"])
+        self._num_sms = int(props["multiprocessors"])
+        self._record_bytes = int(_cuda.record_layout(self.preset.kbits, self.preset.vbits, G, self.head_dim)["total"])
         L, S, H, D = self.num_layers, self.max_seqs, self.num_kv_heads, self.head_dim
         self._pool = DeviceArray((L, self.num_pages, H, self.record_bytes), np.uint8)
         self._sink_k = DeviceArray((L, S, H, max(self.sink_tokens, 1), D), np.float16)
@@ -451,6 +543,8 @@ class PagedKVCache:
     def _slots(self, seq_ids):
         if isinstance(seq_ids, (int, np.integer)):
             seq_ids = [seq_ids]
+        if isinstance(seq_ids, (str, bytes)) or not hasattr(seq_ids, "__iter__"):
+            raise TypeError(f"seq_ids: expected a list of int sequence ids, got {type(seq_ids).__name__}")
         slots = [self._slot(s, f"seq_ids[{i}]") for i, s in enumerate(seq_ids)]
         if not slots:
             raise ValueError("seq_ids: expected at least one sequence")
@@ -481,12 +575,13 @@ class PagedKVCache:
         vk, vv = _view(k, "k"), _view(v, "v")
         H, D, G = self.num_kv_heads, self.head_dim, self.preset.group
         for name, view in (("k", vk), ("v", vv)):
+            _check_device(view, name, self.device)
             if len(view.shape) == 3:  # [B, Hk, D]: one token each
                 view.shape = (view.shape[0], 1) + view.shape[1:]
                 view.strides = (view.strides[0], 0) + view.strides[1:]
             if len(view.shape) != 4 or view.shape[2] != H or view.shape[3] != D:
                 raise ValueError(
-                    f"{name}: expected shape [B, T, {H}, {D}] (or [B, {H}, {D}]), got {tuple(view.obj.shape)}")
+                    f"{name}: expected shape [B, T, {H}, {D}] (or [B, {H}, {D}]), got {view.shape0}")
             if view.shape[0] != len(slots):
                 raise ValueError(f"{name}: batch of {view.shape[0]} for {len(slots)} sequences")
         if vv.shape != vk.shape:
@@ -530,6 +625,7 @@ class PagedKVCache:
         host = np.concatenate([meta, jobs_arr])
         stream = vk.stream
         base = self._append_meta.get(host.nbytes)
+        meta_bytes = self._append_meta.buf.nbytes
         try:
             _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
             _check(_cuda.memset(self._flag.ptr, 0, 4, stream), "append")
@@ -541,10 +637,10 @@ class PagedKVCache:
             # Store first: completed tiles read their older rows from the tail, which
             # write_tokens then reuses for the newest tokens (and skips if anything was flagged).
             if jobs:
-                _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, len(jobs), self.iters, True,
-                                   self._flag.ptr, stream), "append")
-            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, B, self._flag.ptr, stream),
-                   "append")
+                _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, meta_bytes - meta.nbytes,
+                                   len(jobs), self.iters, True, self._flag.ptr, stream), "append")
+            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B, self._flag.ptr,
+                                      stream), "append")
             if validate:
                 err = _flag_error(int(self._flag.to_numpy(stream)[0]))
                 if err is not None:
@@ -597,7 +693,20 @@ class PagedKVCache:
         sequences keep their lengths; attend(q, plan=...) then copies nothing from the host and can
         be captured in a CUDA graph."""
         layer, meta, splits, tps, lens = self._plan_host(seq_ids, layer)
-        return AttendPlan(DeviceArray.from_numpy(meta, stream), len(meta), splits, tps, layer, lens)
+        return AttendPlan(self, DeviceArray.from_numpy(meta, stream), meta[:, 0].tolist(), splits, tps, layer, lens)
+
+    def _check_plan(self, plan):
+        if not isinstance(plan, AttendPlan):
+            raise TypeError(f"plan: expected an AttendPlan from PagedKVCache.plan(), got {type(plan).__name__}")
+        if plan._owner is not self:
+            raise ValueError("plan: made by another PagedKVCache; make one with this cache's plan()")
+        for slot, n in zip(plan.seq_ids, plan.lengths):
+            if slot not in self._live:
+                raise ValueError(f"plan: sequence {slot} was freed since the plan was made; make a new plan")
+            now = int(self._lengths[plan.layer, slot])
+            if now != n:
+                raise ValueError(f"plan: sequence {slot} holds {now} tokens in layer {plan.layer}, {int(n)} when the "
+                                 "plan was made; make a new plan")
 
     def attend(self, q, seq_ids=None, *, layer: int = 0, scale=None, out=None, plan: AttendPlan | None = None,
                validate: bool = True):
@@ -616,26 +725,22 @@ class PagedKVCache:
             raise ValueError(f"q: last dimension {Dq} does not match the cache's head_dim {D}")
         if Hq == 0 or Hq % H:
             raise ValueError(f"q: {Hq} query heads is not a positive multiple of the cache's {H} kv heads")
-        if scale is None:
-            scale = 1.0 / math.sqrt(D)
-        elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
-            raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
-        scale = float(scale)
-        if not math.isfinite(scale):
-            raise ValueError("scale: must be finite")
+        _check_device(vq, "q", self.device)
+        scale = check_scale(scale, D)
         stream = vq.stream
         if plan is None:
             if seq_ids is None:
                 raise ValueError("seq_ids: required unless a plan is given")
             layer, meta, splits, tps, _ = self._plan_host(seq_ids, layer)
             meta_ptr = self._attend_meta.get(meta.nbytes)
+            meta_bytes = self._attend_meta.buf.nbytes
             _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "attend")
         else:
             if seq_ids is not None:
                 raise ValueError("plan: pass either seq_ids or a plan, not both")
-            if not isinstance(plan, AttendPlan):
-                raise TypeError(f"plan: expected an AttendPlan from PagedKVCache.plan(), got {type(plan).__name__}")
+            self._check_plan(plan)
             layer, splits, tps, meta_ptr = plan.layer, plan.splits, plan.tiles_per_split, plan.meta_dev.ptr
+            meta_bytes = plan.meta_dev.nbytes
             meta = np.empty((plan.batch, 4))
         if B != len(meta):
             raise ValueError(f"q: batch of {B} queries for {len(meta)} sequences")
@@ -644,14 +749,32 @@ class PagedKVCache:
         vo = _view(out, "out")
         if vo.shape != (B, Hq, D):
             raise ValueError(f"out: expected shape {(B, Hq, D)}, got {vo.shape}")
+        _check_device(vo, "out", self.device)
+        if vo.readonly:
+            raise ValueError("out: the array is read-only")
+        qr, orng = vq.byte_range(), vo.byte_range()
+        if orng[0] < qr[1] and qr[0] < orng[1]:
+            raise ValueError("out: overlaps q (the kernels read q while they write out); pass another array")
+        if any(st == 0 for st in vo.strides):
+            raise ValueError(f"out: a zero stride (strides {vo.strides}) would write several results to one place")
         if validate:
             _check(_cuda.memset(self._flag.ptr, 0, 4, stream), "attend")
-            _check(_cuda.check(vq.spec(), self._flag.ptr, 1, 0, stream), "attend")
-            if int(self._flag.to_numpy(stream)[0]):
+            _check(_cuda.check(vq.spec(), self._flag.ptr, 1, 2, stream), "attend")  # 2: some |q| > 65504
+            flag = int(self._flag.to_numpy(stream)[0])
+            if flag & 1:
                 raise ValueError("q: contains NaN or Inf")
-        scratch = self._scratch.get(_cuda.attend_scratch_bytes(B, Hq, D, splits))
-        _check(_cuda.attend(self._desc, layer, meta_ptr, B, vq.spec(), Hq, scale, vo.spec(), scratch, splits, tps,
-                            stream), "attend")
+            # As check_queries on the CPU: q * scale must not overflow the float32 scores.
+            limit = FLOAT32_MAX / (D * 2.0**17)
+            if (flag & 2) or FP16_MAX * abs(scale) > limit:
+                q_max = vq.max_abs(stream)
+                if q_max * abs(scale) > limit:
+                    raise ValueError(
+                        f"q: max |q| x |scale| = {q_max * abs(scale):.3g} could overflow the float32 attention "
+                        f"scores (limit {limit:.3g} at head_dim {D}); scale the queries down")
+        scratch_bytes = _cuda.attend_scratch_bytes(B, Hq, D, splits)
+        scratch = self._scratch.get(scratch_bytes)
+        _check(_cuda.attend(self._desc, layer, meta_ptr, meta_bytes, B, vq.spec(), Hq, scale, vo.spec(), scratch,
+                            self._scratch.buf.nbytes, splits, tps, stream), "attend")
         return out
 
     # ---- CPU interop -------------------------------------------------------------
@@ -693,9 +816,13 @@ class PagedKVCache:
     def load_cpu(self, seq_id, cpu_cache, layer: int = 0) -> None:
         """Replaces an empty sequence's content (one layer) with a kvarn.KVCache's: its
         CPU-written records are used as they are."""
+        from .cache import KVCache
+
         layer, slot = self._layer(layer), self._slot(seq_id, "seq_id")
         if self._lengths[layer, slot]:
             raise ValueError(f"seq_id: sequence {seq_id} is not empty in layer {layer}")
+        if not isinstance(cpu_cache, KVCache):
+            raise TypeError(f"cpu_cache: expected a kvarn.KVCache, got {type(cpu_cache).__name__}")
         c = cpu_cache
         if (c.num_kv_heads, c.head_dim, c.preset.name, c.sink_tokens) != (
                 self.num_kv_heads, self.head_dim, self.preset.name, self.sink_tokens):
@@ -705,11 +832,24 @@ class PagedKVCache:
         n = parts["sink_k"].shape[1] + len(recs) * self.preset.group + parts["tail_k"].shape[1]
         if n > self.max_seq_len:
             raise ValueError(f"cpu_cache: {n} tokens exceed max_seq_len={self.max_seq_len}")
+        need = len(recs) - len(self._pages[slot])
+        if need > len(self._free_pages):  # before taking any: a rejected load changes nothing
+            raise RuntimeError(f"PagedKVCache: out of pages ({need} needed, {len(self._free_pages)} free); free() "
+                               "sequences or make the cache with more num_pages")
+        new_pages = []
+        for _ in range(max(need, 0)):
+            page = self._free_pages.pop()
+            self._pages[slot].append(page)
+            new_pages.append((slot, page))
+        try:
+            self._load_parts(layer, slot, parts, recs)
+        except Exception:
+            self._undo_pages(new_pages)
+            raise
+        self._lengths[layer, slot] = n
+
+    def _load_parts(self, layer, slot, parts, recs):
         H, D = self.num_kv_heads, self.head_dim
-        while len(self._pages[slot]) < len(recs):
-            if not self._free_pages:
-                raise RuntimeError("PagedKVCache: out of pages")
-            self._pages[slot].append(self._free_pages.pop())
         for i in range(len(recs)):
             dst = self._pool.ptr + (layer * self.num_pages + self._pages[slot][i]) * H * self.record_bytes
             _check(_cuda.memcpy_htod(dst, np.ascontiguousarray(recs[i]).reshape(-1), 0), "load_cpu")
@@ -731,7 +871,6 @@ class PagedKVCache:
                           (self._tail_v, "tail_v")):
             put(buf, parts[name].shape[1], parts[name])
         _check(_cuda.stream_sync(0), "load_cpu")
-        self._lengths[layer, slot] = n
 
     def __repr__(self):
         return (f"PagedKVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "
