@@ -369,6 +369,7 @@ class AttendPlan:
     def __init__(self, owner, meta_dev, slots, splits, tiles_per_split, layer, lengths):
         self._owner, self._meta_dev, self._slots = owner, meta_dev, tuple(slots)
         self._splits, self._tiles_per_split, self._layer = int(splits), int(tiles_per_split), int(layer)
+        self._slot_index = np.array(slots, np.intp)  # for the per-call check, vectorised
         self._lengths = np.array(lengths, np.int64)
         self._lengths.flags.writeable = False
 
@@ -700,6 +701,11 @@ class PagedKVCache:
             raise TypeError(f"plan: expected an AttendPlan from PagedKVCache.plan(), got {type(plan).__name__}")
         if plan._owner is not self:
             raise ValueError("plan: made by another PagedKVCache; make one with this cache's plan()")
+        # One vectorised comparison per call (the fast path); the loop only names the culprit.
+        # free() zeroes a slot's lengths, and a plan never covers an empty sequence, so a freed
+        # slot always shows up as a length change here.
+        if np.array_equal(self._lengths[plan.layer, plan._slot_index], plan.lengths):
+            return
         for slot, n in zip(plan.seq_ids, plan.lengths):
             if slot not in self._live:
                 raise ValueError(f"plan: sequence {slot} was freed since the plan was made; make a new plan")
