@@ -738,6 +738,7 @@ class PagedKVCache:
             if seq_ids is None:
                 raise ValueError("seq_ids: required unless a plan is given")
             layer, meta, splits, tps, _ = self._plan_host(seq_ids, layer)
+            n_seqs = len(meta)
             meta_ptr = self._attend_meta.get(meta.nbytes)
             meta_bytes = self._attend_meta.buf.nbytes
             _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "attend")
@@ -747,9 +748,9 @@ class PagedKVCache:
             self._check_plan(plan)
             layer, splits, tps, meta_ptr = plan.layer, plan.splits, plan.tiles_per_split, plan.meta_dev.ptr
             meta_bytes = plan.meta_dev.nbytes
-            meta = np.empty((plan.batch, 4))
-        if B != len(meta):
-            raise ValueError(f"q: batch of {B} queries for {len(meta)} sequences")
+            n_seqs = plan.batch
+        if B != n_seqs:
+            raise ValueError(f"q: batch of {B} queries for {n_seqs} sequences")
         if out is None:
             out = _empty_like(vq, (B, Hq, D), vq.dtype)
         vo = _view(out, "out")
