@@ -124,10 +124,14 @@ class _View:
 
     def extent(self):
         """[first, last] element offsets (from ptr) the view can touch; None when it holds nothing."""
-        if any(s == 0 for s in self.shape):
-            return None
-        lo = sum((n - 1) * st for n, st in zip(self.shape, self.strides) if st < 0)
-        hi = sum((n - 1) * st for n, st in zip(self.shape, self.strides) if st > 0)
+        lo = hi = 0  # one plain loop: this runs on every attend call
+        for n, st in zip(self.shape, self.strides):
+            if n == 0:
+                return None
+            if st < 0:
+                lo += (n - 1) * st
+            else:
+                hi += (n - 1) * st
         return lo, hi
 
     def byte_range(self):
@@ -372,6 +376,7 @@ class AttendPlan:
         self._slot_index = np.array(slots, np.intp)  # for the per-call check, vectorised
         self._lengths = np.array(lengths, np.int64)
         self._lengths.flags.writeable = False
+        self._checked_epoch = owner._epoch  # the owner's lengths epoch these lengths were last seen at
 
     meta_dev = property(lambda self: self._meta_dev)
     batch = property(lambda self: len(self._slots))
@@ -456,6 +461,7 @@ class PagedKVCache:
         self._attend_meta = _Scratch()
         self._scratch = _Scratch()
         self._lengths = np.zeros((L, S), np.int64)
+        self._epoch = 0  # bumped whenever a length changes: a plan checked at this epoch is still valid
         self._pages = [[] for _ in range(S)]  # pages of each slot, tile order (shared by layers)
         self._free_pages = list(range(self.num_pages - 1, -1, -1))
         self._free_slots = list(range(S - 1, -1, -1))
@@ -474,6 +480,7 @@ class PagedKVCache:
         slot = self._free_slots.pop()
         self._live.add(slot)
         self._lengths[:, slot] = 0
+        self._epoch += 1
         return slot
 
     def free(self, seq_id) -> None:
@@ -482,6 +489,7 @@ class PagedKVCache:
         self._free_pages.extend(reversed(self._pages[slot]))
         self._pages[slot] = []
         self._lengths[:, slot] = 0
+        self._epoch += 1
         self._live.discard(slot)
         self._free_slots.append(slot)
 
@@ -517,6 +525,7 @@ class PagedKVCache:
                     "kept tokens again")
         for lay in layers:
             self._lengths[lay, slot] = length
+        self._epoch += 1
         needed = int(self._tile_counts(self._lengths[:, slot]).max())
         self._free_pages.extend(reversed(self._pages[slot][needed:]))
         del self._pages[slot][needed:]
@@ -650,6 +659,7 @@ class PagedKVCache:
             self._undo_pages(new_pages)
             raise
         self._lengths[layer, slots] = lens1
+        self._epoch += 1
 
     def _undo_pages(self, new_pages):
         for slot, page in reversed(new_pages):
@@ -701,10 +711,13 @@ class PagedKVCache:
             raise TypeError(f"plan: expected an AttendPlan from PagedKVCache.plan(), got {type(plan).__name__}")
         if plan._owner is not self:
             raise ValueError("plan: made by another PagedKVCache; make one with this cache's plan()")
-        # One vectorised comparison per call (the fast path); the loop only names the culprit.
-        # free() zeroes a slot's lengths, and a plan never covers an empty sequence, so a freed
-        # slot always shows up as a length change here.
+        # Per call (the fast path): nothing changed since the plan was last checked -> valid. Else one
+        # vectorised comparison; the loop only names the culprit. free() zeroes a slot's lengths and a
+        # plan never covers an empty sequence, so a freed slot always shows up as a length change.
+        if plan._checked_epoch == self._epoch:
+            return
         if np.array_equal(self._lengths[plan.layer, plan._slot_index], plan.lengths):
+            plan._checked_epoch = self._epoch
             return
         for slot, n in zip(plan.seq_ids, plan.lengths):
             if slot not in self._live:
@@ -762,7 +775,7 @@ class PagedKVCache:
         qr, orng = vq.byte_range(), vo.byte_range()
         if orng[0] < qr[1] and qr[0] < orng[1]:
             raise ValueError("out: overlaps q (the kernels read q while they write out); pass another array")
-        if any(st == 0 for st in vo.strides):
+        if any(st == 0 and n > 1 for n, st in zip(vo.shape, vo.strides)):
             raise ValueError(f"out: a zero stride (strides {vo.strides}) would write several results to one place")
         if validate:
             _check(_cuda.memset(self._flag.ptr, 0, 4, stream), "attend")
@@ -854,6 +867,7 @@ class PagedKVCache:
             self._undo_pages(new_pages)
             raise
         self._lengths[layer, slot] = n
+        self._epoch += 1
 
     def _load_parts(self, layer, slot, parts, recs):
         H, D = self.num_kv_heads, self.head_dim
