@@ -185,6 +185,35 @@ def test_attend_matches_cpu(preset, head_dim, gqa):
     check_attention(cache, ids, q, out, scale)
 
 
+@gpu
+@need_torch
+def test_calls_keep_the_callers_current_device():
+    """Every PagedKVCache call runs on the cache's GPU and leaves the caller's current device as it
+    was (the constructor used to switch it for good; a later switch made kernels run on the wrong
+    GPU). With two GPUs: a cache on cuda:1 used while cuda:0 is current, and the reverse."""
+    rng = np.random.default_rng(11)
+    ndev = torch.cuda.device_count()
+    pairs = [(0, 0)] + ([(1, 0), (0, 1)] if ndev > 1 else [])
+    for cache_dev, current in pairs:
+        torch.cuda.set_device(current)
+        cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=600, device=cache_dev)
+        assert torch.cuda.current_device() == current
+        assert cache.device == cache_dev
+        sid = cache.add_sequence()
+        k, v = kv_like(rng, (1, 300, 2, 128)), kv_like(rng, (1, 300, 2, 128))
+        on = f"cuda:{cache_dev}"
+        cache.append([sid], torch.from_numpy(k).to(on), torch.from_numpy(v).to(on))
+        q = kv_like(rng, (1, 8, 128))
+        out = cache.attend(torch.from_numpy(q).to(on), [sid])
+        plan = cache.plan([sid])
+        again = cache.attend(torch.from_numpy(q).to(on), plan=plan)
+        assert torch.cuda.current_device() == current, (cache_dev, current)
+        check_attention(cache, [sid], q, out.cpu().numpy(), 1.0 / np.sqrt(128))
+        np.testing.assert_array_equal(again.cpu().numpy(), out.cpu().numpy())
+        assert torch.cuda.current_device() == current
+    torch.cuda.set_device(0)
+
+
 def force_splits(cache, want):
     """Makes cache's attend/plan split every sequence's tiles into ~want programs (the heuristic
     alone rarely picks 2..8 splits on small test caches): covers the direct path's clusters of

@@ -16,6 +16,8 @@ written here decodes on the CPU path and vice versa (see ``to_cpu`` / ``load_cpu
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 
 import numpy as np
 
@@ -262,6 +264,31 @@ def _ptr(x):
     return int(x.__cuda_array_interface__["data"][0])
 
 
+@contextlib.contextmanager
+def _current_device(device):
+    """Makes `device` the current GPU for the block and restores the caller's afterwards (a cache's
+    kernels, copies and allocations must happen on its own GPU, whatever the caller switched to)."""
+    rc, current = _cuda.get_device()
+    _check(rc, "device")
+    if current == device:
+        yield
+        return
+    _check(_cuda.set_device(device), "device")
+    try:
+        yield
+    finally:
+        _cuda.set_device(current)
+
+
+def _on_own_device(method):
+    """Runs a PagedKVCache method with the cache's GPU current (see _current_device)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with _current_device(self._device):
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 def _check_device(view, name, device):
     """A tensor on another GPU than the kernels run on would be read through a wrong address space."""
     if view.device is not None and int(view.device) != int(device):
@@ -436,15 +463,22 @@ class PagedKVCache:
         if self.num_pages > 2**31 - 1:  # page numbers are int32 on the device
             raise ValueError(f"num_pages: max_seqs x tiles per sequence = {self.num_pages} pages is more than the "
                              f"kernels address (2**31 - 1); lower max_seqs or max_seq_len, or pass num_pages")
+        rc, previous = _cuda.get_device()
+        _check(rc, "device")
         if device is not None:
             device = check_positive_int(device, "device", 0)
             rc, count = _cuda.device_count()
             _check(rc, "device")
             if device >= count:
                 raise ValueError(f"device: cuda:{device} is not visible here ({count} device(s))")
-            _check(_cuda.set_device(device), "device")
-        rc, self._device = _cuda.get_device()
-        _check(rc, "device")
+        self._device = previous if device is None else device
+        # Allocate on the cache's GPU, then leave the caller's current device as it was; every later
+        # call switches to the cache's GPU for its duration (_on_own_device).
+        with _current_device(self._device):
+            self._allocate()
+
+    def _allocate(self):
+        G = self.preset.group
         rc, props = _cuda.device_props(self.device)
         _check(rc, "device")
         self._num_sms = int(props["multiprocessors"])
@@ -573,6 +607,7 @@ class PagedKVCache:
         return np.maximum(lengths - self.sink_tokens, 0) // self.preset.group
 
     # ---- append ----------------------------------------------------------------
+    @_on_own_device
     def append(self, seq_ids, k, v, *, layer: int = 0, validate: bool = True) -> None:
         """Appends T tokens to each listed sequence: k, v [B, T, Hk, D] (or [B, Hk, D] for T = 1),
         bfloat16/float16/float32 on the GPU. Completed tiles are quantised on the GPU.
@@ -699,6 +734,7 @@ class PagedKVCache:
         splits, tps = self._choose_splits(tiles, self.num_kv_heads)
         return layer, meta, splits, tps, lens.copy()
 
+    @_on_own_device
     def plan(self, seq_ids, *, layer: int = 0, stream=0) -> AttendPlan:
         """Uploads the metadata of an attend() batch into its own device buffer. Valid while those
         sequences keep their lengths; attend(q, plan=...) then copies nothing from the host and can
@@ -727,6 +763,7 @@ class PagedKVCache:
                 raise ValueError(f"plan: sequence {slot} holds {now} tokens in layer {plan.layer}, {int(n)} when the "
                                  "plan was made; make a new plan")
 
+    @_on_own_device
     def attend(self, q, seq_ids=None, *, layer: int = 0, scale=None, out=None, plan: AttendPlan | None = None,
                validate: bool = True):
         """Decode attention of q [B, Hq, D] (one query token per sequence) over every cached
@@ -798,6 +835,7 @@ class PagedKVCache:
         return out
 
     # ---- CPU interop -------------------------------------------------------------
+    @_on_own_device
     def records(self, seq_id, layer: int = 0) -> np.ndarray:
         """Host copy of a sequence's records, uint8 [num_tiles, Hk, record_bytes]."""
         layer, slot = self._layer(layer), self._slot(seq_id, "seq_id")
@@ -818,6 +856,7 @@ class PagedKVCache:
         _check(_cuda.memcpy_dtoh(out.reshape(-1).view(np.uint8), base, 0), "to_cpu")
         return out.reshape(H, buf.shape[3], D)[:, :rows]
 
+    @_on_own_device
     def to_cpu(self, seq_id, layer: int = 0):
         """A kvarn.KVCache (CPU) holding exactly this sequence's sink, records and tail."""
         from .cache import KVCache
@@ -833,6 +872,7 @@ class PagedKVCache:
             self._dense_host(self._tail_k, layer, slot, tail_len), self._dense_host(self._tail_v, layer, slot, tail_len),
             preset=self.preset.name, sink_tokens=self.sink_tokens, iters=self.iters)
 
+    @_on_own_device
     def load_cpu(self, seq_id, cpu_cache, layer: int = 0) -> None:
         """Replaces an empty sequence's content (one layer) with a kvarn.KVCache's: its
         CPU-written records are used as they are."""
