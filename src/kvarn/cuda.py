@@ -284,6 +284,9 @@ def _on_own_device(method):
     """Runs a PagedKVCache method with the cache's GPU current (see _current_device)."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
+        rc, current = _cuda.get_device()
+        if rc == 0 and current == self._device:  # the usual case, without a context manager's cost
+            return method(self, *args, **kwargs)
         with _current_device(self._device):
             return method(self, *args, **kwargs)
     return wrapper
