@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 import kvarn
 import kvarn.cuda as kc
+from kvarn.baselines import attention_numpy
 
 HQ, HK, D = 32, 8, 128
 L2_ROTATE_BYTES = 512 << 20  # walk through at least this much data per graph replay
@@ -274,19 +275,6 @@ def rel_err(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def oracle(q, K, V):
-    """float64 GQA attention of q [Hq, D] over K/V [Hk, n, D], scale 1/sqrt(D)."""
-    g = q.shape[0] // K.shape[0]
-    out = np.empty(q.shape)
-    for kv in range(K.shape[0]):
-        k, v = K[kv].astype(np.float64), V[kv].astype(np.float64)
-        for h in range(kv * g, (kv + 1) * g):
-            s = k @ q[h].astype(np.float64) / math.sqrt(q.shape[1])
-            p = np.exp(s - s.max())
-            out[h] = p @ v / p.sum()
-    return out
-
-
 def check_kvarn(cache, sid, q, plan):
     """kvarn's GPU output for the plan's first sequence (sid) against the CPU path on the same records
     (cache.to_cpu, as tests/test_cuda.py check_attention). Returns (fp32 error, q.dtype error, failure
@@ -321,7 +309,8 @@ def check_dequant(cache, sid, q_rot, out):
     K, V = cpu.dequantize()
     t = slice(cpu.sink_len, cpu.sink_len + cpu.num_tiles * cache.preset.group)  # equal lengths: all tiles
     K, V = kvarn.hadamard(K[:, t]), kvarn.hadamard(V[:, t])
-    err = rel_err(out[0, :, 0].float().cpu().numpy(), oracle(q_rot[0, :, 0].float().cpu().numpy(), K, V))
+    q = q_rot[0, :, 0].float().cpu().numpy()
+    err = rel_err(out[0, :, 0].float().cpu().numpy(), attention_numpy(q, K, V, 1 / math.sqrt(q.shape[-1]), np.float64))
     print(f"  check: dequant+SDPA vs float64 oracle over the same tiles (seq {sid}): rel err {err:.2e} "
           f"(tol {DQ_TOL:g})", flush=True)
     fail = None if err < DQ_TOL else f"dequant+SDPA output check FAILED: rel err {err:.3e}, tol {DQ_TOL:g}"
