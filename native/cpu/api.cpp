@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <vector>
 
@@ -383,18 +384,29 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         }
 
         // Per item: m[n_q], l[n_q], acc_orig[n_q*D], acc_rot[n_q*D]; per (seq, head): rotated queries.
+        // Left uninitialised: every item sets its own state, and the merge writes every output row
+        // (value-initialising them was a fifth of a short call).
         const size_t state_floats = (size_t)n_q * (2 + 2 * (size_t)D);
-        std::vector<float> states(items.size() * state_floats);
-        std::vector<float> q_scaled((size_t)batch * num_q_heads * D), q_rot(q_scaled.size());
-        for (size_t i = 0; i < q_scaled.size(); ++i) q_scaled[i] = q[i] * scale;
-        std::memcpy(q_rot.data(), q_scaled.data(), q_rot.size() * sizeof(float));
-        kt->hadamard_f32(q_rot.data(), (int64_t)batch * num_q_heads, D);
+        const size_t q_floats = (size_t)batch * num_q_heads * D;
+        std::unique_ptr<float[]> states(new float[items.size() * state_floats]);
+        std::unique_ptr<float[]> q_scaled(new float[q_floats]);
+        for (size_t i = 0; i < q_floats; ++i) q_scaled[i] = q[i] * scale;
+        // The rotated frame serves only the quantised tiles: an all-fp16 batch (the FP16Cache,
+        // short sequences still in their sink) skips both Hadamards.
+        bool any_tiles = false;
+        for (int32_t b = 0; b < batch; ++b) any_tiles = any_tiles || caches[b].num_tiles > 0;
+        std::unique_ptr<float[]> q_rot;
+        if (any_tiles) {
+            q_rot.reset(new float[q_floats]);
+            std::memcpy(q_rot.get(), q_scaled.get(), q_floats * sizeof(float));
+            kt->hadamard_f32(q_rot.get(), (int64_t)batch * num_q_heads, D);
+        }
 
         const int64_t n_items = (int64_t)items.size();
         auto body = [&](int64_t i) {
             const WorkItem& w = items[i];
             const kvarn_cache_view& c = caches[w.seq];
-            float* base = states.data() + i * state_floats;
+            float* base = states.get() + i * state_floats;
             SoftmaxState st{base, base + n_q, base + 2 * n_q, base + 2 * n_q + (size_t)n_q * D};
             std::fill(st.m, st.m + n_q, -std::numeric_limits<float>::infinity());
             std::fill(st.l, st.l + n_q, 0.0f);
@@ -406,7 +418,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
             if (s1 > s0) {
                 const int64_t t0 = s0 * kSinkChunk, t1 = std::min(s1 * kSinkChunk, c.sink_len);
                 const int64_t off = w.kv_head * c.sink_head_stride + t0 * c.sink_row_stride;
-                kt->attend_dense_f16(q_scaled.data() + q_off, n_q, D, c.sink_k + off, c.sink_v + off, t1 - t0,
+                kt->attend_dense_f16(q_scaled.get() + q_off, n_q, D, c.sink_k + off, c.sink_v + off, t1 - t0,
                                      c.sink_row_stride, st);
             }
             // Tiles [unit_begin - su, unit_end - su) clipped to [0, num_tiles).
@@ -414,18 +426,18 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
             const int64_t te = std::min<int64_t>(w.unit_end - su, c.num_tiles);
             if (te > tb) {
                 const TileFormat fmt{c.kbits, c.vbits, c.group, c.head_dim};
-                kt->attend_tiles(q_rot.data() + q_off, n_q, fmt,
+                kt->attend_tiles(q_rot.get() + q_off, n_q, fmt,
                                  c.records + w.kv_head * c.record_head_stride + tb * c.record_tile_stride, te - tb,
                                  c.record_tile_stride, st);
             }
             if (c.tail_len > 0 && w.unit_end == total_units(c))
-                kt->attend_dense_f16(q_scaled.data() + q_off, n_q, D, c.tail_k + w.kv_head * c.tail_head_stride,
+                kt->attend_dense_f16(q_scaled.get() + q_off, n_q, D, c.tail_k + w.kv_head * c.tail_head_stride,
                                      c.tail_v + w.kv_head * c.tail_head_stride, c.tail_len, c.tail_row_stride, st);
         };
         pool().run(n_items, threads, body);
 
         // Merge the splits of each (seq, kv head) and rotate the tile part back.
-        std::vector<float> rot_sum((size_t)batch * num_q_heads * D, 0.0f);
+        std::unique_ptr<float[]> rot_sum(any_tiles ? new float[q_floats] : nullptr);
         for (int64_t first = 0; first < n_items;) {
             const WorkItem& w0 = items[first];
             const int64_t n = w0.n_splits;
@@ -435,30 +447,32 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
                 float l = 0.0f;
                 const size_t row = ((size_t)w0.seq * num_q_heads + (size_t)w0.kv_head * n_q + h) * D;
                 float* o = out + row;
-                float* r = rot_sum.data() + row;
+                float* r = any_tiles ? rot_sum.get() + row : nullptr;
                 std::fill(o, o + D, 0.0f);
+                if (r) std::fill(r, r + D, 0.0f);
                 for (int64_t s = 0; s < n; ++s) {
-                    const float* base = states.data() + (first + s) * state_floats;
+                    const float* base = states.get() + (first + s) * state_floats;
                     if (base[n_q + h] == 0.0f) continue;  // split saw no tokens for this head
                     const float wgt = std::exp(base[h] - m);
                     l += wgt * base[n_q + h];
                     const float* ao = base + 2 * n_q + (size_t)h * D;
-                    const float* ar = base + 2 * n_q + (size_t)n_q * D + (size_t)h * D;
-                    for (int d = 0; d < D; ++d) {
-                        o[d] += wgt * ao[d];
-                        r[d] += wgt * ar[d];
+                    for (int d = 0; d < D; ++d) o[d] += wgt * ao[d];
+                    if (r) {
+                        const float* ar = base + 2 * n_q + (size_t)n_q * D + (size_t)h * D;
+                        for (int d = 0; d < D; ++d) r[d] += wgt * ar[d];
                     }
                 }
                 const float inv = 1.0f / l;
-                for (int d = 0; d < D; ++d) {
-                    o[d] *= inv;
-                    r[d] *= inv;
-                }
+                for (int d = 0; d < D; ++d) o[d] *= inv;
+                if (r)
+                    for (int d = 0; d < D; ++d) r[d] *= inv;
             }
             first += n;
         }
-        kt->hadamard_f32(rot_sum.data(), (int64_t)batch * num_q_heads, D);
-        for (size_t i = 0; i < rot_sum.size(); ++i) out[i] += rot_sum[i];
+        if (any_tiles) {
+            kt->hadamard_f32(rot_sum.get(), (int64_t)batch * num_q_heads, D);
+            for (size_t i = 0; i < q_floats; ++i) out[i] += rot_sum[i];
+        }
         return KVARN_OK;
     });
 }
