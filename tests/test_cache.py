@@ -123,6 +123,67 @@ def test_chunked_appends_equal_one_append(chunk_sizes, seed):
     np.testing.assert_array_equal(kvarn.attend(q, a), kvarn.attend(q, b))
 
 
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+def test_token_by_token_appends_equal_one_append(quantize_on, rng):
+    """Decode appends one token at a time; those that stay inside the tail are written into the
+    tail buffer in place. Every part must equal what one bulk append gives."""
+    k = kv_like(rng, (2, 330, 64)) * 0.5
+    v = rng.standard_normal((2, 330, 64)).astype(np.float32)
+    a = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=20, quantize_on=quantize_on)
+    for t in range(330):
+        a.append(k[:, t : t + 1], v[:, t : t + 1])
+        if t in (19, 20, 83, 84, 85, 200):  # sink edge, tile edges (fill, next), mid-tail
+            b = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=20, quantize_on=quantize_on)
+            b.append(k[:, : t + 1], v[:, : t + 1])
+            pa, pb = a.to_parts(), b.to_parts()
+            for name in ("sink_k", "sink_v", "records", "tail_k", "tail_v"):
+                np.testing.assert_array_equal(pa[name], pb[name], err_msg=f"{name} after {t + 1} tokens")
+
+
+def test_attend_during_one_token_appends_sees_a_prefix(rng):
+    """An attend running while one-token appends write the tail in place must see exactly the
+    cache of some prefix: its snapshot's tail slots are never written."""
+    import threading
+
+    G, n = 64, 150
+    k = kv_like(rng, (2, n, 64))
+    v = kv_like(rng, (2, n, 64))
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    expected = {}
+    for length in range(1, n + 1):
+        c = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=8)
+        c.append(k[:, :length], v[:, :length])
+        expected[length] = kvarn.attend(q, c, num_threads=1)
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=8)
+    cache.append(k[:, :1], v[:, :1])
+    seen, errors, done = [[], []], [], threading.Event()
+
+    def reader(lengths):
+        try:
+            while True:
+                stop = done.is_set()
+                out = kvarn.attend(q, cache, num_threads=1)
+                match = [L for L, e in expected.items() if np.array_equal(out, e)]
+                assert match, "attend saw a state that no prefix of the appends gives"
+                lengths.append(match[0])
+                if stop:
+                    return
+        except Exception as exc:
+            errors.append(exc)
+
+    readers = [threading.Thread(target=reader, args=(lengths,)) for lengths in seen]
+    for t in readers:
+        t.start()
+    for t in range(1, n):
+        cache.append(k[:, t : t + 1], v[:, t : t + 1])
+    done.set()
+    for t in readers:
+        t.join()
+    assert not errors, errors[:1]
+    for lengths in seen:  # each reader saw the cache grow, and last the whole of it
+        assert lengths == sorted(lengths) and lengths[-1] == n, lengths
+
+
 def test_attend_between_appends_sees_every_token(rng):
     # attend caches the native view of a state; each append must publish a fresh one.
     from kvarn.fp16cache import FP16Cache
@@ -544,6 +605,15 @@ def test_copy_is_independent(quantize_on, rng):
     np.testing.assert_array_equal(twin.records, whole.records)
     cache.append(k2[:, :1], v2[:, :1])  # and the original still appends on its own
     assert len(cache) == 301 and len(twin) == 450
+    # One-token appends write the tail buffer in place: the two must not share it.
+    twin2 = cache.copy()
+    cache.append(k2[:, 1:2], v2[:, 1:2])
+    twin2.append(v2[:, 1:2], k2[:, 1:2])
+    alone = kvarn.KVCache(2, 64, "k4v2_g64", quantize_on=quantize_on)
+    alone.append(np.concatenate([k, k2[:, :2]], axis=1), np.concatenate([v, v2[:, :2]], axis=1))
+    for name in ("tail_k", "tail_v", "records"):
+        np.testing.assert_array_equal(cache.to_parts()[name], alone.to_parts()[name])
+    np.testing.assert_array_equal(twin2.to_parts()["tail_k"][:, -1], v2[:, 1].astype(np.float16))
 
 
 # ---- truncate (speculative decoding's rollback) -------------------------------------------

@@ -148,22 +148,32 @@ class KVCache:
         n = k.shape[1]
         if n == 0:
             return
+        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state
+        to_sink = min(n, self.sink_tokens - sink_k.shape[1])
+        rest = tail_len + n - to_sink
+        # "next": a complete tile waits in the tail until a later token arrives.
+        n_full = rest // G if self.quantize_on == "fill" else max(0, rest - 1) // G
+        if to_sink == 0 and n_full == 0:
+            # The common decode step: the tokens go into the tail buffer in place, past tail_len,
+            # where no published state reads (as new records go past num_tiles), so a concurrent
+            # attend keeps its snapshot; copying the whole tail per token was O(group) per step.
+            # Tail buffers are never shared between caches (copy, truncate and from_parts make fresh ones).
+            tail_k[:, tail_len:rest] = k
+            tail_v[:, tail_len:rest] = v
+            self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
+            return
         k16 = k.astype(np.float16, copy=False)
         v16 = v.astype(np.float16, copy=False)
 
         # 1. What goes to the sink.
-        to_sink = min(n, self.sink_tokens - self.sink_len)
         new_sink_k = new_sink_v = None
         if to_sink > 0:
-            new_sink_k = np.concatenate([self._sink_k, k16[:, :to_sink]], axis=1)
-            new_sink_v = np.concatenate([self._sink_v, v16[:, :to_sink]], axis=1)
+            new_sink_k = np.concatenate([sink_k, k16[:, :to_sink]], axis=1)
+            new_sink_v = np.concatenate([sink_v, v16[:, :to_sink]], axis=1)
 
         # 2. Tail + the rest; whole tiles of it get quantised (may raise: nothing is changed yet).
-        rest_k = np.concatenate([self._tail_k[:, : self._tail_len], k16[:, to_sink:]], axis=1)
-        rest_v = np.concatenate([self._tail_v[:, : self._tail_len], v16[:, to_sink:]], axis=1)
-        rest = rest_k.shape[1]
-        # "next": a complete tile waits in the tail until a later token arrives.
-        n_full = rest // G if self.quantize_on == "fill" else max(0, rest - 1) // G
+        rest_k = np.concatenate([tail_k[:, :tail_len], k16[:, to_sink:]], axis=1)
+        rest_v = np.concatenate([tail_v[:, :tail_len], v16[:, to_sink:]], axis=1)
         new_records = None
         if n_full:
             def tiles(x):  # [H, n_full*G, D] -> [n_full*H, G, D], tile-major then head
@@ -171,31 +181,32 @@ class KVCache:
                 return np.ascontiguousarray(x, dtype=np.float32).reshape(n_full * H, G, D)
 
             def describe(i):  # the cache positions of pair i's tokens
-                start = self.sink_tokens + (self._num_tiles + i // H) * G
+                start = self.sink_tokens + (num_tiles + i // H) * G
                 return f"head {i % H} of the tile of tokens {start}..{start + G - 1}"
 
             new_records = quantize_tiles_native(tiles(rest_k), tiles(rest_v), self.preset, self.iters, threads,
                                                 describe)
             new_records = new_records.reshape(n_full, H, self._record_bytes)
-        records = self._records
-        if n_full and self._num_tiles + n_full > records.shape[0]:
-            capacity = max(2 * records.shape[0], self._num_tiles + n_full, 4)
-            records = np.zeros((capacity, H, self._record_bytes), np.uint8)
-            records[: self._num_tiles] = self._records[: self._num_tiles]
-        tail_k = np.zeros_like(self._tail_k)
-        tail_v = np.zeros_like(self._tail_v)
-        left = rest_k.shape[1] - n_full * G
+        if n_full and num_tiles + n_full > records.shape[0]:
+            capacity = max(2 * records.shape[0], num_tiles + n_full, 4)
+            grown = np.zeros((capacity, H, self._record_bytes), np.uint8)
+            grown[:num_tiles] = records[:num_tiles]
+            records = grown
+        # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
+        tail_k = np.zeros_like(tail_k)
+        tail_v = np.zeros_like(tail_v)
+        left = rest - n_full * G
         tail_k[:, :left] = rest_k[:, n_full * G :]
         tail_v[:, :left] = rest_v[:, n_full * G :]
 
         # 3. Commit (no exceptions past this point). Records past the current tile count are
         # invisible to readers, so they can be written in place before the new state is published.
         if n_full:
-            records[self._num_tiles : self._num_tiles + n_full] = new_records
+            records[num_tiles : num_tiles + n_full] = new_records
         self._publish(
-            new_sink_k if new_sink_k is not None else self._sink_k,
-            new_sink_v if new_sink_v is not None else self._sink_v,
-            records, self._num_tiles + n_full, tail_k, tail_v, left,
+            new_sink_k if new_sink_k is not None else sink_k,
+            new_sink_v if new_sink_v is not None else sink_v,
+            records, num_tiles + n_full, tail_k, tail_v, left,
         )
 
     # ---- truncate ------------------------------------------------------------
