@@ -299,6 +299,15 @@ def test_other_padding_is_refused(smol):
             model(torch.tensor([[ids[40]]]), attention_mask=late, use_cache=True, **cache_kwargs(model, cache))
     # Refused before anything was appended: the cache still holds the 40 prompt tokens.
     assert [len(layer.caches[0]) for layer in cache.kvarn_layers] == [40] * len(cache.kvarn_layers)
+    # A left-padded prompt, then a step without a mask (which would show the padding again).
+    padded = KVarNCache(model.config, preset="k4v2_g128")
+    left = torch.ones(2, 40, dtype=torch.long)
+    left[1, :5] = 0
+    with torch.no_grad():
+        model(torch.tensor([ids[:40], ids[:40]]), attention_mask=left, use_cache=True, **cache_kwargs(model, padded))
+        with pytest.raises(NotImplementedError, match="after the prompt"):
+            model(torch.tensor([[ids[40]], [ids[40]]]), use_cache=True, **cache_kwargs(model, padded))
+    assert [len(c) for c in padded.kvarn_layers[0].caches] == [40, 35]
 
 
 def test_pseudo_decode_mask_matches_the_cache_rule():

@@ -55,6 +55,7 @@ from .._ops import check_positive_int
 ATTN_IMPLEMENTATION = "kvarn"
 _TAG = "_kvarn_layer"  # attribute set on a key tensor whose attention kvarn must do
 _PREFILL_TAG = "_kvarn_prefill"  # ...on a prompt's key tensor: attention as usual, then store it
+_MASK_CHECKED = "_kvarn_mask_checked"  # on a mask tensor: (keys, left pads) it was found to allow
 
 # An optional replacement for the whole attention computation, used by the evaluation
 # (pseudo-decode) and the sample capture: fn(module, query, key, value, mask, scaling) -> [B, q, Hq, D].
@@ -273,13 +274,21 @@ class KVarNLayer(CacheLayerMixin):
         key_states, value_states = self._pending
         self._pending = None
         B, Hq, n, D = query.shape
-        visible = _visible_keys(attention_mask, B, self.cumulative_length + n)
-        for b, p in enumerate(self.pads):  # the mask must hide exactly the prompt's left padding
-            if visible[b, :p].any() or not visible[b, p:].all():
-                raise NotImplementedError(
-                    f"KVarNCache: batch row {b}: padding after the prompt is not supported (kvarn attention "
-                    "has no mask)"
-                )
+        # The mask must hide exactly the prompt's left padding. No mask (an unpadded batch's decode
+        # step) shows every key: right when no row was padded. Every layer of a forward gets the
+        # same mask tensor: the first layer's verdict is tagged on it and the others reuse it.
+        verdict = (self.cumulative_length + n, tuple(self.pads))
+        if (attention_mask is None and any(self.pads)) or (
+                attention_mask is not None and getattr(attention_mask, _MASK_CHECKED, None) != verdict):
+            visible = _visible_keys(attention_mask, B, self.cumulative_length + n)
+            for b, p in enumerate(self.pads):
+                if visible[b, :p].any() or not visible[b, p:].all():
+                    raise NotImplementedError(
+                        f"KVarNCache: batch row {b}: padding after the prompt is not supported (kvarn attention "
+                        "has no mask)"
+                    )
+            if attention_mask is not None:
+                setattr(attention_mask, _MASK_CHECKED, verdict)
         k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
         out = np.empty((B, n, Hq, D), np.float32)
         for i in range(n):
