@@ -383,71 +383,42 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
                     items.push_back({b, h, (int32_t)s, (int32_t)splits, U * s / splits, U * (s + 1) / splits});
         }
 
-        // Per item: m[n_q], l[n_q], acc_orig[n_q*D], acc_rot[n_q*D]; per (seq, head): rotated queries.
-        // Left uninitialised: every item sets its own state, and the merge writes every output row
-        // (value-initialising them was a fifth of a short call).
-        const size_t state_floats = (size_t)n_q * (2 + 2 * (size_t)D);
-        const size_t q_floats = (size_t)batch * num_q_heads * D;
+        // Items of one (sequence, kv head) group are contiguous: group g = seq * Hk + head.
+        const int64_t n_items = (int64_t)items.size();
+        const int64_t n_groups = heads_total;
+        std::unique_ptr<int64_t[]> group_first(new int64_t[n_groups]);
+        std::unique_ptr<std::atomic<int32_t>[]> group_left(new std::atomic<int32_t>[n_groups]);
+        for (int64_t i = 0; i < n_items; ++i)
+            if (items[i].split == 0) {
+                const int64_t g = (int64_t)items[i].seq * Hk + items[i].kv_head;
+                group_first[g] = i;
+                group_left[g].store(items[i].n_splits, std::memory_order_relaxed);
+            }
+
+        // Per item: m[n_q], l[n_q], acc_orig[n_q*D], acc_rot[n_q*D], then its group's queries
+        // scaled [n_q*D] and rotated [n_q*D] (each item prepares its own: no serial pass, and a
+        // split's copy costs a few rows). Left uninitialised: every item sets what it reads.
+        const size_t state_floats = (size_t)n_q * (2 + 4 * (size_t)D);
         std::unique_ptr<float[]> states(new float[items.size() * state_floats]);
-        std::unique_ptr<float[]> q_scaled(new float[q_floats]);
-        for (size_t i = 0; i < q_floats; ++i) q_scaled[i] = q[i] * scale;
         // The rotated frame serves only the quantised tiles: an all-fp16 batch (the FP16Cache,
-        // short sequences still in their sink) skips both Hadamards.
+        // short sequences still in their sink) needs no Hadamard and no rotated sum.
         bool any_tiles = false;
         for (int32_t b = 0; b < batch; ++b) any_tiles = any_tiles || caches[b].num_tiles > 0;
-        std::unique_ptr<float[]> q_rot;
-        if (any_tiles) {
-            q_rot.reset(new float[q_floats]);
-            std::memcpy(q_rot.get(), q_scaled.get(), q_floats * sizeof(float));
-            kt->hadamard_f32(q_rot.get(), (int64_t)batch * num_q_heads, D);
-        }
+        std::unique_ptr<float[]> rot_sum(any_tiles ? new float[(size_t)batch * num_q_heads * D] : nullptr);
 
-        const int64_t n_items = (int64_t)items.size();
-        auto body = [&](int64_t i) {
-            const WorkItem& w = items[i];
-            const kvarn_cache_view& c = caches[w.seq];
-            float* base = states.get() + i * state_floats;
-            SoftmaxState st{base, base + n_q, base + 2 * n_q, base + 2 * n_q + (size_t)n_q * D};
-            std::fill(st.m, st.m + n_q, -std::numeric_limits<float>::infinity());
-            std::fill(st.l, st.l + n_q, 0.0f);
-            std::fill(st.acc_orig, st.acc_orig + 2 * (size_t)n_q * D, 0.0f);
-            const size_t q_off = ((size_t)w.seq * num_q_heads + (size_t)w.kv_head * n_q) * D;
-            const int64_t su = sink_units(c);
-            // Sink chunks [unit_begin, min(unit_end, su)).
-            const int64_t s0 = std::min(w.unit_begin, su), s1 = std::min(w.unit_end, su);
-            if (s1 > s0) {
-                const int64_t t0 = s0 * kSinkChunk, t1 = std::min(s1 * kSinkChunk, c.sink_len);
-                const int64_t off = w.kv_head * c.sink_head_stride + t0 * c.sink_row_stride;
-                kt->attend_dense_f16(q_scaled.get() + q_off, n_q, D, c.sink_k + off, c.sink_v + off, t1 - t0,
-                                     c.sink_row_stride, st);
-            }
-            // Tiles [unit_begin - su, unit_end - su) clipped to [0, num_tiles).
-            const int64_t tb = std::max<int64_t>(w.unit_begin - su, 0);
-            const int64_t te = std::min<int64_t>(w.unit_end - su, c.num_tiles);
-            if (te > tb) {
-                const TileFormat fmt{c.kbits, c.vbits, c.group, c.head_dim};
-                kt->attend_tiles(q_rot.get() + q_off, n_q, fmt,
-                                 c.records + w.kv_head * c.record_head_stride + tb * c.record_tile_stride, te - tb,
-                                 c.record_tile_stride, st);
-            }
-            if (c.tail_len > 0 && w.unit_end == total_units(c))
-                kt->attend_dense_f16(q_scaled.get() + q_off, n_q, D, c.tail_k + w.kv_head * c.tail_head_stride,
-                                     c.tail_v + w.kv_head * c.tail_head_stride, c.tail_len, c.tail_row_stride, st);
-        };
-        pool().run(n_items, threads, body);
-
-        // Merge the splits of each (seq, kv head) and rotate the tile part back.
-        std::unique_ptr<float[]> rot_sum(any_tiles ? new float[q_floats] : nullptr);
-        for (int64_t first = 0; first < n_items;) {
+        // Merges the splits of group g into out (and the rotated part, rotated back), run by the
+        // thread that finishes the group's last item: the merge needs no serial pass either.
+        auto merge_group = [&](int64_t g) {
+            const int64_t first = group_first[g];
             const WorkItem& w0 = items[first];
             const int64_t n = w0.n_splits;
+            const size_t row0 = ((size_t)w0.seq * num_q_heads + (size_t)w0.kv_head * n_q) * D;
             for (int h = 0; h < n_q; ++h) {
                 float m = -std::numeric_limits<float>::infinity();
                 for (int64_t s = 0; s < n; ++s) m = std::max(m, states[(first + s) * state_floats + h]);
                 float l = 0.0f;
-                const size_t row = ((size_t)w0.seq * num_q_heads + (size_t)w0.kv_head * n_q + h) * D;
-                float* o = out + row;
-                float* r = any_tiles ? rot_sum.get() + row : nullptr;
+                float* o = out + row0 + (size_t)h * D;
+                float* r = any_tiles ? rot_sum.get() + row0 + (size_t)h * D : nullptr;
                 std::fill(o, o + D, 0.0f);
                 if (r) std::fill(r, r + D, 0.0f);
                 for (int64_t s = 0; s < n; ++s) {
@@ -467,12 +438,51 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
                 if (r)
                     for (int d = 0; d < D; ++d) r[d] *= inv;
             }
-            first += n;
-        }
-        if (any_tiles) {
-            kt->hadamard_f32(rot_sum.get(), (int64_t)batch * num_q_heads, D);
-            for (size_t i = 0; i < q_floats; ++i) out[i] += rot_sum[i];
-        }
+            if (any_tiles) {
+                float* r = rot_sum.get() + row0;
+                kt->hadamard_f32(r, n_q, D);
+                for (size_t i = 0; i < (size_t)n_q * D; ++i) out[row0 + i] += r[i];
+            }
+        };
+
+        auto body = [&](int64_t i) {
+            const WorkItem& w = items[i];
+            const kvarn_cache_view& c = caches[w.seq];
+            float* base = states.get() + i * state_floats;
+            SoftmaxState st{base, base + n_q, base + 2 * n_q, base + 2 * n_q + (size_t)n_q * D};
+            float* q_scaled = base + 2 * n_q + 2 * (size_t)n_q * D;
+            float* q_rot = q_scaled + (size_t)n_q * D;
+            std::fill(st.m, st.m + n_q, -std::numeric_limits<float>::infinity());
+            std::fill(st.l, st.l + n_q, 0.0f);
+            std::fill(st.acc_orig, st.acc_orig + 2 * (size_t)n_q * D, 0.0f);
+            const float* q_group = q + ((size_t)w.seq * num_q_heads + (size_t)w.kv_head * n_q) * D;
+            for (size_t j = 0; j < (size_t)n_q * D; ++j) q_scaled[j] = q_group[j] * scale;
+            const int64_t su = sink_units(c);
+            // Sink chunks [unit_begin, min(unit_end, su)).
+            const int64_t s0 = std::min(w.unit_begin, su), s1 = std::min(w.unit_end, su);
+            if (s1 > s0) {
+                const int64_t t0 = s0 * kSinkChunk, t1 = std::min(s1 * kSinkChunk, c.sink_len);
+                const int64_t off = w.kv_head * c.sink_head_stride + t0 * c.sink_row_stride;
+                kt->attend_dense_f16(q_scaled, n_q, D, c.sink_k + off, c.sink_v + off, t1 - t0, c.sink_row_stride, st);
+            }
+            // Tiles [unit_begin - su, unit_end - su) clipped to [0, num_tiles).
+            const int64_t tb = std::max<int64_t>(w.unit_begin - su, 0);
+            const int64_t te = std::min<int64_t>(w.unit_end - su, c.num_tiles);
+            if (te > tb) {
+                std::memcpy(q_rot, q_scaled, (size_t)n_q * D * sizeof(float));
+                kt->hadamard_f32(q_rot, n_q, D);
+                const TileFormat fmt{c.kbits, c.vbits, c.group, c.head_dim};
+                kt->attend_tiles(q_rot, n_q, fmt, c.records + w.kv_head * c.record_head_stride + tb * c.record_tile_stride,
+                                 te - tb, c.record_tile_stride, st);
+            }
+            if (c.tail_len > 0 && w.unit_end == total_units(c))
+                kt->attend_dense_f16(q_scaled, n_q, D, c.tail_k + w.kv_head * c.tail_head_stride,
+                                     c.tail_v + w.kv_head * c.tail_head_stride, c.tail_len, c.tail_row_stride, st);
+            // The last of the group's items to finish merges it (acq_rel: it sees the others' states).
+            const int64_t g = (int64_t)w.seq * Hk + w.kv_head;
+            if (group_left[g].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(g);
+        };
+        pool().run(n_items, threads, body);
         return KVARN_OK;
     });
 }
