@@ -35,6 +35,11 @@ meanwhile needs ``KVarNCache(..., crop_window=2 * group)`` (an fp16 copy of each
 tokens), which restores exactly the cache that never held the removed tokens. Limits: other
 padding (right padding, padding in a later chunk) raises ``NotImplementedError``, and so does a
 crop the window cannot serve.
+Threads: kvarn's decode calls use ``kvarn.set_num_threads`` (default: every core), next to torch's own
+pool. On a machine with few cores, short contexts can decode faster with ``kvarn.set_num_threads(1)``
+(inside SmolLM2 on 2 cores, a 1K-token layer call took 55-59 µs on one thread against 75-89 µs on two:
+waking kvarn's sleeping helper costs more than the work; at 4K tokens the two took the same, ~150 µs).
+Measured end to end: ``benchmarks/bench_generate.py``.
 Needs the ``eval`` extra (torch, transformers >= 5).
 """
 from __future__ import annotations
