@@ -51,13 +51,16 @@ def parse_args(argv=None):
 
 
 class Timers:
-    """Wall time spent in the cache + attention calls of the current forward."""
+    """Wall time spent in the cache + attention calls of the current forward (the wrapped
+    functions); restore() puts the originals back."""
 
     def __init__(self):
         self.seconds = 0.0
+        self._originals = []
 
     def wrap(self, owner, name):
         fn = getattr(owner, name)
+        self._originals.append((owner, name, fn))
 
         def timed(*a, **k):
             t = time.perf_counter()
@@ -68,17 +71,21 @@ class Timers:
 
         setattr(owner, name, timed)
 
+    def restore(self):
+        for owner, name, fn in reversed(self._originals):
+            setattr(owner, name, fn)
+        self._originals.clear()
+
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
     import torch.nn.functional as F
-    from transformers import DynamicCache, StaticCache
     from transformers.cache_utils import DynamicLayer, StaticLayer
 
     import kvarn
     from kvarn.integrations import assets
-    from kvarn.integrations.transformers import KVarNCache, KVarNLayer, cache_kwargs, restore_attention
+    from kvarn.integrations.transformers import KVarNLayer
 
     threads = args.threads or kvarn.get_num_threads()
     torch.set_num_threads(threads)
@@ -86,10 +93,28 @@ def main(argv=None) -> int:
     model, tok = assets.load_model("smollm2-135m")
     ids = assets.verne_token_ids(tok, max(args.contexts))
 
-    timers = Timers()
+    timers = Timers()  # removed again on the way out: main() may run inside another program (the tests)
     for owner, name in ((DynamicLayer, "update"), (StaticLayer, "update"), (F, "scaled_dot_product_attention"),
                         (KVarNLayer, "update"), (KVarNLayer, "attend_pending")):
         timers.wrap(owner, name)
+    try:
+        results = measure(args, model, ids, timers, threads)
+    finally:
+        timers.restore()
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    print(format_table(results))
+    return 0
+
+
+def measure(args, model, ids, timers, threads) -> dict:
+    import torch
+    from transformers import DynamicCache, StaticCache
+
+    import kvarn
+    from kvarn.integrations.transformers import KVarNCache, cache_kwargs, restore_attention
 
     def make(kind, context):
         if kind == "dynamic":
@@ -151,12 +176,7 @@ def main(argv=None) -> int:
             print(f"  ctx {context:5d} {kind:8s} step {r['median_step_ms']:7.2f} ms (min {r['min_step_ms']:6.2f}), "
                   f"cache+attention {r['median_cache_attn_ms']:6.2f} ms, cache {r['cache_bytes'] / 2**20:7.1f} MiB{same}",
                   flush=True)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-    print(format_table(results))
-    return 0
+    return results
 
 
 def _prefix(a, b) -> int:
