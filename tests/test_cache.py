@@ -742,3 +742,50 @@ def test_from_parts_rejects_inconsistent_parts(change, exc, msg, rng):
     change(parts)
     with pytest.raises(exc, match=msg):
         kvarn.KVCache.from_parts(**parts)
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy"])
+def test_copy_module_copies_are_independent(how, rng):
+    """copy.copy / copy.deepcopy must not share the tail buffer, which one-token appends write in place."""
+    import copy
+
+    from kvarn.fp16cache import FP16Cache
+
+    k = rng.standard_normal((1, 3, 16)).astype(np.float32)
+    for cache in (kvarn.KVCache(1, 16, "k4v2_g64", sink_tokens=0), FP16Cache(1, 16, capacity=8)):
+        cache.append(k, k)
+        twin = getattr(copy, how)(cache)
+        cache.append(np.full((1, 1, 16), 2.0), np.full((1, 1, 16), 2.0))
+        twin.append(np.full((1, 1, 16), 5.0), np.full((1, 1, 16), 5.0))
+        assert len(cache) == len(twin) == 4
+        mine = cache.dequantize()[0] if isinstance(cache, kvarn.KVCache) else cache.keys_values()[0]
+        theirs = twin.dequantize()[0] if isinstance(twin, kvarn.KVCache) else twin.keys_values()[0]
+        assert mine[0, 3, 0] == 2.0 and theirs[0, 3, 0] == 5.0, type(cache).__name__
+
+
+def test_allocated_bytes_bound_the_spare_capacity(rng):
+    """nbytes counts the tokens held; allocated_nbytes the buffers: the tail buffer's free slots and
+    at most a quarter (plus a few records) of spare record capacity, growing tile by tile."""
+    H, D = 2, 64
+    cache = kvarn.KVCache(H, D, "k4v2_g64", sink_tokens=64)
+    rec = cache.preset.record_bytes(D)
+    x = kv_like(rng, (H, 64, D))
+    for t in range(41):  # the sink, then 40 tiles one by one
+        cache.append(x, x)
+        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = cache._state
+        assert cache.allocated_nbytes == sum(a.nbytes for a in (sink_k, sink_v, records, tail_k, tail_v))
+        spare_records = records.shape[0] - num_tiles
+        assert 0 <= spare_records <= max(4, num_tiles // 4 + 1), (num_tiles, records.shape[0])
+        free_tail = (tail_k.shape[1] - tail_len) * H * D * 2 * 2
+        assert cache.allocated_nbytes == cache.nbytes + free_tail + spare_records * H * rec
+
+
+def test_masked_array_hidden_nan_is_rejected(rng):
+    """A masked array's hidden entries are data the cache would store: NaN there is refused by name."""
+    k = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    k[0, 2, 3] = np.nan
+    masked = np.ma.masked_invalid(k)
+    cache = kvarn.KVCache(2, 64)
+    with pytest.raises(ValueError, match="k: contains NaN"):
+        cache.append(masked, k.copy() * 0)
+    assert len(cache) == 0

@@ -112,6 +112,10 @@ def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
                 ) from None
         else:
             raise TypeError(f"{name}: expected a numpy array, got {type(x).__name__}")
+    elif type(x) is not np.ndarray:
+        # A subclass (a masked array's hidden entries, a matrix): check all the data the native code
+        # reads, not what the subclass's own max() shows.
+        x = np.asarray(x)
     if x.dtype.type not in _FLOAT_DTYPES:
         raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16, float32 or float64")
     if ndim is not None:

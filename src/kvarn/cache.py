@@ -121,6 +121,13 @@ class KVCache:
         return self._nbytes(*self._sizes())
 
     @property
+    def allocated_nbytes(self) -> int:
+        """Bytes of the buffers this cache holds now: nbytes plus the tail buffer's free slots (it
+        always holds one tile) and the record buffer's spare capacity (it grows by a quarter)."""
+        sink_k, sink_v, records, _, tail_k, tail_v, _ = self._state  # one snapshot
+        return sink_k.nbytes + sink_v.nbytes + records.nbytes + tail_k.nbytes + tail_v.nbytes
+
+    @property
     def compression_ratio(self) -> float:
         """fp16 cache bytes of the same tokens / nbytes (1.0 for an empty cache)."""
         return self._ratio(*self._sizes())
@@ -188,7 +195,9 @@ class KVCache:
                                                 describe)
             new_records = new_records.reshape(n_full, H, self._record_bytes)
         if n_full and num_tiles + n_full > records.shape[0]:
-            capacity = max(2 * records.shape[0], num_tiles + n_full, 4)
+            # Grow by a quarter (amortised O(1) per tile, at most ~25 % spare), not by doubling,
+            # which can leave half of the buffer unused in a cache meant to save memory.
+            capacity = max(records.shape[0] + records.shape[0] // 4, num_tiles + n_full, 4)
             grown = np.zeros((capacity, H, self._record_bytes), np.uint8)
             grown[:num_tiles] = records[:num_tiles]
             records = grown
@@ -388,6 +397,14 @@ class KVCache:
         new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),
                      tail_len)
         return new
+
+    # copy.copy / copy.deepcopy give an independent cache too: a shallow copy would share the tail
+    # buffer, which appends write in place.
+    def __copy__(self) -> "KVCache":
+        return self.copy()
+
+    def __deepcopy__(self, memo) -> "KVCache":
+        return self.copy()
 
     def __repr__(self) -> str:
         sink_len, num_tiles, tail_len = sizes = self._sizes()

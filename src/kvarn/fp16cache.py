@@ -74,6 +74,12 @@ class FP16Cache:
         new._state = (kbuf[:, :length].copy(), vbuf[:, :length].copy(), length)
         return new
 
+    def __copy__(self) -> "FP16Cache":  # a shallow copy would share the buffers appends write into
+        return self.copy()
+
+    def __deepcopy__(self, memo) -> "FP16Cache":
+        return self.copy()
+
     def keys_values(self):
         """(K, V) float16 [num_kv_heads, len, head_dim] views."""
         kbuf, vbuf, length = self._state
