@@ -9,13 +9,16 @@ Hq 9 / Hk 3, head_dim 64). Per context: the first `context` tokens of the Verne 
 prefilled, then `steps` greedy tokens are decoded one forward at a time, each forward timed.
 Caches, alternating round by round in one process:
 - ``dynamic``: transformers' DynamicCache (fp32 K/V, grown by torch.cat every step) + SDPA;
-- ``static``: StaticCache (fp32, preallocated to exactly context + steps tokens, so SDPA reads
-  no extra slots) + SDPA — the baseline without DynamicCache's per-step copies;
+- ``static``: StaticCache (fp32, preallocated to context + steps tokens; SDPA reads the not yet
+  filled slots masked, on average steps / 2 of them) + SDPA — the baseline without DynamicCache's
+  per-step copies;
 - ``kvarn``: KVarNCache (k4v2_g128 by default) — each step appends to the packed cache and runs
   kvarn's native decode attention.
 Reported: the median and minimum forward time per generated token; the time inside the cache +
 attention (cache update and SDPA for the fp32 caches; the KVarNCache append + kvarn attention),
-summed over the 30 layers; the cache's bytes at the end; and how many of the greedy tokens equal
+summed over the 30 layers; the bytes of the cache's buffers at the end (for kvarn also the bytes
+of the tokens held, ``KVCache.nbytes``: its fp16 tail buffer always holds a whole tile and its record
+buffer grows by a quarter); and how many of the greedy tokens equal
 the dynamic cache's (the same model: a short identical prefix is a numerics flip, not an error).
 The rest of a forward (projections, MLP, lm_head) is the same work for every cache.
 """
@@ -131,25 +134,23 @@ def measure(args, model, ids, timers, threads) -> dict:
         with torch.inference_mode():
             logits = model(x, use_cache=True, **kw).logits
             nxt = logits[:, -1:].argmax(-1)
-            pos = context
             for _ in range(args.steps):
                 tokens.append(int(nxt))
-                extra = {"cache_position": torch.tensor([pos])} if kind == "static" else {}
                 timers.seconds = 0.0
                 t = time.perf_counter()
-                logits = model(nxt, use_cache=True, **kw, **extra).logits
+                logits = model(nxt, use_cache=True, **kw).logits  # StaticLayer counts its own position
                 steps.append(time.perf_counter() - t)
                 inside.append(timers.seconds)
                 nxt = logits[:, -1:].argmax(-1)
-                pos += 1
         if kind == "kvarn":
-            nbytes = cache.nbytes
+            held = cache.nbytes
+            allocated = sum(c.allocated_nbytes for layer in cache.kvarn_layers for c in layer.caches)
             restore_attention(model)
         else:
-            nbytes = sum(int(t.numel() * t.element_size()) for layer in cache.layers
-                         for t in (layer.keys, layer.values) if t is not None)
+            held = allocated = sum(int(t.numel() * t.element_size()) for layer in cache.layers
+                                   for t in (layer.keys, layer.values) if t is not None)
         return {"step_ms": [s * 1e3 for s in steps], "cache_attn_ms": [s * 1e3 for s in inside],
-                "tokens": tokens, "cache_bytes": nbytes}
+                "tokens": tokens, "cache_bytes": allocated, "held_bytes": held}
 
     print(f"SmolLM2-135M, fp32 weights, {threads} threads, kvarn ISA {kvarn.active_isa()} "
           f"(scores {kvarn.score_mode()}), preset {args.preset}, {args.steps} greedy steps x {args.rounds} rounds",
@@ -167,14 +168,15 @@ def measure(args, model, ids, timers, threads) -> dict:
             inside = [s for r in rs for s in r["cache_attn_ms"]]
             point[kind] = {"median_step_ms": statistics.median(steps), "min_step_ms": min(steps),
                            "median_cache_attn_ms": statistics.median(inside), "cache_bytes": rs[0]["cache_bytes"],
-                           "tokens": rs[0]["tokens"]}
+                           "held_bytes": rs[0]["held_bytes"], "tokens": rs[0]["tokens"]}
         results["points"].append(point)
         ref = point.get("dynamic", {}).get("tokens")
         for kind in args.caches:
             r = point[kind]
             same = "" if ref is None else f", tokens = dynamic's for {_prefix(r['tokens'], ref)}/{args.steps}"
             print(f"  ctx {context:5d} {kind:8s} step {r['median_step_ms']:7.2f} ms (min {r['min_step_ms']:6.2f}), "
-                  f"cache+attention {r['median_cache_attn_ms']:6.2f} ms, cache {r['cache_bytes'] / 2**20:7.1f} MiB{same}",
+                  f"cache+attention {r['median_cache_attn_ms']:6.2f} ms, cache {r['cache_bytes'] / 2**20:7.1f} MiB "
+                  f"allocated ({r['held_bytes'] / 2**20:.1f} held){same}",
                   flush=True)
     return results
 
@@ -192,8 +194,8 @@ def format_table(results) -> str:
     head = "| context | " + " | ".join(f"{k} step ms (cache+attn)" for k in kinds)
     others = [k for k in kinds if k != "kvarn"]
     if "kvarn" in kinds:
-        head += " | " + " | ".join(f"kvarn speed-up vs {k}" for k in others) + " | cache MiB " + \
-            " / ".join(kinds)
+        head += " | " + " | ".join(f"kvarn speed-up vs {k}" for k in others) + " | cache MiB allocated " + \
+            " / ".join(kinds) + " (kvarn held)"
     lines = [head + " |", "|" + "---|" * (head.count("|"))]
     for p in results["points"]:
         row = f"| {p['context']} | " + " | ".join(
@@ -201,6 +203,7 @@ def format_table(results) -> str:
         if "kvarn" in kinds:
             row += " | " + " | ".join(f"{p[k]['median_step_ms'] / p['kvarn']['median_step_ms']:.2f}x" for k in others)
             row += " | " + " / ".join(f"{p[k]['cache_bytes'] / 2**20:.1f}" for k in kinds)
+            row += f" ({p['kvarn']['held_bytes'] / 2**20:.1f})"
         lines.append(row + " |")
     return "\n".join(lines)
 

@@ -432,5 +432,10 @@ def test_bench_generate_script_runs_and_reports(tmp_path):
         assert len(r["tokens"]) == 3 and r["median_step_ms"] > 0 and r["median_cache_attn_ms"] > 0, kind
         assert r["tokens"][0] == point["dynamic"]["tokens"][0], kind
     assert point["static"]["cache_bytes"] == point["dynamic"]["cache_bytes"] == 30 * 2 * 3 * 303 * 64 * 4
-    # 303 tokens: the fp16 sink, one quantised tile, an fp16 tail of 47 (fp16 alone would be half).
-    assert point["kvarn"]["cache_bytes"] < 0.4 * point["dynamic"]["cache_bytes"]
+    # 303 tokens: the fp16 sink, one quantised tile, an fp16 tail of 47 (fp16 alone would be half);
+    # allocated: the tail buffer holds a whole tile, the record buffer 4.
+    assert point["dynamic"]["held_bytes"] == point["dynamic"]["cache_bytes"]
+    assert point["kvarn"]["held_bytes"] < 0.4 * point["dynamic"]["cache_bytes"]
+    record = kvarn.PRESETS["k4v2_g128"].record_bytes(64)
+    fp16_tile = 128 * 3 * 64 * 2 * 2  # sink or tail buffer, K and V
+    assert point["kvarn"]["cache_bytes"] == 30 * (2 * fp16_tile + 4 * 3 * record)
