@@ -164,7 +164,8 @@ class KVCache:
             # The common decode step: the tokens go into the tail buffer in place, past tail_len,
             # where no published state reads (as new records go past num_tiles), so a concurrent
             # attend keeps its snapshot; copying the whole tail per token was O(group) per step.
-            # Tail buffers are never shared between caches (copy, truncate and from_parts make fresh ones).
+            # Tail buffers are never shared between caches (copy() - also behind copy.copy/deepcopy -,
+            # truncate and from_parts make fresh ones).
             tail_k[:, tail_len:rest] = k
             tail_v[:, tail_len:rest] = v
             self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
