@@ -117,6 +117,7 @@ def measure(args, model, ids, timers, threads) -> dict:
     from transformers import DynamicCache, StaticCache
 
     import kvarn
+    from kvarn.eval import identical_prefix
     from kvarn.integrations.transformers import KVarNCache, cache_kwargs, restore_attention
 
     def make(kind, context):
@@ -173,19 +174,12 @@ def measure(args, model, ids, timers, threads) -> dict:
         ref = point.get("dynamic", {}).get("tokens")
         for kind in args.caches:
             r = point[kind]
-            same = "" if ref is None else f", tokens = dynamic's for {_prefix(r['tokens'], ref)}/{args.steps}"
+            same = "" if ref is None else f", tokens = dynamic's for {identical_prefix(r['tokens'], ref)}/{args.steps}"
             print(f"  ctx {context:5d} {kind:8s} step {r['median_step_ms']:7.2f} ms (min {r['min_step_ms']:6.2f}), "
                   f"cache+attention {r['median_cache_attn_ms']:6.2f} ms, cache {r['cache_bytes'] / 2**20:7.1f} MiB "
                   f"allocated ({r['held_bytes'] / 2**20:.1f} held){same}",
                   flush=True)
     return results
-
-
-def _prefix(a, b) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def format_table(results) -> str:

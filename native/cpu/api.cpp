@@ -372,28 +372,24 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         // Split long caches across threads (flash-decoding): about two work
         // items per thread so dynamic scheduling can even out, never fewer than
         // 4 units (tiles or 128-token fp16 chunks) per split.
+        // Items of one (sequence, kv head) group g = seq * Hk + head are contiguous, from group_first[g];
+        // group_left[g] counts the ones not finished yet.
         std::vector<WorkItem> items;
         const int64_t heads_total = (int64_t)batch * Hk;
+        std::unique_ptr<int64_t[]> group_first(new int64_t[heads_total]);
+        std::unique_ptr<std::atomic<int32_t>[]> group_left(new std::atomic<int32_t>[heads_total]);
         for (int32_t b = 0; b < batch; ++b) {
             const int64_t U = total_units(caches[b]);
             int64_t want = (2 * (int64_t)threads + heads_total - 1) / heads_total;
             int64_t splits = std::max<int64_t>(1, std::min<int64_t>(want, U / 4));
-            for (int h = 0; h < Hk; ++h)
+            for (int h = 0; h < Hk; ++h) {
+                group_first[(int64_t)b * Hk + h] = (int64_t)items.size();
+                group_left[(int64_t)b * Hk + h].store((int32_t)splits, std::memory_order_relaxed);
                 for (int64_t s = 0; s < splits; ++s)
                     items.push_back({b, h, (int32_t)s, (int32_t)splits, U * s / splits, U * (s + 1) / splits});
-        }
-
-        // Items of one (sequence, kv head) group are contiguous: group g = seq * Hk + head.
-        const int64_t n_items = (int64_t)items.size();
-        const int64_t n_groups = heads_total;
-        std::unique_ptr<int64_t[]> group_first(new int64_t[n_groups]);
-        std::unique_ptr<std::atomic<int32_t>[]> group_left(new std::atomic<int32_t>[n_groups]);
-        for (int64_t i = 0; i < n_items; ++i)
-            if (items[i].split == 0) {
-                const int64_t g = (int64_t)items[i].seq * Hk + items[i].kv_head;
-                group_first[g] = i;
-                group_left[g].store(items[i].n_splits, std::memory_order_relaxed);
             }
+        }
+        const int64_t n_items = (int64_t)items.size();
 
         // Per item: m[n_q], l[n_q], acc_orig[n_q*D], acc_rot[n_q*D], then its group's queries
         // scaled [n_q*D] and rotated [n_q*D] (each item prepares its own: no serial pass, and a
