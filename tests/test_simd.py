@@ -373,6 +373,28 @@ def test_attend_concurrent_python_threads(rng):
         np.testing.assert_allclose(g, w, atol=1e-5 * np.abs(w).max())
 
 
+@pytest.mark.parametrize("on_helper", [True, False], ids=["helper-thread", "calling-thread"])
+def test_pool_item_exception_is_an_error_not_a_crash(on_helper):
+    # An item that throws (in the kernels: only an allocation failure) must become an error status
+    # after every other item has finished - not end the process from a helper thread, nor return
+    # while helpers still run the caller's job. A subprocess, so that a crash fails only this test.
+    code = f"""
+import numpy as np, kvarn
+from kvarn import _native
+for attempt in range(5):
+    rc, finished, faulted = _native.testing_pool_fault(200, 2, {on_helper})
+    if faulted:
+        break
+print(rc == _native.ERR_INTERNAL, finished, faulted)
+c = kvarn.KVCache(2, 64)
+c.append(np.ones((2, 300, 64), np.float32), np.ones((2, 300, 64), np.float32))
+print(np.allclose(kvarn.attend(np.ones((4, 64), np.float32), c, num_threads=2), 1.0, atol=0.05))
+"""
+    r = _py(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "199", "True", "True"], r.stdout
+
+
 # ---- fp16 cache (attend_dense_f16) ------------------------------------------------------------
 @pytest.mark.parametrize("n", ODD_LENGTHS)
 @pytest.mark.parametrize("head_dim,groups", [(128, 4), (64, 3), (16, 1), (80, 5)])

@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <new>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <atomic>
@@ -57,6 +60,9 @@ int resolve_threads(int32_t requested)
 // CPUs only take turns (the split layout still follows the requested thread count).
 // After fork() the child gets a fresh pool (pool(), below): the parent's workers do not
 // exist there, and its mutexes and condition variable may be in any state.
+// An item that throws (on any thread) still counts as done; run() waits for every item and
+// then rethrows the first exception on the caller. Rethrowing early would free the job while
+// workers still run it, and an exception escaping a worker would end the process.
 class ThreadPool {
 public:
     template <typename F>
@@ -94,6 +100,8 @@ public:
         max_workers_ = helpers;
         next_.store(0);
         done_.store(0);
+        failed_.store(false, std::memory_order_relaxed);
+        error_ = nullptr;
         gen_.store(g + 2);
         if (sleeping_.load() > 0) {
             std::lock_guard<std::mutex> lk(mu_);
@@ -101,6 +109,8 @@ public:
         }
         work();
         while (done_.load(std::memory_order_acquire) < n) pause();
+        // error_ was written before its item's done_ release, and done_ was read with acquire.
+        if (failed_.load(std::memory_order_relaxed)) std::rethrow_exception(std::exchange(error_, nullptr));
     }
 
 private:
@@ -124,7 +134,11 @@ private:
         for (;;) {
             const int64_t i = next_.fetch_add(1);
             if (i >= n_) return;
-            call_(ctx_, i);
+            try {
+                call_(ctx_, i);
+            } catch (...) {
+                if (!failed_.exchange(true, std::memory_order_relaxed)) error_ = std::current_exception();
+            }
             done_.fetch_add(1, std::memory_order_release);
         }
     }
@@ -179,6 +193,8 @@ private:
     std::atomic<uint64_t> gen_{0};
     std::atomic<int> active_{0}, sleeping_{0};
     std::atomic<int64_t> next_{0}, done_{0};
+    std::atomic<bool> failed_{false};
+    std::exception_ptr error_;  // the first item's exception; written by the thread that set failed_
     void (*call_)(void*, int64_t) = nullptr;
     void* ctx_ = nullptr;
     int64_t n_ = 0;
@@ -275,24 +291,22 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
     const size_t rec_bytes = fmt.layout().total;
     const size_t tile_elems = (size_t)group * head_dim;
     std::atomic<int64_t> first_bad{std::numeric_limits<int64_t>::max()};
-    std::atomic<bool> failed_internal{false};
     // Two items per tile, its K and its V half (disjoint bytes of the record): a few tiles
     // (one per kv head when a tile completes during decoding) then still fill every thread.
     auto body = [&](int64_t item) {
         const int64_t i = item / 2;
         const int part = item % 2 ? kvarn::kQuantizeV : kvarn::kQuantizeK;
-        try {
-            if (kt->quantize_tile(k + i * tile_elems, v + i * tile_elems, fmt, iters, records + i * rec_bytes, part)) {
-                int64_t cur = first_bad.load();
-                while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
-                }
+        if (kt->quantize_tile(k + i * tile_elems, v + i * tile_elems, fmt, iters, records + i * rec_bytes, part)) {
+            int64_t cur = first_bad.load();
+            while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
             }
-        } catch (...) {
-            failed_internal = true;
         }
     };
-    pool().run(2 * n_tiles, resolve_threads(num_threads), body);
-    if (failed_internal) return KVARN_ERR_INTERNAL;
+    const int rc = guarded([&] {
+        pool().run(2 * n_tiles, resolve_threads(num_threads), body);
+        return (int)KVARN_OK;
+    });
+    if (rc != KVARN_OK) return rc;
     if (first_bad.load() != std::numeric_limits<int64_t>::max()) {
         if (bad_tile) *bad_tile = first_bad.load();
         return KVARN_ERR_OVERFLOW;
@@ -481,6 +495,29 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         pool().run(n_items, threads, body);
         return KVARN_OK;
     });
+}
+
+int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper, int64_t* finished,
+                             int32_t* faulted)
+{
+    if (n_items <= 0 || !finished || !faulted) return KVARN_ERR_ARGUMENT;
+    const std::thread::id caller = std::this_thread::get_id();
+    std::atomic<int64_t> done{0};
+    std::atomic<bool> thrown{false};
+    auto body = [&](int64_t) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));  // long enough for the helpers to join
+        if ((std::this_thread::get_id() != caller) == (fault_on_helper != 0) && !thrown.exchange(true))
+            throw std::runtime_error("kvarn_testing_pool_fault");
+        done.fetch_add(1);
+    };
+    const int rc = guarded([&] {
+        pool().run(n_items, resolve_threads(num_threads), body);
+        return (int)KVARN_OK;
+    });
+    // Read when run() has returned: an early return would show items still unfinished.
+    *finished = done.load();
+    *faulted = thrown.load() ? 1 : 0;
+    return rc;
 }
 
 }  // extern "C"

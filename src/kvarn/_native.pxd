@@ -48,3 +48,5 @@ cdef extern from "kvarn/kvarn.h" nogil:
                      int32_t num_q_heads, float scale, float* out, int32_t num_threads)
     int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, float* r, float* c)
     int32_t kvarn_default_threads()
+    int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper,
+                                 int64_t* finished, int32_t* faulted)

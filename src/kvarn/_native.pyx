@@ -205,3 +205,14 @@ def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] o
     finally:
         free(views)
     return rc
+
+
+def testing_pool_fault(int64_t n_items, int num_threads, bint fault_on_helper):
+    """(status, items finished when the call returned, whether an item threw): see
+    kvarn_testing_pool_fault. Tests only."""
+    cdef int64_t finished = 0
+    cdef int32_t faulted = 0
+    cdef int rc
+    with nogil:
+        rc = kvarn_testing_pool_fault(n_items, num_threads, fault_on_helper, &finished, &faulted)
+    return rc, finished, bool(faulted)

@@ -107,6 +107,16 @@ int main()
     empty.head_dim = 16;
     CHECK(kvarn_attend(&empty, 1, x, 1, 1.f, x, 1) == KVARN_ERR_ARGUMENT);  // no tokens
     CHECK(kvarn_set_isa("sse9") == KVARN_ERR_ISA);
+    // A throwing pool item (helper or calling thread) is an error after all other items finished.
+    for (int on_helper : {1, 0}) {
+        int64_t finished = -1;
+        int32_t faulted = 0;
+        for (int attempt = 0; attempt < 5 && !faulted; ++attempt) {
+            const int rc = kvarn_testing_pool_fault(64, 3, on_helper, &finished, &faulted);
+            CHECK(rc == (faulted ? KVARN_ERR_INTERNAL : KVARN_OK));
+        }
+        CHECK(faulted == 1 && finished == 63);
+    }
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "ok", failures);
     return failures ? 1 : 0;
 }
