@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds kvarn with its CUDA module, tests it (pytest + compute-sanitizer) and
 # benchmarks it, in one go, on a machine with an NVIDIA GPU and nvcc.
-#   scripts/gpu_run.sh [all|build|test|sanitize|bench|quick|sweep|ab|before] ...   (default: all)
+#   scripts/gpu_run.sh [all|build|test|sanitize|profile|bench|quick|sweep|ab|before] ...   (default: all;
+#   profile, ncu, runs only when named)
 #   sweep: tests/test_cuda.py --sweep 0 $SWEEP_SEEDS (15); ab: kvarn-only timings of the attend variants
 #   $AB_VARIANTS (KVARN_ATTEND_VARIANT) at $AB_POINTS, alternating. With KVARN_AB_EVICT_MB=N (e.g. 256) each
 #   point also gets per-call timings with the L2 made cold before every call (KVARN_AB_EVICT_KIND fill / gemm /
