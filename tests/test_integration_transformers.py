@@ -182,6 +182,135 @@ def test_cache_rows_reorder_repeat_and_select(smol):
         layer.reorder_cache(torch.tensor([2]))
 
 
+def _tiny_cache(layers=2, **kw):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=100)
+    return KVarNCache(cfg, **kw)
+
+
+def _kv(b, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, 2, n, 16, generator=g), torch.randn(b, 2, n, 16, generator=g)
+
+
+def _prefill(layer, k, v):
+    layer.update(k, v)
+    layer.store_prefill(None)
+
+
+def _decode(layer, k, v, q):
+    layer.update(k, v)
+    return layer.attend_pending(q, None, 0.25)
+
+
+def _snapshot(layer):
+    return [(len(c), c.to_parts()) for c in layer.caches], layer.cumulative_length
+
+
+def _assert_same(a, b):
+    (rows_a, len_a), (rows_b, len_b) = a, b
+    assert len_a == len_b and [n for n, _ in rows_a] == [n for n, _ in rows_b]
+    for (_, pa), (_, pb) in zip(rows_a, rows_b):
+        for key in ("sink_k", "sink_v", "records", "tail_k", "tail_v"):
+            np.testing.assert_array_equal(pa[key], pb[key])
+
+
+def test_rejected_prefill_empties_the_layer_and_the_cache_refuses_until_reset():
+    cache = _tiny_cache()
+    first, second = cache.kvarn_layers
+    k, v = _kv(2, 10, 0)
+    _prefill(first, k, v)
+    bad = k.clone()
+    bad[1, 0, 3, 0] = 1e5  # batch row 1 only: beyond the fp16 range
+    with pytest.raises(ValueError, match="batch row 1.*fp16 range"):
+        _prefill(second, bad, v)
+    assert second.caches == [] and second.cumulative_length == 0  # as before the prompt, no row half-stored
+    # The first layer holds the prompt, the second not: continuing would silently mix lengths.
+    with pytest.raises(RuntimeError, match="earlier forward failed"):
+        cache.update(*_kv(2, 1, 1), 0)
+    cache.reset()
+    _prefill(first, k, v)
+    _prefill(second, k, v)
+    assert [len(c) for c in second.caches] == [10, 10]
+
+
+@pytest.mark.parametrize("what", ["row 1 NaN key", "NaN query", "tile-completing token, row 1 NaN value"])
+def test_rejected_decode_step_restores_every_row(what):
+    cache = _tiny_cache(layers=1, preset="k4v2_g64", sink_tokens=0)
+    layer = cache.kvarn_layers[0]
+    n = 63 if what.startswith("tile") else 10  # 63: the next token completes row 0's first tile
+    _prefill(layer, *_kv(2, n, 0))
+    before = _snapshot(layer)
+    k, v = _kv(2, 1, 1)
+    q = torch.randn(2, 4, 1, 16)
+    if what == "row 1 NaN key":
+        k[1, 1, 0, 5] = float("nan")
+    elif what == "NaN query":
+        q[0, 2, 0, 0] = float("nan")  # found after every row has appended the token
+    else:
+        v[1, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        _decode(layer, k, v, q)
+    _assert_same(_snapshot(layer), before)
+    if what.startswith("tile"):
+        assert layer.caches[0].num_tiles == 0  # row 0's completed tile was undone too
+    with pytest.raises(RuntimeError, match="earlier forward failed"):
+        _decode(layer, *_kv(2, 1, 2), q)
+    cache.reset()  # clears the refusal; a fresh prompt decodes
+    _prefill(layer, *_kv(2, n, 0))
+    assert _decode(layer, *_kv(2, 1, 1), torch.randn(2, 4, 1, 16)).shape == (2, 1, 4, 16)
+
+
+def test_decode_after_a_restored_step_equals_a_cache_that_never_saw_it():
+    # A rolled-back step leaves nothing behind that a later (valid) step could read: same outputs and
+    # parts as a cache that got only the valid tokens. The layer is used alone (no sibling layers, so
+    # reset() is not needed here; the refusal is cleared by hand to continue the same layer).
+    ref, cache = _tiny_cache(layers=1, crop_window=128), _tiny_cache(layers=1, crop_window=128)
+    a, b = ref.kvarn_layers[0], cache.kvarn_layers[0]
+    for layer in (a, b):
+        _prefill(layer, *_kv(2, 127, 0))  # the next token completes a tile
+    k, v = _kv(2, 1, 1)
+    bad_v = v.clone()
+    bad_v[1, 0, 0, 0] = float("inf")
+    with pytest.raises(ValueError):
+        _decode(b, k, bad_v, torch.randn(2, 4, 1, 16))
+    b._failure[0] = None
+    q = torch.randn(2, 4, 1, 16)
+    for step in range(3):
+        k, v = _kv(2, 1, 10 + step)
+        np.testing.assert_array_equal(_decode(a, k, v, q).numpy(), _decode(b, k, v, q).numpy())
+    _assert_same(_snapshot(a), _snapshot(b))
+    np.testing.assert_array_equal(a._ring_k, b._ring_k)  # the crop ring saw only the valid tokens
+    a.crop(-2)
+    b.crop(-2)
+    _assert_same(_snapshot(a), _snapshot(b))
+
+
+def test_row_selection_reads_masks_and_rejects_bad_indices():
+    cache = _tiny_cache(layers=1)
+    layer = cache.kvarn_layers[0]
+    _prefill(layer, *_kv(2, 10, 0))
+    c0, c1 = layer.caches
+    layer.batch_select_indices(torch.tensor([True, False]))  # a mask keeps row 0, as torch indexing does
+    assert layer.caches == [c0]
+    layer.batch_repeat_interleave(2)
+    with pytest.raises(TypeError, match="beam_idx.*float"):
+        layer.reorder_cache(torch.tensor([0.7, 1.0]))
+    with pytest.raises(TypeError, match="indices"):
+        layer.batch_select_indices("01")
+    with pytest.raises(ValueError, match="beam_idx.*1-D"):
+        layer.reorder_cache(torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match="indices.*no batch rows"):
+        layer.batch_select_indices([])
+    with pytest.raises(ValueError, match="indices.*mask of 3"):
+        layer.batch_select_indices([True, False, True])
+    with pytest.raises(ValueError, match="repeats"):
+        layer.batch_repeat_interleave(0)
+    assert len(layer.caches) == 2 and layer.caches[0] is c0  # every refusal left the rows as they were
+
+
 def _generate(model, prompt, cache, **kw):
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False, cache=cache,

@@ -205,6 +205,8 @@ class KVarNLayer(CacheLayerMixin):
         self._prefill = None
         self._ring_k = self._ring_v = None  # [B, Hk, crop_window, D] fp16: slot p % crop_window <- position p
         self._ring_from: list[int] = []  # per row: the first cache position still in the ring
+        # Shared by the layers of one KVarNCache: why a forward failed part-way, else None (see _refuse).
+        self._failure = [None]
 
     @property
     def is_croppable(self) -> bool:
@@ -212,11 +214,8 @@ class KVarNLayer(CacheLayerMixin):
         rollback it needs be done."""
         return self.crop_window > 0
 
-    def _append(self, b: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Appends k, v [Hk, n, D] to row b's cache, and their last tokens to its crop ring."""
-        c = self.caches[b]
-        start = len(c)
-        c.append(k, v)
+    def _remember(self, b: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Copies the last of the tokens k, v [Hk, n, D] stored at row b's positions start.. into its crop ring."""
         W = self.crop_window
         if W:
             n = k.shape[1]
@@ -225,6 +224,18 @@ class KVarNLayer(CacheLayerMixin):
             self._ring_k[b][:, slots] = k[:, n - keep :]
             self._ring_v[b][:, slots] = v[:, n - keep :]
             self._ring_from[b] = max(self._ring_from[b], start + n - W)
+
+    def _fail(self, error: BaseException) -> None:
+        """Marks the cache unusable: a forward that fails in one layer has already stored its tokens
+        in the layers before it, so the layers now disagree on the sequence length."""
+        self._failure[0] = f"{type(error).__name__}: {error}"
+
+    def _refuse(self) -> None:
+        if self._failure[0] is not None:
+            raise RuntimeError(
+                f"KVarNCache: an earlier forward failed part-way ({self._failure[0]}), so its layers hold different "
+                "numbers of tokens; call reset() on the cache (or start a new one) before using it again"
+            )
 
     def lazy_initialization(self, key_states, value_states) -> None:
         B, Hk, _, D = key_states.shape
@@ -239,6 +250,7 @@ class KVarNLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
+        self._refuse()
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != len(self.caches):
@@ -264,12 +276,19 @@ class KVarNLayer(CacheLayerMixin):
         B, _, n, _ = key_states.shape
         try:
             pads = _left_padding(_visible_keys(attention_mask, B, n))
-        except NotImplementedError:
-            self.reset()  # refused: the layer is empty again, as before the prompt
+            k, v = _to_numpy(key_states), _to_numpy(value_states)
+            for b, c in enumerate(self.caches):
+                try:
+                    c.append(k[b, :, pads[b] :], v[b, :, pads[b] :])
+                except ValueError as e:
+                    raise ValueError(f"KVarNCache: batch row {b}'s key/value states: {e}") from e
+                self._remember(b, 0, k[b, :, pads[b] :], v[b, :, pads[b] :])
+        except BaseException as e:
+            failure = self._failure
+            self.reset()  # the layer is empty again, as before the prompt
+            if not isinstance(e, NotImplementedError):  # refused before any layer stored anything
+                failure[0] = f"{type(e).__name__}: {e}"
             raise
-        k, v = _to_numpy(key_states), _to_numpy(value_states)
-        for b in range(len(self.caches)):
-            self._append(b, k[b, :, pads[b] :], v[b, :, pads[b] :])
         self.pads = pads
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
@@ -296,10 +315,25 @@ class KVarNLayer(CacheLayerMixin):
                 setattr(attention_mask, _MASK_CHECKED, verdict)
         k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
         out = np.empty((B, n, Hq, D), np.float32)
-        for i in range(n):
-            for b in range(len(self.caches)):
-                self._append(b, k[b, :, i : i + 1], v[b, :, i : i + 1])
-            out[:, i] = kvarn.attend_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
+        # A rejected token (NaN, a tile whose scales overflow fp16, a bad query) must not leave some rows
+        # holding it: each row's published state is restored, which undoes its appends exactly (appends
+        # write only past the published lengths, or into new buffers).
+        before = [c._state for c in self.caches]
+        try:
+            for i in range(n):
+                for b, c in enumerate(self.caches):
+                    try:
+                        c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
+                    except ValueError as e:
+                        raise ValueError(f"KVarNCache: batch row {b}'s key/value states: {e}") from e
+                out[:, i] = kvarn.attend_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
+        except BaseException as e:
+            for c, state in zip(self.caches, before):
+                c._publish(*state)
+            self._fail(e)
+            raise
+        for b, c in enumerate(self.caches):
+            self._remember(b, len(c) - n, k[b], v[b])
         self.cumulative_length += n
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
 
@@ -321,6 +355,7 @@ class KVarNLayer(CacheLayerMixin):
         self.caches, self.pads, self.cumulative_length, self._pending, self._prefill = [], [], 0, None, None
         self._ring_k = self._ring_v = None
         self._ring_from = []
+        self._failure[0] = None  # Cache.reset() resets every layer: the cache is consistent again
         self.is_initialized = False
 
     def offload(self):  # the packed cache lives in host memory already
@@ -331,8 +366,25 @@ class KVarNLayer(CacheLayerMixin):
 
     def _select_rows(self, rows, what: str) -> None:
         """The batch becomes caches[rows[0]], caches[rows[1]], ...: an old row's first use takes
-        its cache object, later uses take copies (each row must own its cache: appends mutate)."""
-        rows = [int(r) for r in (rows.tolist() if hasattr(rows, "tolist") else rows)]
+        its cache object, later uses take copies (each row must own its cache: appends mutate).
+        rows: integer indices, or a boolean mask over the batch (as torch indexing reads it)."""
+        self._refuse()
+        if isinstance(rows, torch.Tensor):
+            rows = rows.detach().cpu().numpy()
+        elif isinstance(rows, (str, bytes)):
+            raise TypeError(f"{what}: expected integer batch rows or a boolean mask, got {type(rows).__name__}")
+        rows = np.asarray(rows)
+        if rows.ndim != 1:
+            raise ValueError(f"{what}: expected a 1-D index of batch rows, got shape {rows.shape}")
+        if rows.dtype == bool:
+            if len(rows) != len(self.caches):
+                raise ValueError(f"{what}: a boolean mask of {len(rows)} for a batch of {len(self.caches)}")
+            rows = np.flatnonzero(rows)
+        elif rows.size and not np.issubdtype(rows.dtype, np.integer):
+            raise TypeError(f"{what}: expected integer batch rows or a boolean mask, got dtype {rows.dtype}")
+        rows = [int(r) for r in rows]
+        if not rows:
+            raise ValueError(f"{what}: selects no batch rows")
         if any(not 0 <= r < len(self.caches) for r in rows):
             raise ValueError(f"{what}: batch rows {rows} out of range for a batch of {len(self.caches)}")
         taken, caches = set(), []
@@ -361,6 +413,7 @@ class KVarNLayer(CacheLayerMixin):
         r = -int(tokens_to_remove)
         if r == 0 or not self.caches:
             return
+        self._refuse()
         if r > min(len(c) for c in self.caches):
             raise ValueError(f"tokens_to_remove: {r} tokens is more than a batch row holds")
         plan = []
@@ -386,6 +439,7 @@ class KVarNLayer(CacheLayerMixin):
         self.cumulative_length -= r
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        repeats = check_positive_int(repeats, "repeats")
         if self.cumulative_length:
             self._select_rows([b for b in range(len(self.caches)) for _ in range(int(repeats))], "repeats")
 
@@ -440,12 +494,18 @@ class KVarNCache(Cache):
                 "KVarNCache would compress nothing: use the model's own cache"
             )
         super().__init__(layers=layers)
+        self._failure = [None]
+        for layer in layers:
+            if isinstance(layer, KVarNLayer):
+                layer._failure = self._failure
         self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset.name
         self.quantize_on = quantize_on
         self.config = config
         use_kvarn_attention(config)
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if self._failure[0] is not None:  # before any layer (a sliding one too) stores this forward's tokens
+            self.kvarn_layers[0]._refuse()
         if self.config._attn_implementation != ATTN_IMPLEMENTATION:
             raise RuntimeError(
                 f"KVarNCache: the model's attn_implementation is {self.config._attn_implementation!r}, "
