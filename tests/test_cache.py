@@ -145,7 +145,7 @@ def test_attend_during_one_token_appends_sees_a_prefix(rng):
     cache of some prefix: its snapshot's tail slots are never written."""
     import threading
 
-    G, n = 64, 150
+    n = 150
     k = kv_like(rng, (2, n, 64))
     v = kv_like(rng, (2, n, 64))
     q = rng.standard_normal((4, 64)).astype(np.float32)
@@ -337,6 +337,27 @@ def test_integer_settings_have_upper_bounds():
         kvarn.quantize_tile(np.ones((128, 16)), np.ones((128, 16)), iters=1001)
 
 
+def test_set_isa_and_score_mode_reject_non_str():
+    isa, mode = kvarn.active_isa(), kvarn.score_mode()
+    for bad in (None, b"avx2", 1):
+        with pytest.raises(TypeError, match="^name: expected a str"):
+            kvarn.set_isa(bad)
+    for bad in (None, b"float", 1, {}):
+        with pytest.raises(TypeError, match="^mode: expected a str"):
+            kvarn.set_score_mode(bad)
+    assert (kvarn.active_isa(), kvarn.score_mode()) == (isa, mode)
+
+
+def test_preset_fields_must_be_ints(rng):
+    # A float reached the native layout (group: an unnamed Cython TypeError; kbits 4.0: accepted).
+    for bad in (kvarn.Preset("mine", 4, 2, 128.0), kvarn.Preset("mine", 4.0, 2, 128), kvarn.Preset("mine", 4, True, 128)):
+        with pytest.raises(TypeError, match="^preset: 'mine' has (kbits|vbits|group)=.* expected an int"):
+            kvarn.KVCache(2, 64, bad)
+        with pytest.raises(TypeError, match="^preset: 'mine'"):
+            kvarn.quantize_tile(np.ones((128, 64)), np.ones((128, 64)), bad)
+    assert kvarn.KVCache(2, 64, kvarn.Preset("mine", np.int64(4), 2, 128)).preset.record_bytes(64) > 0
+
+
 def test_bad_attend_input(rng):
     cache, _, _ = filled(rng, 2, 64, 300)
     q = rng.standard_normal((4, 64)).astype(np.float32)
@@ -376,6 +397,56 @@ def test_bad_attend_input(rng):
         kvarn.attend_batch(np.stack([q, q]), [cache, kvarn.KVCache(4, 64)])
     with pytest.raises(ValueError, match="batch of 1"):
         kvarn.attend_batch(q[None], [cache, cache])
+
+
+def test_float64_q_beyond_float32_is_rejected(rng):
+    """A tiny scale lets max|q| x |scale| pass, but q itself would become inf in float32: NaN out."""
+    cache, _, _ = filled(rng, 2, 64, 300)
+    fp16 = kvarn.FP16Cache(2, 64)
+    fp16.append(*cache.dequantize())
+    before = _state(cache)
+    q = np.ones((2, 64))
+    q[0, 0] = 1e39
+    with pytest.raises(ValueError, match=r"^q: values beyond the float32 range"):
+        kvarn.attend(q, cache, scale=1e-40)
+    with pytest.raises(ValueError, match=r"^q: values beyond the float32 range"):
+        kvarn.attend_batch(q[None], [cache], scale=1e-40)
+    with pytest.raises(ValueError, match=r"^q: values beyond the float32 range"):
+        fp16.attend(q, scale=1e-40)
+    assert _state(cache) == before and len(fp16) == 300
+    q[0, 0] = 3e38  # float64, but inside the float32 range: computed
+    assert np.isfinite(kvarn.attend(q, cache, scale=1e-40)).all()
+
+
+def test_huge_int_scale_is_a_named_value_error(rng):
+    cache, _, _ = filled(rng, 2, 64, 300)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    for scale in (10**400, -(10**400)):  # float() of these raised a bare OverflowError
+        with pytest.raises(ValueError, match="^scale: .*beyond the float32 range"):
+            kvarn.attend(q, cache, scale)
+        with pytest.raises(ValueError, match="^scale: .*beyond the float32 range"):
+            kvarn.attend_batch(q[None], [cache], scale)
+
+
+def test_imported_records_that_overflow_attention_raise_not_nan(rng):
+    """Finite fp16 scales can decode to keys far beyond the 2**17 the q guard assumes (ka = kz = kt =
+    60000: |k| ~ 1e11); attend must raise, naming q and the cache, rather than return NaN."""
+    good, _, _ = filled(rng, 2, 64, 600)
+    parts = good.to_parts()
+    L = kvarn._native.record_layout(4, 2, 128, 64)
+    for field, end in (("ka", "kz"), ("kz", "kt"), ("kt", "v_codes")):
+        parts["records"][..., L[field] : L[end]].view(np.float16)[...] = 60000
+    bad = kvarn.KVCache.from_parts(**parts)  # every scale finite and kt > 0: accepted
+    before = _state(bad)
+    q = np.ones((2, 64), np.float32)
+    with pytest.raises(ValueError, match=r"^q: the attention scores or outputs overflowed float32 .* and cache "):
+        kvarn.attend(q, bad, scale=1e28)
+    with pytest.raises(ValueError, match=r"overflowed float32 for these queries and caches\[1\] \("):  # only the bad one
+        kvarn.attend_batch(np.stack([q, q]), [good, bad], scale=1e28)
+    assert _state(bad) == before
+    # The same queries over a cache built by append are fine, and so are modest ones over the import.
+    assert np.isfinite(kvarn.attend(q, good, scale=1e28)).all()
+    assert np.isfinite(kvarn.attend(q, bad, scale=1e-3)).all()
 
 
 @pytest.mark.parametrize(
@@ -730,7 +801,13 @@ def _parts(rng, n=600):
          ValueError, "at most 127"),
         (lambda p: p.update(tail_v=p["tail_v"][:, :3]), ValueError, "tail_v"),
         (lambda p: p.update(records=p["records"][:, :, :-1]), ValueError, "records"),
-        (lambda p: p.update(records=p["records"].astype(np.int16)), ValueError, "records"),
+        (lambda p: p.update(records=p["records"].astype(np.int16)), TypeError, "records: expected uint8"),
+        (lambda p: p.update(records=p["records"].tolist()), TypeError, "records: expected uint8"),
+        (lambda p: p.update(records=None), TypeError, "records: expected uint8"),
+        (lambda p: p.update(sink_k=np.zeros((0, 0, 64)), sink_v=np.zeros((0, 0, 64))), ValueError,
+         r"sink_k: expected shape .* num_kv_heads >= 1, got \(0, 0, 64\)"),  # not the unpassed num_kv_heads
+        (lambda p: p.update(sink_k=np.zeros((2, 128, 100)), sink_v=np.zeros((2, 128, 100))), ValueError,
+         r"sink_k.shape\[-1\]: unsupported head_dim 100"),
         (lambda p: p.update(preset="k4v4_g128"), ValueError, "records"),
         (lambda p: p["records"][1, 0].__setitem__(slice(-2, None), 0xFF), ValueError, "records: corrupt tile record"),
         (lambda p: p.update(sink_k=np.full((2, 128, 64), np.nan, np.float32)), ValueError, "sink_k: contains NaN"),

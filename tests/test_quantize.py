@@ -376,6 +376,29 @@ def test_tile_describing_fields_are_read_only_and_native_buffers_are_checked(rng
         kvarn._native.quantize_tiles(k, k.copy(), 4, 2, 8, np.zeros((3, 10), np.uint8), 1)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_native_hadamard_checks_the_row_width(dtype):
+    # A 1-row view of a wider buffer, transformed as rows of 32: the core wrote into row 1.
+    big = np.zeros((4, 16), dtype)
+    big[1:] = 7
+    fn = kvarn._native.hadamard_f32 if dtype == np.float32 else kvarn._native.hadamard_f64
+    with pytest.raises(ValueError, match="rows hold 16 values, not head_dim=32"):
+        fn(big[:1], 32)
+    assert (big[0] == 0).all() and (big[1:] == 7).all()
+    assert fn(big[:1], 16) == kvarn._native.OK
+
+
+def test_hadamard_overflow_is_an_error_not_inf():
+    for x in (np.full((1, 64), 1e308), np.full((2, 48), 3e38, np.float32)):  # finite in, inf out
+        with pytest.raises(ValueError, match="^x: values up to .* overflow the float(64|32) transform"):
+            kvarn.hadamard(x)
+    # Large, but the result fits: computed (the result is checked, not only max |x|).
+    one_hot = np.zeros((1, 64))
+    one_hot[0, 5] = 1e308
+    assert np.isfinite(kvarn.hadamard(one_hot)).all()
+    assert np.isfinite(kvarn.hadamard(np.full((1, 64), 1e306))).all()
+
+
 def test_array_likes_that_numpy_cannot_read_get_a_named_error():
     torch = pytest.importorskip("torch")  # installed with the eval extra, as in CI
     x = torch.randn(1, 3, 16, dtype=torch.bfloat16)

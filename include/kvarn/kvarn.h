@@ -85,7 +85,8 @@ typedef struct kvarn_cache_view {
 
 /* Decode attention for `batch` sequences: q [batch][num_q_heads][head_dim]
  * float32, out the same shape. Query head h uses KV head h / (num_q_heads /
- * num_kv_heads). scale multiplies q.k. num_threads <= 0: all cores. */
+ * num_kv_heads). scale multiplies q.k. num_threads <= 0: all cores.
+ * KVARN_ERR_OVERFLOW: some output is not finite (float32 overflow; out is written). */
 int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
                  int32_t num_q_heads, float scale, float* out, int32_t num_threads);
 

@@ -415,6 +415,9 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         bool any_tiles = false;
         for (int32_t b = 0; b < batch; ++b) any_tiles = any_tiles || caches[b].num_tiles > 0;
         std::unique_ptr<float[]> rot_sum(any_tiles ? new float[(size_t)batch * num_q_heads * D] : nullptr);
+        // Set when an output is not finite: queries large enough to overflow float32 over keys decoded
+        // from imported records (appended keys cannot, within the query bound Python checks).
+        std::atomic<bool> nonfinite{false};
 
         // Merges the splits of group g into out (and the rotated part, rotated back), run by the
         // thread that finishes the group's last item: the merge needs no serial pass either.
@@ -453,6 +456,9 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
                 kt->hadamard_f32(r, n_q, D);
                 for (size_t i = 0; i < (size_t)n_q * D; ++i) out[row0 + i] += r[i];
             }
+            bool finite = true;
+            for (size_t i = 0; i < (size_t)n_q * D; ++i) finite = finite && std::isfinite(out[row0 + i]);
+            if (!finite) nonfinite.store(true, std::memory_order_relaxed);
         };
 
         auto body = [&](int64_t i) {
@@ -493,7 +499,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
             if (group_left[g].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(g);
         };
         pool().run(n_items, threads, body);
-        return KVARN_OK;
+        return nonfinite.load(std::memory_order_relaxed) ? (int)KVARN_ERR_OVERFLOW : (int)KVARN_OK;
     });
 }
 

@@ -75,6 +75,8 @@ def default_threads():
 
 def hadamard_f32(float[:, ::1] x, int head_dim):
     cdef int rc
+    if x.shape[1] != head_dim:  # the core transforms rows of head_dim values
+        raise ValueError(f"hadamard_f32: x's rows hold {x.shape[1]} values, not head_dim={head_dim}")
     with nogil:
         rc = kvarn_hadamard_f32(&x[0, 0] if x.shape[0] else NULL, x.shape[0], head_dim)
     return rc
@@ -82,6 +84,8 @@ def hadamard_f32(float[:, ::1] x, int head_dim):
 
 def hadamard_f64(double[:, ::1] x, int head_dim):
     cdef int rc
+    if x.shape[1] != head_dim:  # the core transforms rows of head_dim values
+        raise ValueError(f"hadamard_f64: x's rows hold {x.shape[1]} values, not head_dim={head_dim}")
     with nogil:
         rc = kvarn_hadamard_f64(&x[0, 0] if x.shape[0] else NULL, x.shape[0], head_dim)
     return rc

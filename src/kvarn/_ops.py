@@ -57,6 +57,10 @@ DEFAULT_PRESET = "k4v2_g128"
 
 def get_preset(preset) -> Preset:
     if isinstance(preset, Preset):
+        for field in ("kbits", "vbits", "group"):
+            value = getattr(preset, field)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"preset: {preset.name!r} has {field}={value!r}; expected an int")
         if preset.kbits not in SUPPORTED_BITS or preset.vbits not in SUPPORTED_BITS:
             raise ValueError(
                 f"preset: {preset.name!r} has k{preset.kbits}/v{preset.vbits} bits; kvarn supports {SUPPORTED_BITS}"
@@ -186,6 +190,8 @@ def active_isa() -> str:
 
 def set_isa(name: str) -> None:
     """Selects the kernels used from now on (overrides KVARN_ISA)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str, one of {list(ISAS)}; got {type(name).__name__}")
     if name not in ISAS:
         raise ValueError(f"name: unknown ISA {name!r}; choose one of {list(ISAS)}")
     if _native.set_isa(name) != _native.OK:
@@ -202,6 +208,8 @@ def set_score_mode(mode: str) -> None:
     float64 up to reassociation) or "int8" (~4e-2; AVX-512 VNNI only, elsewhere it runs as
     int16). The scalar kernels always run float; score_mode() says what the active kernels
     run. Also: KVARN_SCORES."""
+    if not isinstance(mode, str):
+        raise TypeError(f"mode: expected a str, one of {list(SCORE_MODES)}; got {type(mode).__name__}")
     if mode not in SCORE_MODES:
         raise ValueError(f"mode: unknown score mode {mode!r}; choose one of {list(SCORE_MODES)}")
     if _native.set_score_mode(mode) != _native.OK:
@@ -234,9 +242,10 @@ def hadamard(x) -> np.ndarray:
 
     Block-diagonal when head_dim is not a power of two: the block is the
     largest power of two dividing it (SPEC §2). Its own inverse. float16 and
-    float32 inputs give float32, float64 gives float64.
+    float32 inputs give float32, float64 gives float64; a result beyond
+    that dtype's range (input near its maximum) raises ValueError.
     """
-    x = as_float_array(x, "x")
+    x, max_abs = as_float_array(x, "x", with_max_abs=True)
     if x.ndim == 0:
         raise ValueError("x: expected at least a 1-D array")
     head_dim = check_head_dim(x.shape[-1], "x.shape[-1]")
@@ -249,6 +258,12 @@ def hadamard(x) -> np.ndarray:
     else:
         rc = _native.hadamard_f32(out, head_dim)
     check_status(rc, "hadamard")
+    # The unnormalised butterflies grow a row by up to `block` times its max |x|; only then can the
+    # result overflow, so only then is it scanned.
+    block = head_dim & -head_dim
+    if max_abs * block > float(np.finfo(out_dtype).max) and not np.isfinite(out).all():
+        raise ValueError(f"x: values up to {max_abs:.3g} overflow the {np.dtype(out_dtype).name} transform "
+                         f"(blocks of {block}); scale x down")
     return out.reshape(x.shape)
 
 
@@ -317,7 +332,7 @@ def check_kv(k, v, num_kv_heads: int, head_dim: int):
 def check_queries(q, num_kv_heads: int, head_dim: int, ndim: int, scale: float, name: str = "q"):
     """Checks queries [..., Hq, head_dim] against a cache, and that q * scale cannot overflow the
     float32 scores: |score| <= head_dim * max|q * scale| * max|k|, and keys (fp16, or decoded
-    from codes) stay below 2**17."""
+    from codes) stay below 2**17. Also that q itself fits float32, which the kernels read."""
     q, max_abs = as_float_array(q, name, ndim=ndim, with_max_abs=True)
     limit = FLOAT32_MAX / (head_dim * 2.0**17)
     if max_abs * abs(scale) > limit:
@@ -325,6 +340,9 @@ def check_queries(q, num_kv_heads: int, head_dim: int, ndim: int, scale: float, 
             f"{name}: max |{name}| x |scale| = {max_abs * abs(scale):.3g} could overflow the float32 attention "
             f"scores (limit {limit:.3g} at head_dim {head_dim}); scale the queries down"
         )
+    if max_abs > FLOAT32_MAX:  # float64 (a tiny scale passes the check above): the cast would make it inf
+        raise ValueError(f"{name}: values beyond the float32 range (max |{name}| = {max_abs:.3g}) cannot be attended; "
+                         "scale the queries down")
     if q.shape[-1] != head_dim:
         raise ValueError(f"{name}: last dimension {q.shape[-1]} does not match the cache's head_dim {head_dim}")
     hq = q.shape[-2]
@@ -338,7 +356,10 @@ def check_scale(scale, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
         raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
-    scale = float(scale)
+    try:
+        scale = float(scale)
+    except OverflowError:  # a Python int beyond any float
+        raise ValueError("scale: an int this large is beyond the float32 range the kernels compute in") from None
     if not math.isfinite(scale):
         raise ValueError("scale: must be finite")
     if abs(scale) > FLOAT32_MAX:
@@ -390,5 +411,17 @@ def run_attend(q, caches, scale: float, num_threads, names) -> np.ndarray:
     for name, p in zip(names, parts):
         if p["sink_len"] + p["num_tiles"] + p["tail_len"] == 0:  # emptied (truncated) by another thread
             raise ValueError(f"{name}: the cache is empty; append tokens before attending")
-    check_status(_native.attend(parts, q32, scale, out, resolve_threads(num_threads)), "attend")
+    rc = _native.attend(parts, q32, scale, out, resolve_threads(num_threads))
+    # check_queries bounds q * scale for keys below 2**17, which append guarantees; records from
+    # elsewhere (from_parts) are checked only to be finite and can decode to larger keys or values.
+    # The native call reports a non-finite output (its merge checks each row: free, where a numpy scan
+    # cost 3-10 % of a decode call).
+    if rc == _native.ERR_OVERFLOW:
+        bad = [name for name, o in zip(names, out) if not np.isfinite(o).all()]
+        raise ValueError(
+            f"q: the attention scores or outputs overflowed float32 for these queries and {', '.join(bad)} "
+            "(records imported through from_parts can decode to keys or values too large for them); "
+            "scale the queries down"
+        )
+    check_status(rc, "attend")
     return out

@@ -304,11 +304,17 @@ class KVCache:
         sink and tail [Hk, n, D] float (stored as float16), records uint8 [tiles, Hk, record_bytes].
         Checks shapes, that the parts fit together as appends would have left them (the sink full
         before any tile or tail token, the tail shorter than a tile — or at most one with
-        quantize_on="next") and that every record's scales are finite."""
+        quantize_on="next") and that every record's scales are finite. Records from elsewhere are
+        trusted only that far: attend checks its output and raises if such records decode to keys
+        or values that overflow float32 for the queries given."""
         from .tile import Tile
 
         sink_k = as_float_array(sink_k, "sink_k", ndim=3, fp16_range=True)
         H, D = sink_k.shape[0], sink_k.shape[2]  # an empty sink is [Hk, 0, D], as to_parts gives it
+        if H == 0:  # sink_k gives the cache's heads: name it, not the constructor's num_kv_heads
+            raise ValueError(f"sink_k: expected shape [num_kv_heads, n, head_dim] with num_kv_heads >= 1, "
+                             f"got {sink_k.shape}")
+        check_head_dim(D, "sink_k.shape[-1]")
         cache = cls(H, D, preset, sink_tokens, iters=iters, quantize_on=quantize_on)
         G, R = cache.preset.group, cache._record_bytes
         parts = {"sink_k": sink_k}
@@ -320,8 +326,14 @@ class KVCache:
         for a, b in (("sink_k", "sink_v"), ("tail_k", "tail_v")):
             if parts[a].shape != parts[b].shape:
                 raise ValueError(f"{b}: shape {parts[b].shape} does not match {a}'s {parts[a].shape}")
-        records = np.asarray(records)
-        if records.dtype != np.uint8 or records.ndim != 3 or records.shape[1:] != (H, R):
+        try:
+            records = np.asarray(records)
+        except (TypeError, ValueError, RuntimeError) as e:  # e.g. a ragged list
+            raise TypeError(f"records: cannot be read as a numpy array ({e}); pass uint8 records") from None
+        if records.dtype != np.uint8:  # a wrong type is a TypeError, as for the other arguments
+            raise TypeError(f"records: expected uint8 [tiles, {H}, {R}] ({cache.preset.name}, head_dim {D}), "
+                            f"got {records.dtype} {records.shape}")
+        if records.ndim != 3 or records.shape[1:] != (H, R):
             raise ValueError(f"records: expected uint8 [tiles, {H}, {R}] ({cache.preset.name}, head_dim {D}), "
                              f"got {records.dtype} {records.shape}")
         sink_len, tiles, tail_len = parts["sink_k"].shape[1], records.shape[0], parts["tail_k"].shape[1]
