@@ -35,6 +35,9 @@ meanwhile needs ``KVarNCache(..., crop_window=2 * group)`` (an fp16 copy of each
 tokens), which restores exactly the cache that never held the removed tokens. Limits: other
 padding (right padding, padding in a later chunk) raises ``NotImplementedError``, and so does a
 crop the window cannot serve.
+Errors: a layer that rejects a step (NaN or beyond-fp16 K/V, a bad query) is left exactly as before
+it, every batch row included; but the layers before it in the same forward have stored the step's
+tokens, so the cache then refuses every further use with a RuntimeError until ``reset()``.
 Threads: kvarn's decode calls use ``kvarn.set_num_threads`` (default: every core), next to torch's own
 pool. On a machine with few cores, short contexts can decode faster with ``kvarn.set_num_threads(1)``
 (inside SmolLM2 on 2 cores, a 1K-token layer call took 55-59 µs on one thread against 75-89 µs on two:
