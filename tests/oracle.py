@@ -140,13 +140,20 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.n
     return out
 
 
-def dequantize_cache(cache) -> tuple:
-    """Float64 (K̂, V̂) [Hk, n, D] of a kvarn.KVCache from its raw parts, via the oracle decoder."""
+def dequantize_cache(cache, k, v) -> tuple:
+    """Float64 (K̂, V̂) [Hk, n, D] of a kvarn.KVCache that was given the tokens k, v [Hk, n, D].
+
+    Quantised tiles come from the cache's records through the oracle decoder; the sink and tail
+    positions come from the *inputs* rounded to fp16 (what SPEC §7 keeps there), not from the
+    cache's own fp16 buffers, so a wrong stored sink or tail value cannot cancel out."""
     p = cache.preset
     H, D = cache.num_kv_heads, cache.head_dim
-    ks = [cache._sink_k.astype(np.float64)]
-    vs = [cache._sink_v.astype(np.float64)]
+    k = np.asarray(k).astype(np.float16).astype(np.float64)
+    v = np.asarray(v).astype(np.float16).astype(np.float64)
+    n, sink, tail = k.shape[1], cache.sink_len, cache.tail_len
     recs = cache.records
+    assert k.shape == v.shape == (H, len(cache), D), "k, v must be every token the cache was given"
+    assert sink + recs.shape[0] * p.group + tail == n, "sink + tiles + tail does not add up to the tokens"
     tk = np.zeros((H, recs.shape[0] * p.group, D))
     tv = np.zeros_like(tk)
     for t in range(recs.shape[0]):
@@ -154,8 +161,6 @@ def dequantize_cache(cache) -> tuple:
             kk, vv = dequantize_record(recs[t, h], p.kbits, p.vbits, p.group, D)
             tk[h, t * p.group : (t + 1) * p.group] = kk
             tv[h, t * p.group : (t + 1) * p.group] = vv
-    ks.append(tk)
-    vs.append(tv)
-    ks.append(cache._tail_k[:, : cache.tail_len].astype(np.float64))
-    vs.append(cache._tail_v[:, : cache.tail_len].astype(np.float64))
+    ks = [k[:, :sink], tk, k[:, n - tail :]]
+    vs = [v[:, :sink], tv, v[:, n - tail :]]
     return np.concatenate(ks, axis=1), np.concatenate(vs, axis=1)

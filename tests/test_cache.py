@@ -29,10 +29,11 @@ def filled(rng, hk, d, n, preset="k4v2_g128", sink=None, chunks=None):
 MODE_RTOL = {"float": 0.0, "int16": 5e-4, "int8": 0.1}
 
 
-def check_attention(cache, q, rtol=1e-5, scale=None):
+def check_attention(cache, q, k, v, rtol=1e-5, scale=None):
+    """k, v: every token given to the cache; the reference takes its sink and tail from them."""
     rtol = max(rtol, MODE_RTOL[kvarn.score_mode()])
     out = kvarn.attend(q, cache, scale=scale)
-    k_hat, v_hat = oracle.dequantize_cache(cache)
+    k_hat, v_hat = oracle.dequantize_cache(cache, k, v)
     s = 1 / np.sqrt(cache.head_dim) if scale is None else scale
     ref = oracle.attention(q, k_hat, v_hat, s)
     err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
@@ -42,17 +43,17 @@ def check_attention(cache, q, rtol=1e-5, scale=None):
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_attention_matches_float64_over_dequantised_cache(n, isa, rng):
-    cache, _, _ = filled(rng, 2, 128, n)
+    cache, k, v = filled(rng, 2, 128, n)
     q = rng.standard_normal((8, 128)).astype(np.float32)
-    check_attention(cache, q)
+    check_attention(cache, q, k, v)
 
 
 @pytest.mark.parametrize("ratio", [1, 4, 8])
 @pytest.mark.parametrize("hk", [1, 3])
 def test_gqa_and_mqa(ratio, hk, isa, rng):
-    cache, _, _ = filled(rng, hk, 64, 700)
+    cache, k, v = filled(rng, hk, 64, 700)
     q = rng.standard_normal((hk * ratio, 64)).astype(np.float32)
-    out = check_attention(cache, q)
+    out = check_attention(cache, q, k, v)
     # Query heads of one group really read their own kv head: same q, different heads -> different out.
     if hk > 1:
         q2 = np.repeat(q[:1], hk * ratio, axis=0)
@@ -69,30 +70,32 @@ def test_sink_sizes(sink, n, rng):
     assert cache.num_tiles == max(0, n - sink) // 128
     assert cache.tail_len == max(0, n - sink) % 128
     assert len(cache) == n
-    # Sink and tail hold the fp16 inputs exactly.
+    # Sink and tail hold the fp16 inputs exactly, keys and values (sink tokens are never quantised
+    # later, so nothing else would notice a wrong stored sink value).
     k_hat, v_hat = cache.dequantize()
-    np.testing.assert_array_equal(k_hat[:, : cache.sink_len], k[:, : cache.sink_len].astype(np.float16))
-    if cache.tail_len:
-        np.testing.assert_array_equal(k_hat[:, -cache.tail_len :], k[:, -cache.tail_len :].astype(np.float16))
-    check_attention(cache, rng.standard_normal((4, 64)).astype(np.float32))
+    for got, x in ((k_hat, k), (v_hat, v)):
+        np.testing.assert_array_equal(got[:, : cache.sink_len], x[:, : cache.sink_len].astype(np.float16))
+        if cache.tail_len:
+            np.testing.assert_array_equal(got[:, -cache.tail_len :], x[:, -cache.tail_len :].astype(np.float16))
+    check_attention(cache, rng.standard_normal((4, 64)).astype(np.float32), k, v)
 
 
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128", "k8v8_g128"])
 @pytest.mark.parametrize("d", [64, 80, 128, 256])
 def test_every_preset_and_head_dim(preset, d, isa, rng):
-    cache, _, _ = filled(rng, 2, d, 600, preset=preset)
-    check_attention(cache, rng.standard_normal((4, d)).astype(np.float32), scale=0.3)
+    cache, k, v = filled(rng, 2, d, 600, preset=preset)
+    check_attention(cache, rng.standard_normal((4, d)).astype(np.float32), k, v, scale=0.3)
 
 
 def test_long_context(rng):
-    cache, _, _ = filled(rng, 2, 128, 5000)
-    check_attention(cache, rng.standard_normal((4, 128)).astype(np.float32))
+    cache, k, v = filled(rng, 2, 128, 5000)
+    check_attention(cache, rng.standard_normal((4, 128)).astype(np.float32), k, v)
 
 
 def test_cache_dequantize_matches_oracle(rng):
-    cache, _, _ = filled(rng, 2, 64, 700, sink=50)
+    cache, k, v = filled(rng, 2, 64, 700, sink=50)
     k_hat, v_hat = cache.dequantize()
-    k_ref, v_ref = oracle.dequantize_cache(cache)
+    k_ref, v_ref = oracle.dequantize_cache(cache, k, v)
     np.testing.assert_allclose(k_hat, k_ref, atol=1e-4 * np.abs(k_ref).max())
     np.testing.assert_allclose(v_hat, v_ref, atol=1e-4 * np.abs(v_ref).max())
 
@@ -210,7 +213,7 @@ def test_token_by_token_decode(rng):
     for t in range(300):
         cache.append(k[:, t : t + 1], k[:, t : t + 1])
     assert (cache.sink_len, cache.num_tiles, cache.tail_len) == (16, 2, 28)
-    check_attention(cache, rng.standard_normal((2, 64)).astype(np.float32))
+    check_attention(cache, rng.standard_normal((2, 64)).astype(np.float32), k, k)
 
 
 def test_nbytes_and_compression_ratio(rng):
@@ -224,13 +227,26 @@ def test_nbytes_and_compression_ratio(rng):
 
 
 def test_batched_attend_equals_single(rng):
-    caches = [filled(rng, 2, 64, n)[0] for n in (1, 300, 1500)]
+    filled_caches = [filled(rng, 2, 64, n) for n in (1, 300, 1500)]
+    caches = [c for c, _, _ in filled_caches]
     q = rng.standard_normal((3, 8, 64)).astype(np.float32)
     out = kvarn.attend_batch(q, caches)
     for i, c in enumerate(caches):
         # Split-K layout differs between the calls, so only float reassociation separates them.
         single = kvarn.attend(q[i], c)
         assert np.linalg.norm(out[i] - single) / np.linalg.norm(single) < 1e-5
+    # A non-default scale reaches the batched call (the transformers integration passes the model's).
+    out = kvarn.attend_batch(q, caches, scale=0.3)
+    for i, (c, k, v) in enumerate(filled_caches):
+        ref = oracle.attention(q[i], *oracle.dequantize_cache(c, k, v), 0.3)
+        assert np.linalg.norm(out[i] - ref) / np.linalg.norm(ref) < max(1e-5, MODE_RTOL[kvarn.score_mode()])
+    fp16 = [kvarn.FP16Cache(2, 64) for _ in caches]
+    for f, (_, k, v) in zip(fp16, filled_caches):
+        f.append(k, v)
+    out = kvarn.attend_fp16_batch(q, fp16, scale=0.3)
+    for i, (_, k, v) in enumerate(filled_caches):
+        ref = oracle.attention(q[i], k.astype(np.float16), v.astype(np.float16), 0.3)
+        assert np.linalg.norm(out[i] - ref) / np.linalg.norm(ref) < 1e-5
 
 
 def test_thread_counts_agree(rng):
@@ -335,6 +351,37 @@ def test_integer_settings_have_upper_bounds():
         kvarn.KVCache(1, 64, iters=2**31)
     with pytest.raises(ValueError, match="iters: must be <= 1000"):
         kvarn.quantize_tile(np.ones((128, 16)), np.ones((128, 16)), iters=1001)
+
+
+def test_set_num_threads_round_trips():
+    before = kvarn._ops._num_threads  # raw: get_num_threads() resolves 0 to the core count
+    try:
+        for n in (3, 1, 7):
+            kvarn.set_num_threads(n)
+            assert kvarn.get_num_threads() == n
+        kvarn.set_num_threads(0)  # 0: all cores
+        assert kvarn.get_num_threads() == kvarn._native.default_threads() >= 1
+    finally:
+        kvarn.set_num_threads(before)
+
+
+def test_cache_iters_reach_the_quantiser(rng):
+    """KVCache(iters=) quantises its tiles as quantize_tile(iters=) does (test_quantize checks that
+    against the oracle), and from_parts keeps the setting for the tiles appended afterwards."""
+    k = kv_like(rng, (2, 300, 64)).astype(np.float16)  # fp16: what the cache quantises from
+    v = rng.standard_normal((2, 300, 64)).astype(np.float16)
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0, iters=3)
+    cache.append(k[:, :150], v[:, :150])
+    back = kvarn.KVCache.from_parts(**cache.to_parts())
+    assert back.iters == 3
+    back.append(k[:, 150:], v[:, 150:])
+    assert back.num_tiles == 4
+    for t in range(4):
+        tile = kvarn.quantize_tile(k[:, 64 * t : 64 * (t + 1)], v[:, 64 * t : 64 * (t + 1)], "k4v2_g64", iters=3)
+        np.testing.assert_array_equal(back.records[t], tile.records, err_msg=f"tile {t}")
+    default = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0)
+    default.append(k, v)
+    assert not np.array_equal(default.records, back.records)  # 3 rounds are not 8
 
 
 def test_set_isa_and_score_mode_reject_non_str():
@@ -467,13 +514,22 @@ def test_bad_cache_arguments(kwargs, exc, msg):
 
 def test_concurrent_appends_and_attends_lose_nothing(rng):
     """The GIL is released in native code: appends from many threads must not lose tokens, and
-    attend during appends must see a consistent prefix."""
+    attend during appends must see a consistent prefix. Every chunk holds the same tokens, so the
+    cache of m chunks is the same whatever order the writers ran in: the reader's outputs are
+    checked against each of those."""
     import threading
+    import time
 
     cache = kvarn.KVCache(2, 64, sink_tokens=32)
-    chunks = [rng.standard_normal((2, 37, 64)).astype(np.float32) for _ in range(24)]
+    chunk = rng.standard_normal((2, 37, 64)).astype(np.float32)
+    chunks = [chunk] * 24
     q = rng.standard_normal((4, 64)).astype(np.float32)
-    errors = []
+    expected = {}
+    for m in range(1, 25):
+        c = kvarn.KVCache(2, 64, sink_tokens=32)
+        c.append(np.tile(chunk, (1, m, 1)), np.tile(chunk, (1, m, 1)))
+        expected[m * 37] = kvarn.attend(q, c, num_threads=1)
+    errors, checked = [], []
 
     def writer(part):
         try:
@@ -484,9 +540,14 @@ def test_concurrent_appends_and_attends_lose_nothing(rng):
 
     def reader():
         try:
+            deadline = time.monotonic() + 30
+            while not len(cache) and time.monotonic() < deadline:  # else it could check nothing
+                time.sleep(0)
             for _ in range(20):
-                if len(cache):
-                    assert np.isfinite(kvarn.attend(q, cache)).all()
+                out = kvarn.attend(q, cache, num_threads=1)
+                match = [L for L, e in expected.items() if np.array_equal(out, e)]
+                assert match, "attend saw a state that no whole number of appends gives"
+                checked.append(match[0])
         except Exception as exc:  # pragma: no cover
             errors.append(exc)
 
@@ -496,9 +557,10 @@ def test_concurrent_appends_and_attends_lose_nothing(rng):
         t.start()
     for t in threads:
         t.join()
-    assert not errors
+    assert not errors, errors[:1]
+    assert len(checked) == 20 and checked == sorted(checked), checked
     assert len(cache) == 24 * 37
-    assert cache.sink_len + cache.num_tiles * 128 + cache.tail_len == 24 * 37
+    np.testing.assert_array_equal(kvarn.attend(q, cache, num_threads=1), expected[24 * 37])
 
 
 def _race(seconds, writer, readers):
@@ -641,7 +703,7 @@ def test_quantize_on_next_keeps_a_full_tail_exact(n, rng):
     assert 1 <= nxt.tail_len <= 128
     if n % 128 == 0:
         assert nxt.num_tiles == fill.num_tiles - 1 and nxt.tail_len == 128
-    check_attention(nxt, rng.standard_normal((4, 64)).astype(np.float32))
+    check_attention(nxt, rng.standard_normal((4, 64)).astype(np.float32), k[:, :n], k[:, :n])
     fill.append(k[:, n:], k[:, n:])
     nxt.append(k[:, n:], k[:, n:])
     np.testing.assert_array_equal(nxt.records, fill.records[: nxt.num_tiles])

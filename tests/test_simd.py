@@ -282,7 +282,7 @@ def _cache(rng, preset, Hk, D, n):
     return c
 
 
-def _check_attend(cache, q, tol_floor=2e-5, modes=("float",)):
+def _check_attend(cache, q, tol_floor=2e-5, modes=("float",), int8_limit=None):
     K, V = cache.dequantize()
     scale = 1.0 / np.sqrt(cache.head_dim)
     ref = reference(q, K, V, scale)
@@ -295,17 +295,27 @@ def _check_attend(cache, q, tol_floor=2e-5, modes=("float",)):
             kvarn.set_isa(isa)
             assert _native.score_mode() == mode  # the kernels run what is checked
             err = rel_err(run_isa(isa, kvarn.attend, q, cache), ref)
-            # int modes: the query's rounding is a stated, bounded extra error.
-            limit = {"float": max(2 * base, tol_floor), "int16": max(2 * base, 5e-3), "int8": 0.2}[mode]
+            # int modes: the query's rounding is a stated, bounded extra error (int8: the caller's
+            # limit; without one, as float).
+            limit = {"float": max(2 * base, tol_floor), "int16": max(2 * base, 5e-3),
+                     "int8": max(2 * base, tol_floor) if int8_limit is None else int8_limit}[mode]
             assert err <= limit, f"{isa}/{mode}: {err:.3g} > {limit:.3g} (scalar {base:.3g})"
     _native.set_score_mode("float")
+
+
+# int8's max-abs relative error on test_attend_odd_lengths' fixed seeds (avx512 VNNI, any thread
+# count), at the lengths with a quantised tile; a query rounded to 7 bits instead of 8 gives 2.5x
+# and 3x at 257 and 300.
+INT8_ODD_ERR = {257: 0.0149, 300: 0.0080, 385: 0.0474}
 
 
 @pytest.mark.parametrize("n", ODD_LENGTHS)
 def test_attend_odd_lengths(n, rng):
     c = _cache(rng, "k4v2_g128", 2, 128, n)
     q = rng.standard_normal((8, 128)).astype(np.float32)
-    _check_attend(c, q, modes=("float", "int16", "int8"))
+    # Below 257 tokens all lies in the fp16 sink and tail, where int8 computes as float does.
+    assert (c.num_tiles > 0) == (n in INT8_ODD_ERR)
+    _check_attend(c, q, modes=("float", "int16", "int8"), int8_limit=1.3 * INT8_ODD_ERR[n] if c.num_tiles else None)
 
 
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k2v2_g128", "k8v8_g128"])
@@ -451,7 +461,9 @@ def test_int_score_error_measured(rng):
     ref = reference(q, K, V, 1 / np.sqrt(128))
     e = {k: np.linalg.norm(o - ref) / np.linalg.norm(ref) for k, o in outs.items()}
     print("relative L2 error vs float64 on the dequantised cache:", e)
-    limit = {"float": 1e-5, "int16": 1e-3, "int8": 0.1}
+    # int8: measured 0.0386 on this fixed seed (any thread count); bounded at 1.3x, so a query
+    # rounded to 7 bits instead of 8 (0.068) fails.
+    limit = {"float": 1e-5, "int16": 1e-3, "int8": 0.05}
     for (isa, mode), err in e.items():
         assert err < limit[mode], (isa, mode, err)
     if ("avx2", "int16") in outs and ("avx512", "int16") in outs:
