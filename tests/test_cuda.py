@@ -360,6 +360,46 @@ def test_gpu_cache_records_match_cpu_cache():
 
 @gpu
 @need_torch
+def test_sink_longer_than_max_seq_len_allocates_only_max_seq_len_rows():
+    """sink_tokens beyond max_seq_len (nothing is ever quantised) allocates max_seq_len sink rows,
+    not sink_tokens (10**9 would need ~2 TB), and serves the sequence exactly as the CPU does."""
+    rng = np.random.default_rng(11)
+    small = kc.PagedKVCache(2, 64, max_seqs=1, max_seq_len=256, sink_tokens=256)
+    huge = kc.PagedKVCache(2, 64, max_seqs=1, max_seq_len=256, sink_tokens=10**9)
+    assert huge.nbytes == small.nbytes and huge.sink_tokens == 10**9
+    k, v = kv_like(rng, (1, 256, 2, 64)), kv_like(rng, (1, 256, 2, 64))
+    sid = huge.add_sequence()
+    huge.append([sid], dev(k[:, :100]), dev(v[:, :100]))
+    huge.append([sid], dev(k[:, 100:]), dev(v[:, 100:]))
+    cpu = huge.to_cpu(sid)
+    assert (cpu.sink_len, cpu.num_tiles, cpu.tail_len) == (256, 0, 0)
+    np.testing.assert_array_equal(cpu._sink_k, k[0].transpose(1, 0, 2).astype(np.float16))
+    q = kv_like(rng, (1, 4, 64))
+    out = huge.attend(dev(q), [sid]).cpu().numpy()[0]
+    ref = oracle_attention(q[0], k[0].transpose(1, 0, 2).astype(np.float16).astype(np.float64),
+                           v[0].transpose(1, 0, 2).astype(np.float16).astype(np.float64), 1 / 8)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < REL_TOL
+
+
+@gpu
+@need_torch
+def test_out_of_gpu_memory_is_memory_error():
+    with pytest.raises(MemoryError, match="out of GPU memory"):
+        kc.DeviceArray((1 << 50,), np.uint8)  # 1 PiB
+    with pytest.raises(MemoryError, match="out of GPU memory"):
+        kc.PagedKVCache(8, 128, max_seqs=1 << 14, max_seq_len=1 << 20)  # 2**27 pages of 110 KB
+    kc.DeviceArray((1 << 20,), np.uint8)  # the failure left the device usable
+    # ... and left no error behind for the next kernel launch to report (it did: "check kernel launch:
+    # cudaErrorMemoryAllocation" in the next append).
+    rng = np.random.default_rng(12)
+    cache = kc.PagedKVCache(2, 64, max_seqs=1, max_seq_len=512)
+    sid = cache.add_sequence()
+    cache.append([sid], dev(kv_like(rng, (1, 300, 2, 64))), dev(kv_like(rng, (1, 300, 2, 64))))
+    assert cache.length(sid) == 300
+
+
+@gpu
+@need_torch
 def test_free_and_reuse_pages():
     rng = np.random.default_rng(9)
     cache = kc.PagedKVCache(2, 64, max_seqs=3, max_seq_len=600, num_pages=5)

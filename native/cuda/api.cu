@@ -134,7 +134,14 @@ int kvarn_cuda_get_device(int32_t* device)
 int kvarn_cuda_malloc(uintptr_t* ptr, size_t bytes)
 {
     void* p = nullptr;
-    KVARN_CUDA_TRY(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+        // A refused allocation is an answer (Python raises MemoryError), not an error that the next
+        // kernel launch's cudaGetLastError() should report: clear it (it is not sticky).
+        (void)cudaGetLastError();
+        ::kvarn_cuda::set_error("cudaMalloc", err);
+        return KVARN_CUDA_ERR_CUDA;
+    }
     *ptr = reinterpret_cast<uintptr_t>(p);
     return KVARN_CUDA_OK;
 }

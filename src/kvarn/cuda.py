@@ -85,6 +85,8 @@ class DeviceArray:
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         rc, ptr = _cuda.malloc(self.nbytes)
+        if rc and "cudaErrorMemoryAllocation" in _cuda.last_error():
+            raise MemoryError(f"DeviceArray: allocating {self.nbytes} bytes: out of GPU memory")
         _check(rc, f"DeviceArray: allocating {self.nbytes} bytes")
         self.ptr = ptr
 
@@ -487,9 +489,12 @@ class PagedKVCache:
         self._num_sms = int(props["multiprocessors"])
         self._record_bytes = int(_cuda.record_layout(self.preset.kbits, self.preset.vbits, G, self.head_dim)["total"])
         L, S, H, D = self.num_layers, self.max_seqs, self.num_kv_heads, self.head_dim
+        # A sequence never holds more than max_seq_len tokens, so neither does its sink: a larger
+        # sink_tokens (no token is ever quantised) needs no rows beyond that.
+        sink_cap = min(self.sink_tokens, self.max_seq_len)
         self._pool = DeviceArray((L, self.num_pages, H, self.record_bytes), np.uint8)
-        self._sink_k = DeviceArray((L, S, H, max(self.sink_tokens, 1), D), np.float16)
-        self._sink_v = DeviceArray((L, S, H, max(self.sink_tokens, 1), D), np.float16)
+        self._sink_k = DeviceArray((L, S, H, max(sink_cap, 1), D), np.float16)
+        self._sink_v = DeviceArray((L, S, H, max(sink_cap, 1), D), np.float16)
         self._tail_k = DeviceArray((L, S, H, G, D), np.float16)
         self._tail_v = DeviceArray((L, S, H, G, D), np.float16)
         self._block_table = DeviceArray((S, self.max_tiles), np.int32)
@@ -504,7 +509,7 @@ class PagedKVCache:
         self._free_slots = list(range(S - 1, -1, -1))
         self._live = set()
         self._desc = dict(kbits=self.preset.kbits, vbits=self.preset.vbits, group=G, head_dim=D, num_kv_heads=H,
-                          num_layers=L, num_slots=S, sink_cap=self.sink_tokens, max_tiles=self.max_tiles,
+                          num_layers=L, num_slots=S, sink_cap=sink_cap, max_tiles=self.max_tiles,
                           num_pages=self.num_pages, pool=self._pool.ptr, sink_k=self._sink_k.ptr,
                           sink_v=self._sink_v.ptr, tail_k=self._tail_k.ptr, tail_v=self._tail_v.ptr,
                           block_table=self._block_table.ptr)
