@@ -100,8 +100,9 @@ int32_t kvarn_default_threads(void);
 /* Testing hook (not for applications): runs n_items ~100 us items on the thread pool, the first
  * one run by a helper thread (fault_on_helper != 0) or by the calling thread (0) throwing a C++
  * exception. Returns KVARN_ERR_INTERNAL when it threw (*faulted = 1; 0 if no such thread ran an
- * item), and *finished = the items that completed before the call returned (all but the thrown
- * one: the pool waits for every item before reporting the error). */
+ * item: one CPU, or the pool busy with another caller's job), and *finished = the items that
+ * completed before the call returned (all but the thrown one: the pool, and its serial fallback,
+ * run every item before reporting the error). */
 int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper, int64_t* finished,
                              int32_t* faulted);
 

@@ -69,24 +69,11 @@ public:
     void run(int64_t n, int threads, F& fn)
     {
         if (n <= 0) return;
-        if (threads <= 1 || n == 1) {
-            for (int64_t i = 0; i < n; ++i) fn(i);
-            return;
-        }
+        if (threads <= 1 || n == 1) return run_here(n, fn);
         std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
-        if (!busy.owns_lock()) {
-            for (int64_t i = 0; i < n; ++i) fn(i);
-            return;
-        }
+        if (!busy.owns_lock()) return run_here(n, fn);
         const int helpers = (int)std::min<int64_t>(std::min(threads, max_threads_) - 1, n - 1);
-        if (helpers <= 0) {
-            for (int64_t i = 0; i < n; ++i) fn(i);
-            return;
-        }
-        if (!grow(helpers)) {
-            for (int64_t i = 0; i < n; ++i) fn(i);
-            return;
-        }
+        if (helpers <= 0 || !grow(helpers)) return run_here(n, fn);
         // Seqlock-style publish: odd generation = being written. A worker
         // registers (active_++) and then re-reads the generation; the writer
         // makes it odd and then waits for active_ == 0 (both seq_cst), so a
@@ -114,6 +101,22 @@ public:
     }
 
 private:
+    // Every item on the calling thread, with the pool's contract: all items run, then the first
+    // exception is rethrown (one thread, one item, a busy pool, or no helper thread to be had).
+    template <typename F>
+    static void run_here(int64_t n, F& fn)
+    {
+        std::exception_ptr first;
+        for (int64_t i = 0; i < n; ++i) {
+            try {
+                fn(i);
+            } catch (...) {
+                if (!first) first = std::current_exception();
+            }
+        }
+        if (first) std::rethrow_exception(first);
+    }
+
     template <typename F>
     static void invoke(void* ctx, int64_t i)
     {
@@ -232,6 +235,16 @@ int guarded(F&& body)
     }
 }
 
+// pool().run as a status: an item's exception (only an allocation failure) is KVARN_ERR_INTERNAL.
+template <typename F>
+int run_items(int64_t n, int threads, F& fn)
+{
+    return guarded([&] {
+        pool().run(n, threads, fn);
+        return (int)KVARN_OK;
+    });
+}
+
 // A sequence is cut into units for splitting: the sink in chunks of
 // kSinkChunk tokens, then one unit per tile, then the tail as one unit. An fp16
 // cache (everything in the sink) therefore splits as well as a quantised one.
@@ -302,10 +315,7 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
             }
         }
     };
-    const int rc = guarded([&] {
-        pool().run(2 * n_tiles, resolve_threads(num_threads), body);
-        return (int)KVARN_OK;
-    });
+    const int rc = run_items(2 * n_tiles, resolve_threads(num_threads), body);
     if (rc != KVARN_OK) return rc;
     if (first_bad.load() != std::numeric_limits<int64_t>::max()) {
         if (bad_tile) *bad_tile = first_bad.load();
@@ -516,10 +526,7 @@ int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault
             throw std::runtime_error("kvarn_testing_pool_fault");
         done.fetch_add(1);
     };
-    const int rc = guarded([&] {
-        pool().run(n_items, resolve_threads(num_threads), body);
-        return (int)KVARN_OK;
-    });
+    const int rc = run_items(n_items, resolve_threads(num_threads), body);
     // Read when run() has returned: an early return would show items still unfinished.
     *finished = done.load();
     *faulted = thrown.load() ? 1 : 0;
