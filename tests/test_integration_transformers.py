@@ -228,7 +228,7 @@ def test_rejected_prefill_empties_the_layer_and_the_cache_refuses_until_reset():
         _prefill(second, bad, v)
     assert second.caches == [] and second.cumulative_length == 0  # as before the prompt, no row half-stored
     # The first layer holds the prompt, the second not: continuing would silently mix lengths.
-    with pytest.raises(RuntimeError, match="earlier forward failed"):
+    with pytest.raises(RuntimeError, match="hold 0 to 10 tokens: an earlier forward failed.*fp16 range"):
         cache.update(*_kv(2, 1, 1), 0)
     cache.reset()
     _prefill(first, k, v)
@@ -256,17 +256,43 @@ def test_rejected_decode_step_restores_every_row(what):
     _assert_same(_snapshot(layer), before)
     if what.startswith("tile"):
         assert layer.caches[0].num_tiles == 0  # row 0's completed tile was undone too
-    with pytest.raises(RuntimeError, match="earlier forward failed"):
-        _decode(layer, *_kv(2, 1, 2), q)
-    cache.reset()  # clears the refusal; a fresh prompt decodes
-    _prefill(layer, *_kv(2, n, 0))
-    assert _decode(layer, *_kv(2, 1, 1), torch.randn(2, 4, 1, 16)).shape == (2, 1, 4, 16)
+    # One layer: nothing else stored the step, so the cache is consistent and decoding goes on.
+    cache.update(*_kv(2, 1, 2), 0)
+    assert layer.attend_pending(torch.randn(2, 4, 1, 16), None, 0.25).shape == (2, 1, 4, 16)
+    assert [len(c) for c in layer.caches] == [n + 1, n + 1] and layer.cumulative_length == n + 1
+
+
+@pytest.mark.parametrize("how", ["rejected", "interrupted"])
+def test_a_forward_that_stops_part_way_is_refused_until_reset(how):
+    cache = _tiny_cache()
+    first, second = cache.kvarn_layers
+    for layer in (first, second):
+        _prefill(layer, *_kv(2, 10, 0))
+    q = torch.randn(2, 4, 1, 16)
+    _decode(first, *_kv(2, 1, 1), q)  # the first layer stores the step's token ...
+    if how == "rejected":  # ... the second rejects it (and restores itself)
+        k, v = _kv(2, 1, 1)
+        k[0, 0, 0, 0] = float("nan")
+        with pytest.raises(ValueError, match="NaN"):
+            _decode(second, k, v, q)
+    # (interrupted: the forward never reached the second layer)
+    assert [first.get_seq_length(), second.get_seq_length()] == [11, 10]
+    why = "the last rejected step: ValueError: .*NaN" if how == "rejected" else "part-way; call reset"
+    for call in (lambda: cache.update(*_kv(2, 1, 2), 0), lambda: cache.crop(-1),
+                 lambda: cache.reorder_cache(torch.tensor([1, 0])), lambda: cache.batch_repeat_interleave(2),
+                 lambda: cache.batch_select_indices(torch.tensor([0]))):
+        with pytest.raises(RuntimeError, match=f"hold 10 to 11 tokens.*{why}"):
+            call()
+    assert [len(c) for c in first.caches] == [11, 11] and [len(c) for c in second.caches] == [10, 10]
+    cache.reset()
+    for layer in (first, second):
+        _prefill(layer, *_kv(2, 10, 0))
+    cache.update(*_kv(2, 1, 3), 0)  # consistent again: accepted
 
 
 def test_decode_after_a_restored_step_equals_a_cache_that_never_saw_it():
     # A rolled-back step leaves nothing behind that a later (valid) step could read: same outputs and
-    # parts as a cache that got only the valid tokens. The layer is used alone (no sibling layers, so
-    # reset() is not needed here; the refusal is cleared by hand to continue the same layer).
+    # parts as a cache that got only the valid tokens.
     ref, cache = _tiny_cache(layers=1, crop_window=128), _tiny_cache(layers=1, crop_window=128)
     a, b = ref.kvarn_layers[0], cache.kvarn_layers[0]
     for layer in (a, b):
@@ -276,7 +302,6 @@ def test_decode_after_a_restored_step_equals_a_cache_that_never_saw_it():
     bad_v[1, 0, 0, 0] = float("inf")
     with pytest.raises(ValueError):
         _decode(b, k, bad_v, torch.randn(2, 4, 1, 16))
-    b._failure[0] = None
     q = torch.randn(2, 4, 1, 16)
     for step in range(3):
         k, v = _kv(2, 1, 10 + step)

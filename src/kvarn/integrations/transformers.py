@@ -37,7 +37,8 @@ padding (right padding, padding in a later chunk) raises ``NotImplementedError``
 crop the window cannot serve.
 Errors: a layer that rejects a step (NaN or beyond-fp16 K/V, a bad query) is left exactly as before
 it, every batch row included; but the layers before it in the same forward have stored the step's
-tokens, so the cache then refuses every further use with a RuntimeError until ``reset()``.
+tokens. A cache whose layers hold different numbers of tokens (that, or a forward interrupted
+part-way) refuses the next forward, crop and batch reordering with a RuntimeError until ``reset()``.
 Threads: kvarn's decode calls use ``kvarn.set_num_threads`` (default: every core), next to torch's own
 pool. On a machine with few cores, short contexts can decode faster with ``kvarn.set_num_threads(1)``
 (inside SmolLM2 on 2 cores, a 1K-token layer call took 55-59 µs on one thread against 75-89 µs on two:
@@ -208,7 +209,8 @@ class KVarNLayer(CacheLayerMixin):
         self._prefill = None
         self._ring_k = self._ring_v = None  # [B, Hk, crop_window, D] fp16: slot p % crop_window <- position p
         self._ring_from: list[int] = []  # per row: the first cache position still in the ring
-        # Shared by the layers of one KVarNCache: why a forward failed part-way, else None (see _refuse).
+        # Shared by the layers of one KVarNCache: the last error a layer rejected a step with, for
+        # KVarNCache's message when a forward that failed part-way left the layers at different lengths.
         self._failure = [None]
 
     @property
@@ -229,16 +231,11 @@ class KVarNLayer(CacheLayerMixin):
             self._ring_from[b] = max(self._ring_from[b], start + n - W)
 
     def _fail(self, error: BaseException) -> None:
-        """Marks the cache unusable: a forward that fails in one layer has already stored its tokens
-        in the layers before it, so the layers now disagree on the sequence length."""
         self._failure[0] = f"{type(error).__name__}: {error}"
 
-    def _refuse(self) -> None:
-        if self._failure[0] is not None:
-            raise RuntimeError(
-                f"KVarNCache: an earlier forward failed part-way ({self._failure[0]}), so its layers hold different "
-                "numbers of tokens; call reset() on the cache (or start a new one) before using it again"
-            )
+    @staticmethod
+    def _row_error(b: int, error: ValueError) -> ValueError:
+        return ValueError(f"KVarNCache: batch row {b}'s key/value states: {error}")
 
     def lazy_initialization(self, key_states, value_states) -> None:
         B, Hk, _, D = key_states.shape
@@ -253,7 +250,6 @@ class KVarNLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self._refuse()
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != len(self.caches):
@@ -284,13 +280,11 @@ class KVarNLayer(CacheLayerMixin):
                 try:
                     c.append(k[b, :, pads[b] :], v[b, :, pads[b] :])
                 except ValueError as e:
-                    raise ValueError(f"KVarNCache: batch row {b}'s key/value states: {e}") from e
+                    raise self._row_error(b, e) from e
                 self._remember(b, 0, k[b, :, pads[b] :], v[b, :, pads[b] :])
         except BaseException as e:
-            failure = self._failure
             self.reset()  # the layer is empty again, as before the prompt
-            if not isinstance(e, NotImplementedError):  # refused before any layer stored anything
-                failure[0] = f"{type(e).__name__}: {e}"
+            self._fail(e)
             raise
         self.pads = pads
 
@@ -310,10 +304,12 @@ class KVarNLayer(CacheLayerMixin):
             visible = _visible_keys(attention_mask, B, self.cumulative_length + n)
             for b, p in enumerate(self.pads):
                 if visible[b, :p].any() or not visible[b, p:].all():
-                    raise NotImplementedError(
+                    error = NotImplementedError(
                         f"KVarNCache: batch row {b}: padding after the prompt is not supported (kvarn attention "
                         "has no mask)"
                     )
+                    self._fail(error)  # sliding layers before this one may have stored the step
+                    raise error
             if attention_mask is not None:
                 setattr(attention_mask, _MASK_CHECKED, verdict)
         k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
@@ -328,7 +324,7 @@ class KVarNLayer(CacheLayerMixin):
                     try:
                         c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
                     except ValueError as e:
-                        raise ValueError(f"KVarNCache: batch row {b}'s key/value states: {e}") from e
+                        raise self._row_error(b, e) from e
                 out[:, i] = kvarn.attend_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
         except BaseException as e:
             for c, state in zip(self.caches, before):
@@ -358,7 +354,6 @@ class KVarNLayer(CacheLayerMixin):
         self.caches, self.pads, self.cumulative_length, self._pending, self._prefill = [], [], 0, None, None
         self._ring_k = self._ring_v = None
         self._ring_from = []
-        self._failure[0] = None  # Cache.reset() resets every layer: the cache is consistent again
         self.is_initialized = False
 
     def offload(self):  # the packed cache lives in host memory already
@@ -371,11 +366,11 @@ class KVarNLayer(CacheLayerMixin):
         """The batch becomes caches[rows[0]], caches[rows[1]], ...: an old row's first use takes
         its cache object, later uses take copies (each row must own its cache: appends mutate).
         rows: integer indices, or a boolean mask over the batch (as torch indexing reads it)."""
-        self._refuse()
+        wrong_type = f"{what}: expected integer batch rows or a boolean mask, got "
         if isinstance(rows, torch.Tensor):
             rows = rows.detach().cpu().numpy()
         elif isinstance(rows, (str, bytes)):
-            raise TypeError(f"{what}: expected integer batch rows or a boolean mask, got {type(rows).__name__}")
+            raise TypeError(wrong_type + type(rows).__name__)
         rows = np.asarray(rows)
         if rows.ndim != 1:
             raise ValueError(f"{what}: expected a 1-D index of batch rows, got shape {rows.shape}")
@@ -384,7 +379,7 @@ class KVarNLayer(CacheLayerMixin):
                 raise ValueError(f"{what}: a boolean mask of {len(rows)} for a batch of {len(self.caches)}")
             rows = np.flatnonzero(rows)
         elif rows.size and not np.issubdtype(rows.dtype, np.integer):
-            raise TypeError(f"{what}: expected integer batch rows or a boolean mask, got dtype {rows.dtype}")
+            raise TypeError(wrong_type + f"dtype {rows.dtype}")
         rows = [int(r) for r in rows]
         if not rows:
             raise ValueError(f"{what}: selects no batch rows")
@@ -416,7 +411,6 @@ class KVarNLayer(CacheLayerMixin):
         r = -int(tokens_to_remove)
         if r == 0 or not self.caches:
             return
-        self._refuse()
         if r > min(len(c) for c in self.caches):
             raise ValueError(f"tokens_to_remove: {r} tokens is more than a batch row holds")
         plan = []
@@ -506,15 +500,43 @@ class KVarNCache(Cache):
         self.config = config
         use_kvarn_attention(config)
 
+    def _check_consistent(self) -> None:
+        """Refuses a cache whose layers hold different numbers of tokens: a forward that failed (or was
+        interrupted) part-way stored its tokens in the layers before the failure only. A layer that
+        rejects a step restores itself, so a failure in the first layer leaves nothing to refuse."""
+        lengths = [layer.get_seq_length() for layer in self.layers]
+        if min(lengths) != max(lengths):
+            why = f" (the last rejected step: {self._failure[0]})" if self._failure[0] else ""
+            raise RuntimeError(
+                f"KVarNCache: its layers hold {min(lengths)} to {max(lengths)} tokens: an earlier forward failed or "
+                f"was interrupted part-way{why}; call reset() on the cache (or start a new one) before using it again"
+            )
+
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        if self._failure[0] is not None:  # before any layer (a sliding one too) stores this forward's tokens
-            self.kvarn_layers[0]._refuse()
+        if layer_idx == 0:  # a new forward, before any layer (a sliding one too) stores its tokens
+            self._check_consistent()
         if self.config._attn_implementation != ATTN_IMPLEMENTATION:
             raise RuntimeError(
                 f"KVarNCache: the model's attn_implementation is {self.config._attn_implementation!r}, "
                 f"expected {ATTN_IMPLEMENTATION!r}; do not change it while this cache is in use"
             )
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self._check_consistent()
+        super().crop(tokens_to_remove)
+
+    def reorder_cache(self, beam_idx) -> None:
+        self._check_consistent()
+        super().reorder_cache(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._check_consistent()
+        super().batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices) -> None:
+        self._check_consistent()
+        super().batch_select_indices(indices)
 
     @property
     def kvarn_layers(self) -> list[KVarNLayer]:
