@@ -288,6 +288,11 @@ def test_a_forward_that_stops_part_way_is_refused_until_reset(how):
     for layer in (first, second):
         _prefill(layer, *_kv(2, 10, 0))
     cache.update(*_kv(2, 1, 3), 0)  # consistent again: accepted
+    first.attend_pending(q, None, 0.25)
+    # Interrupted now: the message must not cite the rejection from before reset().
+    with pytest.raises(RuntimeError, match="hold 10 to 11 tokens") as refused:
+        cache.update(*_kv(2, 1, 4), 0)
+    assert "last rejected step" not in str(refused.value)
 
 
 def test_decode_after_a_restored_step_equals_a_cache_that_never_saw_it():

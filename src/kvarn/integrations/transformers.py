@@ -354,6 +354,7 @@ class KVarNLayer(CacheLayerMixin):
         self.caches, self.pads, self.cumulative_length, self._pending, self._prefill = [], [], 0, None, None
         self._ring_k = self._ring_v = None
         self._ring_from = []
+        self._failure[0] = None  # Cache.reset() resets every layer: no earlier rejection to report
         self.is_initialized = False
 
     def offload(self):  # the packed cache lives in host memory already
