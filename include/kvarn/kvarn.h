@@ -58,8 +58,14 @@ int kvarn_vnni(void);
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim);
 int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim);
 
+/* Most balancing (Sinkhorn) iterations kvarn_quantize_tiles and kvarn_balance accept
+ * (SPEC's default is KVARN_SINKHORN_ITERS); more is KVARN_ERR_ARGUMENT, so that a bad
+ * value cannot stall a call for minutes. The Python layer uses the same bound. */
+#define KVARN_MAX_SINKHORN_ITERS 1000
+
 /* k, v: [n_tiles][group][head_dim] float32, original frame. records:
- * [n_tiles][record bytes]. On KVARN_ERR_OVERFLOW *bad_tile is the first bad tile. */
+ * [n_tiles][record bytes]. iters in [0, KVARN_MAX_SINKHORN_ITERS].
+ * On KVARN_ERR_OVERFLOW *bad_tile is the first bad tile. */
 int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_t kbits,
                          int32_t vbits, int32_t group, int32_t head_dim, int32_t iters,
                          uint8_t* records, int32_t num_threads, int64_t* bad_tile);
@@ -91,7 +97,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
                  int32_t num_q_heads, float scale, float* out, int32_t num_threads);
 
 /* The balancing scales of SPEC §3 for a rows x cols float32 matrix (row-major):
- * r[rows], c[cols]. For tests and inspection. */
+ * r[rows], c[cols]; rows, cols >= 2, iters in [0, KVARN_MAX_SINKHORN_ITERS]. For tests and inspection. */
 int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, float* r, float* c);
 
 /* Threads that num_threads <= 0 stands for. */

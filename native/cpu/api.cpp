@@ -296,7 +296,8 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
                          int32_t group, int32_t head_dim, int32_t iters, uint8_t* records, int32_t num_threads,
                          int64_t* bad_tile)
 {
-    if (!k || !v || !records || n_tiles < 0 || iters < 0 || !format_ok(kbits, vbits, group, head_dim))
+    if (!k || !v || !records || n_tiles < 0 || iters < 0 || iters > KVARN_MAX_SINKHORN_ITERS ||
+        !format_ok(kbits, vbits, group, head_dim))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;

@@ -107,6 +107,19 @@ int main()
     empty.head_dim = 16;
     CHECK(kvarn_attend(&empty, 1, x, 1, 1.f, x, 1) == KVARN_ERR_ARGUMENT);  // no tokens
     CHECK(kvarn_set_isa("sse9") == KVARN_ERR_ISA);
+    {
+        // iters is bounded like the Python layer's (KVARN_MAX_SINKHORN_ITERS): 2**31 - 1 used to run
+        // for minutes. The cap itself is accepted; one more is an argument error.
+        const int G = 64, D = 16;
+        std::vector<float> kk(G * D, 1.0f), vv(G * D, 1.0f), r(G), c(D);
+        for (int i = 0; i < G * D; ++i) kk[i] = vv[i] = (float)(i % 7) - 3.0f;
+        std::vector<uint8_t> rec(kvarn_layout(4, 2, G, D).total);
+        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 1, 4, 2, G, D, KVARN_MAX_SINKHORN_ITERS, rec.data(), 1,
+                                   nullptr) == KVARN_OK);
+        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 1, 4, 2, G, D, KVARN_MAX_SINKHORN_ITERS + 1, rec.data(), 1,
+                                   nullptr) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_balance(kk.data(), G, D, KVARN_MAX_SINKHORN_ITERS + 1, r.data(), c.data()) == KVARN_ERR_ARGUMENT);
+    }
     // A throwing pool item (helper or calling thread) is an error after all other items finished.
     for (int on_helper : {1, 0}) {
         if (on_helper && kvarn_default_threads() < 2) continue;  // one CPU: no helper thread runs items
