@@ -30,8 +30,11 @@ typedef enum kvarn_status {
 const char* kvarn_active_isa(void);
 /* 1 when the ISA is compiled in and this CPU and OS support it. */
 int kvarn_isa_available(const char* name);
+/* Switches the process-wide active ISA: KVARN_OK, or KVARN_ERR_ISA (active ISA unchanged). */
 int kvarn_set_isa(const char* name);
-/* Error text of the last failed kvarn_set_isa / forced KVARN_ISA (thread-unsafe, diagnostic only). */
+/* Error text of the last failed kvarn_set_isa / forced KVARN_ISA ("" after a successful
+ * kvarn_set_isa). Thread-safe: the text is the calling thread's copy, valid until that
+ * thread's next kvarn_isa_error call; do not free it. */
 const char* kvarn_isa_error(void);
 
 /* How the SIMD attention computes q.k on 4-bit keys and p.v on 2-bit values:

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "dispatch.h"
 #include "kvarn/kvarn.h"
@@ -114,8 +115,17 @@ bool known_name(const char* name)
 }
 
 std::atomic<const KernelTable*> g_active{nullptr};
+// The last ISA error. Guarded by g_error_mu: kvarn_set_isa may be called from several threads,
+// and kvarn_isa_error hands each reader its own copy (a pointer into g_error would dangle).
+std::mutex g_error_mu;
 std::string g_error;
 std::once_flag g_init;
+
+void set_error(std::string text)
+{
+    std::lock_guard<std::mutex> lk(g_error_mu);
+    g_error = std::move(text);
+}
 
 void initialise()
 {
@@ -126,8 +136,8 @@ void initialise()
             g_active = t;
             return;
         }
-        g_error = known_name(forced) ? std::string("KVARN_ISA=") + forced + " is not supported by this CPU/build"
-                                     : std::string("KVARN_ISA=") + forced + " is not a known ISA (scalar, avx2, avx512)";
+        set_error(known_name(forced) ? std::string("KVARN_ISA=") + forced + " is not supported by this CPU/build"
+                                     : std::string("KVARN_ISA=") + forced + " is not a known ISA (scalar, avx2, avx512)");
         g_active = nullptr;  // kvarn_active_isa reports the error; kernels refuse to run
         return;
     }
@@ -210,11 +220,11 @@ int kvarn_set_isa(const char* name)
     kvarn::active_kernels();  // run initialisation first so it cannot overwrite this choice
     const kvarn::KernelTable* t = kvarn::table_for(name);
     if (!t) {
-        kvarn::g_error = kvarn::known_name(name) ? std::string(name) + " is not supported by this CPU/build"
-                                                 : std::string(name ? name : "(null)") + " is not a known ISA";
+        kvarn::set_error(kvarn::known_name(name) ? std::string(name) + " is not supported by this CPU/build"
+                                                 : std::string(name ? name : "(null)") + " is not a known ISA");
         return KVARN_ERR_ISA;
     }
-    kvarn::g_error.clear();
+    kvarn::set_error(std::string());
     kvarn::g_active = t;
     return KVARN_OK;
 }
@@ -249,7 +259,12 @@ int kvarn_vnni(void)
 const char* kvarn_isa_error(void)
 {
     kvarn::active_kernels();
-    return kvarn::g_error.c_str();
+    thread_local std::string copy;  // this thread's snapshot: valid until its next call
+    {
+        std::lock_guard<std::mutex> lk(kvarn::g_error_mu);
+        copy = kvarn::g_error;
+    }
+    return copy.c_str();
 }
 
 }  // extern "C"

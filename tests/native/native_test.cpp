@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "kvarn/kvarn.h"
@@ -119,6 +121,28 @@ int main()
         CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 1, 4, 2, G, D, KVARN_MAX_SINKHORN_ITERS + 1, rec.data(), 1,
                                    nullptr) == KVARN_ERR_ARGUMENT);
         CHECK(kvarn_balance(kk.data(), G, D, KVARN_MAX_SINKHORN_ITERS + 1, r.data(), c.data()) == KVARN_ERR_ARGUMENT);
+    }
+    {
+        // kvarn_set_isa and kvarn_isa_error from several threads at once: the error text used to be
+        // a global std::string assigned without a lock: heap corruption / double free (seen in a C
+        // consumer; intermittent on a 2-core host), and a data race that a -fsanitize=thread build
+        // of this driver reports on every run.
+        auto setter = [](const char* name) {
+            for (int i = 0; i < 200000; ++i) kvarn_set_isa(name);
+        };
+        size_t total = 0;
+        std::thread a(setter, "a-long-unknown-isa-name-that-needs-the-heap"), b(setter, "b");
+        std::thread r([&total] {
+            for (int i = 0; i < 200000; ++i) total += std::strlen(kvarn_isa_error());
+        });
+        a.join();
+        b.join();
+        r.join();
+        CHECK(total > 0);
+        CHECK(std::string(kvarn_isa_error()).find("not a known ISA") != std::string::npos);
+        const std::string isa = kvarn_active_isa();
+        CHECK(kvarn_set_isa(isa.c_str()) == KVARN_OK);  // unchanged by the failed calls; clears the error
+        CHECK(kvarn_isa_error()[0] == '\0');
     }
     // A throwing pool item (helper or calling thread) is an error after all other items finished.
     for (int on_helper : {1, 0}) {
