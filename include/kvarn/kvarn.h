@@ -79,7 +79,15 @@ int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbit
 
 /* A read-only view of one sequence's cache. Full-precision parts are fp16
  * (IEEE binary16 bit patterns). Strides are in elements for fp16 arrays and
- * in bytes for records. Token order: sink, then tiles, then tail. */
+ * in bytes for records. Token order: sink, then tiles, then tail.
+ * KV head h, token t of the sink: sink_k + h * sink_head_stride + t * sink_row_stride
+ * (head_dim elements; the tail likewise); its record i: records + h * record_head_stride
+ * + i * record_tile_stride. Lengths >= 0, not all 0. A part of length 0 is not read (its
+ * pointers may be NULL); otherwise its pointers are non-NULL, its strides non-negative,
+ * row strides >= head_dim, record_tile_stride >= the record size (kvarn_layout().total),
+ * kbits/vbits/group a supported format, and the bytes it spans fit in PTRDIFF_MAX;
+ * anything else is KVARN_ERR_ARGUMENT. The tail is normally shorter than a tile, but
+ * any length is attended correctly. */
 typedef struct kvarn_cache_view {
     int32_t num_kv_heads, head_dim, group, kbits, vbits;
     const uint16_t* sink_k;

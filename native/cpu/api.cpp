@@ -40,6 +40,33 @@ bool format_ok(int kbits, int vbits, int group, int head_dim)
            kvarn_head_dim_supported(head_dim);
 }
 
+// Whether n elements of `each` bytes fit in one object (at most PTRDIFF_MAX bytes). A larger
+// count cannot describe a real buffer, and the index arithmetic over it would overflow.
+bool fits(int64_t n, uint64_t each)
+{
+    return n >= 0 && (each == 0 || (uint64_t)n <= (uint64_t)PTRDIFF_MAX / each);
+}
+
+// Whether the bytes a strided part of a cache view spans, from its base pointer, fit in one
+// object: heads [0, heads) at head_stride, rows [0, len) at row_stride, each row `row` units,
+// all in units of `unit` bytes. Strides must be non-negative. len > 0, heads > 0.
+bool span_fits(int64_t heads, int64_t head_stride, int64_t len, int64_t row_stride, int64_t row, int64_t unit)
+{
+    if (head_stride < 0 || row_stride < 0) return false;
+    int64_t a, b, end, bytes;
+    return !__builtin_mul_overflow(heads - 1, head_stride, &a) && !__builtin_mul_overflow(len - 1, row_stride, &b) &&
+           !__builtin_add_overflow(a, b, &end) && !__builtin_add_overflow(end, row, &end) &&
+           !__builtin_mul_overflow(end, unit, &bytes) && bytes <= (int64_t)PTRDIFF_MAX;
+}
+
+// n_tiles tiles of k, v (float32) and of records fit in memory (format already checked).
+bool tiles_fit(int64_t n_tiles, int kbits, int vbits, int group, int head_dim)
+{
+    const uint64_t tile = (uint64_t)group * (uint64_t)head_dim * sizeof(float);
+    const uint64_t rec = kvarn_layout(kbits, vbits, group, head_dim).total;
+    return fits(n_tiles, std::max(tile, rec));
+}
+
 int resolve_threads(int32_t requested)
 {
     return requested > 0 ? requested : kvarn_default_threads();
@@ -278,7 +305,8 @@ int32_t kvarn_default_threads(void)
 
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
 {
-    if (!x || rows < 0 || !kvarn_head_dim_supported(head_dim)) return KVARN_ERR_ARGUMENT;
+    if (!x || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(float)))
+        return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
     kt->hadamard_f32(x, rows, head_dim);
@@ -287,7 +315,8 @@ int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
 
 int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim)
 {
-    if (!x || rows < 0 || !kvarn_head_dim_supported(head_dim)) return KVARN_ERR_ARGUMENT;
+    if (!x || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(double)))
+        return KVARN_ERR_ARGUMENT;
     kvarn::hadamard_f64_rows(x, rows, head_dim);
     return KVARN_OK;
 }
@@ -297,7 +326,7 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
                          int64_t* bad_tile)
 {
     if (!k || !v || !records || n_tiles < 0 || iters < 0 || iters > KVARN_MAX_SINKHORN_ITERS ||
-        !format_ok(kbits, vbits, group, head_dim))
+        !format_ok(kbits, vbits, group, head_dim) || !tiles_fit(n_tiles, kbits, vbits, group, head_dim))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
@@ -328,7 +357,8 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
 int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbits, int32_t vbits, int32_t group,
                            int32_t head_dim, float* k, float* v)
 {
-    if (!records || !k || !v || n_tiles < 0 || !format_ok(kbits, vbits, group, head_dim))
+    if (!records || !k || !v || n_tiles < 0 || !format_ok(kbits, vbits, group, head_dim) ||
+        !tiles_fit(n_tiles, kbits, vbits, group, head_dim))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
@@ -369,10 +399,22 @@ static bool view_ok(const kvarn_cache_view& c, int32_t num_q_heads)
     if (c.num_kv_heads <= 0 || num_q_heads % c.num_kv_heads != 0) return false;
     if (!kvarn_head_dim_supported(c.head_dim)) return false;
     if (c.sink_len < 0 || c.num_tiles < 0 || c.tail_len < 0) return false;
+    const int64_t Hk = c.num_kv_heads, D = c.head_dim;
+    if (c.sink_len > 0 && (!c.sink_k || !c.sink_v || c.sink_row_stride < D ||
+                           !span_fits(Hk, c.sink_head_stride, c.sink_len, c.sink_row_stride, D, 2)))
+        return false;
+    if (c.tail_len > 0 && (!c.tail_k || !c.tail_v || c.tail_row_stride < D ||
+                           !span_fits(Hk, c.tail_head_stride, c.tail_len, c.tail_row_stride, D, 2)))
+        return false;
+    if (c.num_tiles > 0) {
+        if (!c.records || !format_ok(c.kbits, c.vbits, c.group, c.head_dim)) return false;
+        const int64_t rec = (int64_t)kvarn_layout(c.kbits, c.vbits, c.group, c.head_dim).total;
+        if (c.record_tile_stride < rec ||
+            !span_fits(Hk, c.record_head_stride, c.num_tiles, c.record_tile_stride, rec, 1))
+            return false;
+    }
+    // Each length is now below PTRDIFF_MAX / 2: the sum cannot overflow.
     if (c.sink_len + c.num_tiles + c.tail_len == 0) return false;
-    if (c.sink_len > 0 && (!c.sink_k || !c.sink_v || c.sink_row_stride < c.head_dim)) return false;
-    if (c.tail_len > 0 && (!c.tail_k || !c.tail_v || c.tail_row_stride < c.head_dim)) return false;
-    if (c.num_tiles > 0 && (!c.records || !format_ok(c.kbits, c.vbits, c.group, c.head_dim))) return false;
     return true;
 }
 
@@ -382,6 +424,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
     if (!caches || !q || !out || batch <= 0 || num_q_heads <= 0 || !std::isfinite(scale))
         return KVARN_ERR_ARGUMENT;
     const int D = caches[0].head_dim;
+    if (!fits(batch, (uint64_t)num_q_heads * (uint64_t)(D > 0 ? D : 0) * sizeof(float))) return KVARN_ERR_ARGUMENT;
     for (int32_t b = 0; b < batch; ++b)
         if (!view_ok(caches[b], num_q_heads) || caches[b].head_dim != D ||
             caches[b].num_kv_heads != caches[0].num_kv_heads)

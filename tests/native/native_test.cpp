@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -143,6 +144,55 @@ int main()
         const std::string isa = kvarn_active_isa();
         CHECK(kvarn_set_isa(isa.c_str()) == KVARN_OK);  // unchanged by the failed calls; clears the error
         CHECK(kvarn_isa_error()[0] == '\0');
+    }
+    {
+        // Sizes whose byte counts overflow int64/size_t (no buffer can be that large) are argument
+        // errors. They used to wrap: quantize of 2**62 tiles ran 2*n_tiles < 0 items and returned OK
+        // without writing; hadamard of INT64_MAX rows returned OK; dequantize of INT64_MAX tiles,
+        // attend with sink_len INT64_MAX and balance of INT32_MAX x INT32_MAX ran off their buffers.
+        float buf[64 * 16] = {0};
+        uint8_t rec[4096] = {0};
+        const int64_t huge = std::numeric_limits<int64_t>::max();
+        CHECK(kvarn_quantize_tiles(buf, buf, int64_t(1) << 62, 4, 2, 64, 16, 8, rec, 1, nullptr) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_quantize_tiles(buf, buf, huge, 4, 2, 64, 16, 8, rec, 1, nullptr) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_hadamard_f32(buf, huge, 16) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_hadamard_f32(buf, huge / 16, 16) == KVARN_ERR_ARGUMENT);  // rows * 16 fits, the bytes do not
+        // Views: strides must be non-negative, record_tile_stride at least a record, spans must fit.
+        std::vector<uint16_t> half(4 * 16, 0);
+        kvarn_cache_view c{};
+        c.num_kv_heads = 2;
+        c.head_dim = 16;
+        c.sink_k = c.sink_v = half.data();
+        c.sink_len = 2;
+        c.sink_head_stride = 2 * 16;
+        c.sink_row_stride = 16;
+        float qq[4 * 16] = {0}, oo[4 * 16];
+        CHECK(kvarn_attend(&c, 1, qq, 4, 1.f, oo, 1) == KVARN_OK);
+        c.sink_head_stride = -2 * 16;
+        CHECK(kvarn_attend(&c, 1, qq, 4, 1.f, oo, 1) == KVARN_ERR_ARGUMENT);
+        c.sink_head_stride = huge / 2;  // (Hk - 1) * head_stride elements of 2 bytes: past PTRDIFF_MAX
+        CHECK(kvarn_attend(&c, 1, qq, 4, 1.f, oo, 1) == KVARN_ERR_ARGUMENT);
+        c.sink_head_stride = 2 * 16;
+        c.records = rec;
+        c.num_tiles = 2;
+        c.kbits = 4;
+        c.vbits = 2;
+        c.group = 64;
+        c.record_head_stride = 0;
+        c.record_tile_stride = (int64_t)kvarn_layout(4, 2, 64, 16).total - 1;  // records would overlap
+        CHECK(kvarn_attend(&c, 1, qq, 4, 1.f, oo, 1) == KVARN_ERR_ARGUMENT);
+        c.num_tiles = 0;
+        c.sink_len = huge;
+        CHECK(kvarn_attend(&c, 1, qq, 4, 1.f, oo, 1) == KVARN_ERR_ARGUMENT);
+        c.sink_len = 2;
+        c.tail_k = c.tail_v = half.data();
+        c.tail_len = huge / 8;
+        c.tail_row_stride = 16;
+        CHECK(kvarn_attend(&c, 1, qq, 4, 1.f, oo, 1) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_dequantize_tiles(rec, huge, 4, 2, 64, 16, buf, buf) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_hadamard_f64(reinterpret_cast<double*>(buf), huge / 32, 16) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_balance(buf, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::max(), 1, buf,
+                            buf) == KVARN_ERR_ARGUMENT);
     }
     // A throwing pool item (helper or calling thread) is an error after all other items finished.
     for (int on_helper : {1, 0}) {
