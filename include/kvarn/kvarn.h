@@ -1,8 +1,27 @@
 /*
- * kvarn C ABI: what the Python wrappers (and any other host) call.
- * Every function returns a kvarn_status; none aborts on bad arguments.
+ * kvarn C ABI: what the Python wrappers (and any other host) call. C99 or later, or C++.
+ * The int-returning kernel and setter functions return a kvarn_status; the queries
+ * (kvarn_isa_available, kvarn_score_mode, kvarn_cpu_has_*, kvarn_vnni) return their
+ * value, kvarn_active_isa a static string. None aborts on bad arguments; a call that
+ * returns KVARN_ERR_ARGUMENT or KVARN_ERR_ISA has written no output buffer.
  * Shapes are checked in Python first; the checks here are a second line of
- * defence so that native code never crashes its host.
+ * defence so that native code never crashes its host. The library cannot know a
+ * buffer's size: every buffer must hold what its shape says.
+ *
+ * Buffers: all caller-owned; the library keeps no pointer after a call returns.
+ * Alignment: float arrays 4 bytes, fp16 arrays 2 bytes, and every record (records
+ * pointer and record strides) 2 bytes (the scalar kernels store fp16 fields in
+ * place); no wider alignment is needed. Outputs must not overlap any input or
+ * each other, except kvarn_hadamard_*, which work in place.
+ *
+ * Threads: kernel calls (hadamard, quantize, dequantize, attend, balance) may run
+ * concurrently from any number of threads; they share one internal thread pool,
+ * and a call that finds it busy runs its work on the calling thread. The settings
+ * (kvarn_set_isa, kvarn_set_score_mode, kvarn_set_vnni) are process-wide and
+ * thread-safe, but a call in flight on another thread may run part of its work
+ * under the old setting and part under the new (results within the modes'
+ * tolerance): change them when no kernel call is running. After fork() the child
+ * gets a fresh thread pool.
  */
 #ifndef KVARN_KVARN_H
 #define KVARN_KVARN_H
@@ -21,12 +40,14 @@ typedef enum kvarn_status {
     KVARN_ERR_ARGUMENT = 1,    /* a size, pointer or format is invalid */
     KVARN_ERR_OVERFLOW = 2,    /* a folded fp16 scale would be inf/NaN */
     KVARN_ERR_ISA = 3,         /* unknown or unsupported ISA name */
-    KVARN_ERR_INTERNAL = 4     /* allocation failure or other C++ exception */
+    KVARN_ERR_INTERNAL = 4     /* allocation failure or other C++ exception; outputs undefined */
 } kvarn_status;
 
 /* ---- ISA dispatch ---------------------------------------------------------- */
 /* Names: "scalar", "avx2", "avx512". The active ISA is chosen once at first use
- * (cpuid + XGETBV), or from the environment variable KVARN_ISA. */
+ * (cpuid + XGETBV), or from the environment variable KVARN_ISA. When KVARN_ISA names
+ * an ISA that cannot run, kvarn_active_isa returns "none", kernel calls return
+ * KVARN_ERR_ISA and kvarn_isa_error says why, until a kvarn_set_isa succeeds. */
 const char* kvarn_active_isa(void);
 /* 1 when the ISA is compiled in and this CPU and OS support it. */
 int kvarn_isa_available(const char* name);
@@ -58,6 +79,7 @@ void kvarn_set_vnni(int32_t on);
 int kvarn_vnni(void);
 
 /* ---- Kernels ----------------------------------------------------------------- */
+/* In place, x [rows][head_dim]: the orthonormal block Hadamard (its own inverse). */
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim);
 int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim);
 
@@ -67,8 +89,10 @@ int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim);
 #define KVARN_MAX_SINKHORN_ITERS 1000
 
 /* k, v: [n_tiles][group][head_dim] float32, original frame. records:
- * [n_tiles][record bytes]. iters in [0, KVARN_MAX_SINKHORN_ITERS].
- * On KVARN_ERR_OVERFLOW *bad_tile is the first bad tile. */
+ * [n_tiles][record bytes] (kvarn_layout().total each). iters in [0,
+ * KVARN_MAX_SINKHORN_ITERS]. num_threads <= 0: all cores. bad_tile may be NULL.
+ * On KVARN_ERR_OVERFLOW (a tile too large for fp16 scales) *bad_tile is the first bad
+ * tile and the records are not usable; the other tiles' records are written. */
 int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_t kbits,
                          int32_t vbits, int32_t group, int32_t head_dim, int32_t iters,
                          uint8_t* records, int32_t num_threads, int64_t* bad_tile);
@@ -102,7 +126,9 @@ typedef struct kvarn_cache_view {
 
 /* Decode attention for `batch` sequences: q [batch][num_q_heads][head_dim]
  * float32, out the same shape. Query head h uses KV head h / (num_q_heads /
- * num_kv_heads). scale multiplies q.k. num_threads <= 0: all cores.
+ * num_kv_heads); num_q_heads must be a multiple of num_kv_heads, and every view of
+ * the batch must have the same num_kv_heads and head_dim. scale (finite) multiplies
+ * q.k. num_threads <= 0: all cores.
  * KVARN_ERR_OVERFLOW: some output is not finite (float32 overflow; out is written). */
 int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
                  int32_t num_q_heads, float scale, float* out, int32_t num_threads);
