@@ -1,0 +1,103 @@
+"""Packaging: what pyproject.toml and CMakeLists.txt promise, and what the installed kvarn holds.
+
+Fast and offline: no build, no network. The CMake checks only configure (about a second each)
+and skip where cmake is not on PATH; the installed-artifact checks skip when kvarn is imported
+from the source tree (editable install or PYTHONPATH=src) rather than from a wheel.
+"""
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import kvarn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG_DIR = os.path.dirname(os.path.abspath(kvarn.__file__))
+FROM_SOURCE = os.path.commonpath([PKG_DIR, ROOT]) == ROOT  # src/kvarn, not site-packages
+
+
+def pyproject():
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        tomllib = pytest.importorskip("tomli")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def test_license_file_exists_and_is_declared():
+    # Apache-2.0 requires handing a copy of the licence to recipients: the sdist and the wheel
+    # must carry it, and the metadata must name it (PEP 639, scikit-build-core >= 0.11).
+    with open(os.path.join(ROOT, "LICENSE"), encoding="utf-8") as f:
+        text = f.read()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    project = pyproject()["project"]
+    assert project["license"] == "Apache-2.0"
+    assert "LICENSE" in project["license-files"]
+    assert not any(c.startswith("License ::") for c in project.get("classifiers", []))  # PEP 639 forbids both
+    requires = pyproject()["build-system"]["requires"]
+    skb = [r for r in requires if r.startswith("scikit-build-core")]
+    assert skb and re.search(r">=\s*0\.(1[1-9]|[2-9]\d)|>=\s*[1-9]", skb[0]), skb  # 0.10 rejects a string licence
+
+
+def test_numpy_lower_bound():
+    # numpy 1.22 cannot .view() a column slice of the uint8 records as float16 ("the array must be
+    # C-contiguous"; numpy 1.23 relaxed it): Tile.fields/from_records/to_bytes and
+    # KVCache.from_parts fail there (37 tests on Python 3.9 + numpy 1.22.0; all pass on 1.23.0).
+    deps = pyproject()["project"]["dependencies"]
+    numpy = [d for d in deps if re.match(r"numpy\b", d)]
+    assert numpy, deps
+    m = re.search(r">=\s*(\d+)\.(\d+)", numpy[0])
+    assert m and (int(m.group(1)), int(m.group(2))) >= (1, 23), numpy[0]
+
+
+def test_version_is_the_same_everywhere():
+    assert pyproject()["project"]["version"] == kvarn.__version__
+    if not FROM_SOURCE:
+        assert importlib.metadata.version("kvarn") == kvarn.__version__
+
+
+@pytest.mark.skipif(FROM_SOURCE, reason="kvarn is imported from the source tree, not an installed wheel")
+def test_installed_wheel_holds_what_runs_and_nothing_to_build_it():
+    names = set(os.listdir(PKG_DIR))
+    assert any(n.startswith("_native.") and n.endswith((".so", ".pyd")) for n in names), names
+    assert os.path.isfile(os.path.join(PKG_DIR, "data", "smollm2_verne_sample.npz"))
+    stray = sorted(n for n in names if n == "CMakeLists.txt" or n.endswith((".pyx", ".pxd", ".cpp", ".o", ".a")))
+    assert not stray, f"build inputs in the installed package: {stray}"
+    meta = importlib.metadata.metadata("kvarn")
+    assert meta["License-Expression"] == "Apache-2.0"
+    files = [str(p) for p in importlib.metadata.files("kvarn") or []]
+    assert any(p.endswith("licenses/LICENSE") for p in files), files
+
+
+def test_import_kvarn_does_not_import_torch():
+    code = "import sys, kvarn; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def _configure(tmp_path, value):
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        pytest.skip("cmake is not on PATH")
+    r = subprocess.run([cmake, "-S", ROOT, "-B", str(tmp_path / "b"), f"-DKVARN_CUDA={value}"],
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_cmake_rejects_an_unknown_kvarn_cuda_value(tmp_path):
+    # Used to be read as a boolean: any typo (or "auto" in lower case) meant ON, and failed
+    # with CMake's own "Failed to find nvcc" on a machine without CUDA instead of skipping.
+    rc, out = _configure(tmp_path, "AUOT")
+    assert rc != 0 and "expected ON, OFF or AUTO" in out, out[-2000:]
+
+
+def test_cmake_kvarn_cuda_is_case_insensitive(tmp_path):
+    rc, out = _configure(tmp_path, "off")
+    assert rc == 0, out[-2000:]
+    assert "kvarn: CUDA module OFF" in out
