@@ -17,7 +17,7 @@ import kvarn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG_DIR = os.path.dirname(os.path.abspath(kvarn.__file__))
-FROM_SOURCE = os.path.commonpath([PKG_DIR, ROOT]) == ROOT  # src/kvarn, not site-packages
+FROM_SOURCE = os.path.realpath(PKG_DIR) == os.path.realpath(os.path.join(ROOT, "src", "kvarn"))  # not site-packages
 
 
 def pyproject():
