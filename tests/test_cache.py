@@ -475,20 +475,75 @@ def test_huge_int_scale_is_a_named_value_error(rng):
             kvarn.attend_batch(q[None], [cache], scale)
 
 
-def test_imported_records_that_overflow_attention_raise_not_nan(rng):
-    """Finite fp16 scales can decode to keys far beyond the 2**17 the q guard assumes (ka = kz = kt =
-    60000: |k| ~ 1e11); attend must raise, naming q and the cache, rather than return NaN."""
+def _huge_key_parts(rng):
+    """A cache's parts whose records have every key scale at 60000: finite, kt > 0, yet the keys
+    decode to |k| ~ 1e11, far beyond the norms the query check assumes."""
     good, _, _ = filled(rng, 2, 64, 600)
     parts = good.to_parts()
     L = kvarn._native.record_layout(4, 2, 128, 64)
     for field, end in (("ka", "kz"), ("kz", "kt"), ("kt", "v_codes")):
         parts["records"][..., L[field] : L[end]].view(np.float16)[...] = 60000
-    bad = kvarn.KVCache.from_parts(**parts)  # every scale finite and kt > 0: accepted
+    return good, parts
+
+
+def test_from_parts_rejects_records_decoding_to_keys_appends_cannot_make(rng):
+    good, parts = _huge_key_parts(rng)
+    with pytest.raises(ValueError, match=r"^records: tile 0, kv head 0 decodes to keys of L2 norm .* beyond the"):
+        kvarn.KVCache.from_parts(**parts)
+    # One record of a later tile and head: named as such.
+    parts = good.to_parts()
+    L = kvarn._native.record_layout(4, 2, 128, 64)
+    parts["records"][2, 1, L["kt"] : L["v_codes"]].view(np.float16)[...] = 60000
+    with pytest.raises(ValueError, match=r"^records: tile 2, kv head 1 decodes"):
+        kvarn.KVCache.from_parts(**parts)
+    kvarn.KVCache.from_parts(**good.to_parts())  # an append-built cache's own records pass
+    # Scales whose bound (max code * ka + kz, max kt) exceeds the limit while the codes decode to
+    # zero keys: decoded, and accepted.
+    parts = good.to_parts()
+    rec = parts["records"][1, 0]
+    rec[L["k_codes"] : L["ka"]] = 0
+    rec[L["ka"] : L["kz"]].view(np.float16)[...] = 60000
+    rec[L["kz"] : L["kt"]].view(np.float16)[...] = 0
+    rec[L["kt"] : L["v_codes"]].view(np.float16)[...] = 60000
+    kvarn.KVCache.from_parts(**parts)
+    rec[L["k_codes"]] = 1  # channel 0, token 0 now decodes to 60000 * 60000
+    with pytest.raises(ValueError, match=r"^records: tile 1, kv head 0 decodes to keys of L2 norm 3.6e\+09"):
+        kvarn.KVCache.from_parts(**parts)
+
+
+def test_adversarial_appends_stay_within_the_imported_key_bound(rng):
+    """The bound from_parts enforces holds for what appends make of extreme fp16 inputs (measured:
+    at most 0.53 of it, for +-65504 signs), so a to_parts / from_parts round trip never fails on it."""
+    for d in (16, 64, 256):
+        signs = np.sign(rng.standard_normal((1, 256, d))).astype(np.float32)
+        for k in (signs * 65504, rng.uniform(-65504, 65504, (1, 256, d)).astype(np.float32)):
+            cache = kvarn.KVCache(1, d, sink_tokens=0)
+            cache.append(k, signs)
+            norms = np.linalg.norm(cache.dequantize()[0].astype(np.float64), axis=-1)
+            assert norms.max() <= 0.6 * np.sqrt(d) * 2**17
+            kvarn.KVCache.from_parts(**cache.to_parts())
+
+
+def test_records_view_is_read_only(rng):
+    cache, _, _ = filled(rng, 2, 64, 600)
+    before = _state(cache)
+    with pytest.raises(ValueError, match="read-only"):
+        cache.records[0, 0, 0] = 255
+    assert _state(cache) == before
+
+
+def test_attention_that_overflows_anyway_raises_not_nan(rng):
+    """The native merge's finite check, behind the query and import checks: records with huge keys
+    put in place privately (from_parts refuses them) make attend raise, naming q and the cache."""
+    good, parts = _huge_key_parts(rng)
+    bad = good.copy()
+    sink_k, sink_v, _, num_tiles, tail_k, tail_v, tail_len = bad._state
+    bad._publish(sink_k, sink_v, parts["records"], num_tiles, tail_k, tail_v, tail_len)
     before = _state(bad)
     q = np.ones((2, 64), np.float32)
-    with pytest.raises(ValueError, match=r"^q: the attention scores or outputs overflowed float32 .* and cache "):
+    with pytest.raises(ValueError, match=r"^q: the attention scores or outputs overflowed float32 .* and cache; "):
         kvarn.attend(q, bad, scale=1e28)
-    with pytest.raises(ValueError, match=r"overflowed float32 for these queries and caches\[1\] \("):  # only the bad one
+    with pytest.raises(ValueError, match=r"overflowed float32 for these queries and caches\[1\]; "):  # only the bad one
         kvarn.attend_batch(np.stack([q, q]), [good, bad], scale=1e28)
     assert _state(bad) == before
     # The same queries over a cache built by append are fine, and so are modest ones over the import.
@@ -826,6 +881,94 @@ def test_truncate_leaves_copies_and_earlier_snapshots_alone(rng):
     cache.append(k[:, 300:600] * 2, v[:, 300:600] * 2)  # new records where the dropped ones were
     np.testing.assert_array_equal(old_parts["records"][: old_parts["num_tiles"]], old_records)
     assert _state(other) == before
+
+
+# ---- checkpoint / rollback ---------------------------------------------------------------------
+POOL = 700  # tokens a history draws from
+
+
+@given(st.lists(st.tuples(st.sampled_from(["append", "checkpoint", "rollback", "truncate"]), st.integers(0, 2**16)),
+                min_size=1, max_size=12),
+       st.sampled_from(["fill", "next"]), st.integers(0, 2**32 - 1))
+def test_rollback_returns_exactly_to_the_checkpoint(ops, quantize_on, seed):
+    """Random appends / truncates / checkpoints / rollbacks: after every step the cache equals, byte
+    for byte, a fresh cache that got its token history in one append. A rollback returns to the
+    checkpoint's history (across tiles quantised since) and makes every other checkpoint stale."""
+    rng = np.random.default_rng(seed)
+    k = kv_like(rng, (2, POOL, 64))
+    v = rng.standard_normal((2, POOL, 64)).astype(np.float32)
+
+    def fresh(history):
+        c = kvarn.KVCache(2, 64, sink_tokens=64, quantize_on=quantize_on)
+        c.append(k[:, history], v[:, history])
+        return c
+
+    cache = kvarn.KVCache(2, 64, sink_tokens=64, quantize_on=quantize_on)
+    history, checkpoints = [], []  # checkpoints: [checkpoint, its history, live?]
+    for op, x in ops:
+        if op == "append":
+            n = x % 200 + 1
+            start = x % (POOL - n)
+            cache.append(k[:, start : start + n], v[:, start : start + n])
+            history = history + list(range(start, start + n))
+        elif op == "checkpoint":
+            checkpoints.append([cache.checkpoint(), history, True])
+        elif op == "truncate" and history:  # the documented recipe: cut at the point, re-append the rest
+            length = x % (len(history) + 1)
+            point = cache.truncation_point(length)
+            cache.truncate(point)
+            cache.append(k[:, history[point:length]], v[:, history[point:length]])
+            history = history[:length]
+        elif op == "rollback" and checkpoints:
+            entry = checkpoints[x % len(checkpoints)]
+            if entry[2]:
+                cache.rollback(entry[0])
+                history = entry[1]
+                for other in checkpoints:
+                    other[2] = other is entry
+            else:
+                before = _state(cache)
+                with pytest.raises(ValueError, match="checkpoint: stale"):
+                    cache.rollback(entry[0])
+                assert _state(cache) == before
+        assert len(cache) == len(history)
+        assert _state(cache) == _state(fresh(history))
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    if history:
+        np.testing.assert_array_equal(kvarn.attend(q, cache), kvarn.attend(q, fresh(history)))
+
+
+def test_rollback_across_a_quantised_tile_keeps_readers_snapshots(rng):
+    cache, k, v = filled(rng, 2, 64, 250)  # sink 128, tail 122
+    point = cache.checkpoint()
+    assert len(point) == 250
+    old_parts = cache._native_parts()  # what an attend in flight would be reading
+    old_tail = old_parts["tail_k"][:, : old_parts["tail_len"]].copy()
+    cache.append(k[:, :10] * 2, v[:, :10] * 2)  # completes a tile: it is quantised
+    assert cache.num_tiles == 1
+    later = cache.checkpoint()
+    cache.rollback(point)
+    assert (cache.num_tiles, cache.tail_len) == (0, 122)
+    before = _state(cache)
+    with pytest.raises(ValueError, match="checkpoint: stale"):  # appends from here may overwrite it
+        cache.rollback(later)
+    assert _state(cache) == before
+    np.testing.assert_array_equal(old_parts["tail_k"][:, : old_parts["tail_len"]], old_tail)
+    cache.rollback(point)  # the checkpoint rolled back to stays usable
+    assert len(cache) == 250
+
+
+def test_rollback_rejects_foreign_and_non_checkpoints(rng):
+    cache, _, _ = filled(rng, 2, 64, 200)
+    other = cache.copy()
+    before = _state(cache)
+    with pytest.raises(ValueError, match="checkpoint: taken from another cache"):
+        cache.rollback(other.checkpoint())
+    with pytest.raises(ValueError, match="checkpoint: taken from another cache"):
+        other.rollback(cache.checkpoint())
+    with pytest.raises(TypeError, match="checkpoint: expected a KVCache.checkpoint"):
+        cache.rollback(cache._state)
+    assert _state(cache) == before
 
 
 # ---- to_parts / from_parts ------------------------------------------------------------------

@@ -188,12 +188,16 @@ def active_isa() -> str:
     return _native.active_isa()
 
 
+def check_choice(value, argname: str, choices: tuple, what: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{argname}: expected a str, one of {list(choices)}; got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{argname}: unknown {what} {value!r}; choose one of {list(choices)}")
+
+
 def set_isa(name: str) -> None:
     """Selects the kernels used from now on (overrides KVARN_ISA)."""
-    if not isinstance(name, str):
-        raise TypeError(f"name: expected a str, one of {list(ISAS)}; got {type(name).__name__}")
-    if name not in ISAS:
-        raise ValueError(f"name: unknown ISA {name!r}; choose one of {list(ISAS)}")
+    check_choice(name, "name", ISAS, "ISA")
     if _native.set_isa(name) != _native.OK:
         raise ValueError(f"name: ISA {name!r} is not available here ({_native.isa_error()})")
 
@@ -208,10 +212,7 @@ def set_score_mode(mode: str) -> None:
     float64 up to reassociation) or "int8" (~4e-2; AVX-512 VNNI only, elsewhere it runs as
     int16). The scalar kernels always run float; score_mode() says what the active kernels
     run. Also: KVARN_SCORES."""
-    if not isinstance(mode, str):
-        raise TypeError(f"mode: expected a str, one of {list(SCORE_MODES)}; got {type(mode).__name__}")
-    if mode not in SCORE_MODES:
-        raise ValueError(f"mode: unknown score mode {mode!r}; choose one of {list(SCORE_MODES)}")
+    check_choice(mode, "mode", SCORE_MODES, "score mode")
     if _native.set_score_mode(mode) != _native.OK:
         need = "AVX-512 VNNI" if mode == "int8" else "AVX2"
         raise ValueError(f"mode: {mode!r} needs {need}, which this CPU/build lacks")
@@ -412,15 +413,13 @@ def run_attend(q, caches, scale: float, num_threads, names) -> np.ndarray:
         if p["sink_len"] + p["num_tiles"] + p["tail_len"] == 0:  # emptied (truncated) by another thread
             raise ValueError(f"{name}: the cache is empty; append tokens before attending")
     rc = _native.attend(parts, q32, scale, out, resolve_threads(num_threads))
-    # check_queries bounds q * scale for keys below 2**17, which append guarantees; records from
-    # elsewhere (from_parts) are checked only to be finite and can decode to larger keys or values.
-    # The native call reports a non-finite output (its merge checks each row: free, where a numpy scan
-    # cost 3-10 % of a decode call).
+    # check_queries bounds q * scale for the key norms that append and from_parts guarantee, so this
+    # is a second line of defence: the native call reports a non-finite output (its merge checks each
+    # row: free, where a numpy scan cost 3-10 % of a decode call).
     if rc == _native.ERR_OVERFLOW:
         bad = [name for name, o in zip(names, out) if not np.isfinite(o).all()]
         raise ValueError(
-            f"q: the attention scores or outputs overflowed float32 for these queries and {', '.join(bad)} "
-            "(records imported through from_parts can decode to keys or values too large for them); "
+            f"q: the attention scores or outputs overflowed float32 for these queries and {', '.join(bad)}; "
             "scale the queries down"
         )
     check_status(rc, "attend")

@@ -71,6 +71,7 @@ class KVCache:
             np.zeros((H, G, D), np.float16), np.zeros((H, G, D), np.float16),  # tail [H, G, D]
             0,
         )
+        self._rollbacks = 0  # counts rollback() calls: a checkpoint from before the last one is stale
         # Serialises appends (the native quantiser runs without the GIL). attend() needs no lock:
         # it reads a snapshot, and append only writes records past that snapshot's tile count.
         self._append_lock = threading.Lock()
@@ -134,9 +135,12 @@ class KVCache:
 
     @property
     def records(self) -> np.ndarray:
-        """The quantised tiles' records, uint8 [num_tiles, num_kv_heads, record_bytes] (a view)."""
+        """The quantised tiles' records, uint8 [num_tiles, num_kv_heads, record_bytes] (a read-only
+        view: attention trusts what append or from_parts checked)."""
         state = self._state
-        return state[2][: state[3]]
+        view = state[2][: state[3]]
+        view.flags.writeable = False
+        return view
 
     # ---- append --------------------------------------------------------------
     def append(self, k, v, *, num_threads=None) -> None:
@@ -275,6 +279,32 @@ class KVCache:
             self._publish(sink_k[:, :kept_sink].copy(), sink_v[:, :kept_sink].copy(), records, tiles,
                           new_tail_k, new_tail_v, left)
 
+    # ---- checkpoint / rollback ----------------------------------------------------
+    def checkpoint(self) -> "Checkpoint":
+        """The cache's current content, to return to with ``rollback`` — e.g. before appending a
+        speculative decoder's draft tokens, or several rows' tokens that must land together.
+        Unlike ``truncate`` it returns exactly, also across tiles quantised since (no re-append).
+        Costs no copy: appends and truncates never write inside an earlier state (they write past
+        it or into new buffers), so the checkpoint stays valid through them; a rollback makes
+        every other checkpoint of this cache stale (later appends may overwrite what they hold)."""
+        return Checkpoint(self, self._state, self._rollbacks)
+
+    def rollback(self, checkpoint: "Checkpoint") -> None:
+        """Returns the cache to ``checkpoint`` (taken from this cache with ``checkpoint()``); the
+        checkpoint stays usable, every other one of this cache becomes stale. A checkpoint of
+        another cache or a stale one raises ValueError and leaves the cache as it was."""
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"checkpoint: expected a KVCache.checkpoint() result, got {type(checkpoint).__name__}")
+        with self._append_lock:
+            if checkpoint._cache is not self:
+                raise ValueError("checkpoint: taken from another cache")
+            if checkpoint._rollbacks != self._rollbacks:
+                raise ValueError("checkpoint: stale (this cache was rolled back to another checkpoint since it "
+                                 "was taken, and appends after that may have overwritten its content)")
+            self._rollbacks += 1
+            checkpoint._rollbacks = self._rollbacks
+            self._publish(*checkpoint._state)
+
     def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
         # from self._state and never see new records with an old count or the reverse.
@@ -304,9 +334,9 @@ class KVCache:
         sink and tail [Hk, n, D] float (stored as float16), records uint8 [tiles, Hk, record_bytes].
         Checks shapes, that the parts fit together as appends would have left them (the sink full
         before any tile or tail token, the tail shorter than a tile — or at most one with
-        quantize_on="next") and that every record's scales are finite. Records from elsewhere are
-        trusted only that far: attend checks its output and raises if such records decode to keys
-        or values that overflow float32 for the queries given."""
+        quantize_on="next"), that every record's scales are finite and that its keys decode to
+        no larger norms than appends produce (what attention's query check relies on, on the CPU and
+        the GPU)."""
         from .tile import Tile
 
         sink_k = as_float_array(sink_k, "sink_k", ndim=3, fp16_range=True)
@@ -346,6 +376,7 @@ class KVCache:
             raise ValueError(f"tail_k: {tail_len} tokens; the tail holds at most {max_tail} (quantize_on={quantize_on!r})")
         if tiles:
             Tile.from_records(records.reshape(tiles * H, R), cache.preset, D, argname="records")  # raises on corrupt scales
+            _check_decoded_keys(records.reshape(tiles * H, R), cache.preset, D, H)
         tail_k16 = np.zeros((H, G, D), np.float16)
         tail_v16 = np.zeros((H, G, D), np.float16)
         tail_k16[:, :tail_len] = parts["tail_k"]
@@ -426,6 +457,51 @@ class KVCache:
             f"KVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "
             f"tokens={n} [sink {sink_len}, tiles {num_tiles}, tail {tail_len}], {self._ratio(*sizes):.2f}x vs fp16)"
         )
+
+
+def _check_decoded_keys(records: np.ndarray, preset, head_dim: int, num_kv_heads: int) -> None:
+    """Imported records must decode to keys whose per-token L2 norm stays below sqrt(head_dim) * 2**17:
+    check_queries bounds |q . k| <= head_dim * max|q| * 2**17 with it. Appends stay below half of
+    that even for +-65504 inputs; finite but huge fp16 scales (60000 each) give ~1e11 per key.
+    K[t, d] = (code * ka[d] + kz[d]) * kt[t] (SPEC §5): a bound from the scale vectors alone clears
+    nearly every record; those it does not are decoded (rotated frame: the norm is the same)."""
+    from .tile import _field_views, unpack_codes
+
+    limit = np.sqrt(head_dim) * 2.0**17
+    fields = _field_views(records, preset, head_dim)
+    ka, kz, kt = (fields[name].astype(np.float32) for name in ("ka", "kz", "kt"))
+    # fp16 inputs keep every product below ~1e15: no float32 overflow in here.
+    per_channel = np.maximum(np.abs(kz), np.abs((2**preset.kbits - 1) * ka + kz))  # max |code * ka + kz|
+    bound = np.sqrt(np.einsum("nd,nd->n", per_channel, per_channel)) * np.abs(kt).max(axis=1)
+    suspects = np.flatnonzero(~(bound <= limit))
+    for start in range(0, len(suspects), 256):
+        idx = suspects[start : start + 256]
+        keys = unpack_codes(fields["k_codes"][idx], preset.kbits) * ka[idx, :, None] + kz[idx, :, None]  # [n, D, G]
+        norms = np.sqrt(np.einsum("ndg,ndg->ng", keys, keys)) * np.abs(kt[idx])
+        bad = np.flatnonzero(~(norms.max(axis=1) <= limit))
+        if len(bad):
+            i = int(idx[bad[0]])
+            raise ValueError(
+                f"records: tile {i // num_kv_heads}, kv head {i % num_kv_heads} decodes to keys of L2 norm "
+                f"{float(norms[bad[0]].max()):.3g}, beyond the {limit:.3g} appends stay below at head_dim "
+                f"{head_dim} (attention scores over them could overflow float32)"
+            )
+
+
+class Checkpoint:
+    """A KVCache's content at one moment (``KVCache.checkpoint()``); see ``KVCache.rollback``."""
+
+    __slots__ = ("_cache", "_state", "_rollbacks")
+
+    def __init__(self, cache: KVCache, state: tuple, rollbacks: int):
+        self._cache, self._state, self._rollbacks = cache, state, rollbacks
+
+    def __len__(self) -> int:
+        sink_k, _, _, num_tiles, _, _, tail_len = self._state
+        return sink_k.shape[1] + num_tiles * self._cache.preset.group + tail_len
+
+    def __repr__(self) -> str:
+        return f"<kvarn.KVCache checkpoint of {len(self)} tokens>"
 
 
 def attend(q, cache: KVCache, scale=None, *, num_threads=None) -> np.ndarray:

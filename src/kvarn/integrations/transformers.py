@@ -315,9 +315,8 @@ class KVarNLayer(CacheLayerMixin):
         k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
         out = np.empty((B, n, Hq, D), np.float32)
         # A rejected token (NaN, a tile whose scales overflow fp16, a bad query) must not leave some rows
-        # holding it: each row's published state is restored, which undoes its appends exactly (appends
-        # write only past the published lengths, or into new buffers).
-        before = [c._state for c in self.caches]
+        # holding it: every row returns to its checkpoint, exactly (also across a tile quantised since).
+        before = [c.checkpoint() for c in self.caches]
         try:
             for i in range(n):
                 for b, c in enumerate(self.caches):
@@ -327,8 +326,8 @@ class KVarNLayer(CacheLayerMixin):
                         raise self._row_error(b, e) from e
                 out[:, i] = kvarn.attend_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
         except BaseException as e:
-            for c, state in zip(self.caches, before):
-                c._publish(*state)
+            for c, checkpoint in zip(self.caches, before):
+                c.rollback(checkpoint)
             self._fail(e)
             raise
         for b, c in enumerate(self.caches):
