@@ -40,6 +40,17 @@ def test_demo_synthetic_and_other_preset():
     assert "SYNTHETIC" in r.stdout and "k4v4_g128" in r.stdout
 
 
+def test_demo_into_a_closed_pipe_stops_quietly():
+    """`kvarn demo | head -1`: the reader leaves after one line; no BrokenPipeError traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "kvarn", "demo", "--synthetic", "--repeats", "1", "--queries", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+    assert p.stdout.readline().startswith(b"kvarn demo")
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) in (0, 141), err  # 0 only if all output fit the pipe before it closed
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def test_info_lists_isas_and_presets():
     r = run("info")
     assert r.returncode == 0, r.stderr

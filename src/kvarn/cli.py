@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -77,6 +78,11 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, RuntimeError) as exc:
         print(f"kvarn: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader left (`kvarn demo | head`): stop quietly, as Unix tools do; point stdout at
+        # devnull so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the signal
 
 
 if __name__ == "__main__":
