@@ -785,6 +785,29 @@ def fake(monkeypatch):
     return f
 
 
+def test_pre_hopper_device_is_refused_by_name(fake, monkeypatch):
+    """The kernels are sm_90a + compute_90 PTX (clusters): an older GPU is reported as unavailable,
+    and a cache on one is refused before any allocation, rather than failing at the first launch."""
+    props = {0: (9, 0), 1: (8, 0)}
+    monkeypatch.setattr(fake, "device_count", lambda: (0, 2))
+    monkeypatch.setattr(fake, "get_device", lambda: (0, current[0]))
+    monkeypatch.setattr(fake, "device_props", lambda d: (0, dict(multiprocessors=108, major=props[d][0],
+                                                                 minor=props[d][1], max_smem_optin=0, l2_bytes=0)))
+    current = [1]
+    assert kc.unavailable_reason() == ("cuda:1 has compute capability 8.0; kvarn's CUDA kernels need 9.0 "
+                                       "(Hopper) or later")
+    assert not kc.is_available()
+    with pytest.raises(RuntimeError, match="kvarn.cuda: cuda:1 has compute capability 8.0"):
+        kc.PagedKVCache(1, 128)
+    current[0] = 0
+    assert kc.is_available()
+    fake.calls.clear()
+    with pytest.raises(RuntimeError, match="kvarn.cuda: cuda:1 has compute capability 8.0"):
+        kc.PagedKVCache(1, 128, device=1)
+    assert not fake.mem  # nothing allocated
+    kc.PagedKVCache(1, 128, max_seqs=1, max_seq_len=256, device=0)
+
+
 def test_fake_validation_before_any_kernel(fake):
     """cuda.py's checks on a machine without a GPU (a fake _cuda): each rejected call raises a named
     error, reaches no kernel and changes nothing."""

@@ -50,6 +50,24 @@ def unavailable_reason():
     rc, n = _cuda.device_count()
     if rc != _cuda.OK or n == 0:
         return f"no CUDA device is visible ({_cuda.last_error() or 'device count 0'})"
+    rc, device = _cuda.get_device()
+    if rc != _cuda.OK:
+        return f"the current CUDA device cannot be read ({_cuda.last_error()})"
+    return _unsupported_device(device)
+
+
+MIN_COMPUTE_CAPABILITY = (9, 0)  # sm_90a machine code + compute_90 PTX; the kernels use clusters (Hopper+)
+
+
+def _unsupported_device(device: int):
+    """None when cuda:device can run the kernels, else why not."""
+    rc, props = _cuda.device_props(device)
+    if rc != _cuda.OK:
+        return f"the properties of cuda:{device} cannot be read ({_cuda.last_error()})"
+    cc = (int(props["major"]), int(props["minor"]))
+    if cc < MIN_COMPUTE_CAPABILITY:
+        return (f"cuda:{device} has compute capability {cc[0]}.{cc[1]}; kvarn's CUDA kernels need "
+                f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} (Hopper) or later")
     return None
 
 
@@ -477,6 +495,9 @@ class PagedKVCache:
             if device >= count:
                 raise ValueError(f"device: cuda:{device} is not visible here ({count} device(s))")
         self._device = previous if device is None else device
+        why = _unsupported_device(self._device)  # _require checked the current device only
+        if why is not None:
+            raise RuntimeError(f"kvarn.cuda: {why}")
         # Allocate on the cache's GPU, then leave the caller's current device as it was; every later
         # call switches to the cache's GPU for its duration (_on_own_device).
         with _current_device(self._device):
