@@ -1,0 +1,42 @@
+"""The CPU benchmarks still run: bench_attend.py and bench_quantize.py in their quick mode (1K
+contexts, tiny time budgets) in a subprocess, as RESULTS.md's commands run them. Each benchmark
+checks its own output (kvarn and the fp16 kernel against float64 attention, records against a
+second quantisation); this test asserts that they all pass and that the table has every row kind.
+No timing is asserted: performance lives in the benchmarks, not in tests."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import kvarn
+
+pytest.importorskip("pytest_benchmark")
+
+BENCH_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks")
+
+
+def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
+    table = tmp_path / "table.md"
+    env = dict(os.environ, KVARN_BENCH_QUICK="1", KVARN_BENCH_CONTEXTS="1024", KVARN_BENCH_BUDGET="0.01",
+               KVARN_BENCH_THREADS="1", KVARN_BENCH_TABLE=str(table))
+    env.pop("KVARN_ISA", None)  # the benchmarks select each ISA themselves
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "bench_attend.py", "bench_quantize.py",
+         "--benchmark-min-rounds=1", "--benchmark-max-time=0.01"],
+        cwd=BENCH_DIR, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    passed = re.search(r"(\d+) passed", r.stdout)
+    assert passed and int(passed.group(1)) >= 20, r.stdout[-2000:]
+    text = table.read_text()
+    for group in ("## attend hq32-hk8-d128 ctx=1024 batch=1", "## attend smollm2-hq9-hk3-d64 ctx=1024 batch=1",
+                  "## membw", "## quantize"):
+        assert group in text, group
+    rows = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")}
+    expected = {"numpy", "kvarn-scalar", "quantize-scalar", "hadamard-scalar"}
+    for isa in kvarn.available_isas():
+        if isa != "scalar":  # the int16 default and the fp16 baseline on every SIMD ISA here
+            expected |= {f"kvarn-{isa}-int16", f"fp16-{isa}", f"quantize-{isa}"}
+    assert expected <= rows, sorted(expected - rows)
