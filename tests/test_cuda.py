@@ -6,6 +6,7 @@ workload at the bottom of this file under compute-sanitizer:
     python tests/test_cuda.py --sanitize
 """
 import os
+import subprocess
 import sys
 import zlib
 
@@ -783,6 +784,25 @@ def fake(monkeypatch):
     f = FakeCuda()
     monkeypatch.setattr(kc, "_cuda", f)
     return f
+
+
+def test_kvarn_cuda_is_reachable_after_a_plain_import():
+    """`import kvarn` does not load the CUDA module; `kvarn.cuda` imports it on first use."""
+    code = ("import sys, kvarn; before = 'kvarn.cuda' in sys.modules; ok = kvarn.cuda.is_available(); "
+            "print(before, 'kvarn.cuda' in sys.modules, type(ok).__name__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "bool"]
+    with pytest.raises(AttributeError, match="module 'kvarn' has no attribute 'cudaa'"):
+        kvarn.cudaa
+
+
+def test_missing_driver_is_said_plainly(fake, monkeypatch):
+    monkeypatch.setattr(fake, "device_count", lambda: (fake.ERR_CUDA, 0))
+    monkeypatch.setattr(fake, "last_error", lambda: "cudaGetDeviceCount: cudaErrorInsufficientDriver: CUDA driver "
+                                                    "version is insufficient for CUDA runtime version")
+    assert kc.unavailable_reason().endswith("no NVIDIA driver is loaded, or it is older than the CUDA runtime kvarn "
+                                            "was built with)")
 
 
 def test_pre_hopper_device_is_refused_by_name(fake, monkeypatch):

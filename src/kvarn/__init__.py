@@ -24,6 +24,16 @@ from .tile import Tile, dequantize_tile, pack_codes, quantize_tile, unpack_codes
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # `kvarn.cuda` works after a plain `import kvarn` (as torch.cuda does), yet `import kvarn` never
+    # loads the CUDA module: it is imported on first use.
+    if name == "cuda":
+        import importlib
+
+        return importlib.import_module(".cuda", __name__)
+    raise AttributeError(f"module 'kvarn' has no attribute {name!r}")
+
 __all__ = [
     "DEFAULT_PRESET",
     "FP16Cache",

@@ -49,7 +49,10 @@ def unavailable_reason():
         )
     rc, n = _cuda.device_count()
     if rc != _cuda.OK or n == 0:
-        return f"no CUDA device is visible ({_cuda.last_error() or 'device count 0'})"
+        error = _cuda.last_error() or "device count 0"
+        if "InsufficientDriver" in error:  # also what the runtime says when there is no driver at all
+            error += "; no NVIDIA driver is loaded, or it is older than the CUDA runtime kvarn was built with"
+        return f"no CUDA device is visible ({error})"
     rc, device = _cuda.get_device()
     if rc != _cuda.OK:
         return f"the current CUDA device cannot be read ({_cuda.last_error()})"
