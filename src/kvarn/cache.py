@@ -286,7 +286,9 @@ class KVCache:
         Unlike ``truncate`` it returns exactly, also across tiles quantised since (no re-append).
         Costs no copy: appends and truncates never write inside an earlier state (they write past
         it or into new buffers), so the checkpoint stays valid through them; a rollback makes
-        every other checkpoint of this cache stale (later appends may overwrite what they hold)."""
+        every other checkpoint of this cache stale (later appends may overwrite what they hold).
+        It keeps the buffers of that moment alive (a grown records buffer's predecessor, say):
+        drop it when it is no longer needed."""
         return Checkpoint(self, self._state, self._rollbacks)
 
     def rollback(self, checkpoint: "Checkpoint") -> None:
