@@ -486,17 +486,24 @@ def _huge_key_parts(rng):
     return good, parts
 
 
-def test_from_parts_rejects_records_decoding_to_keys_appends_cannot_make(rng):
+def _check_norms(parts, argname="records"):
+    r = parts["records"]
+    kvarn.cache.check_key_norms(r.reshape(-1, r.shape[-1]), kvarn.PRESETS["k4v2_g128"], 64, r.shape[1], argname)
+
+
+def test_check_key_norms_names_the_tile_and_head(rng):
+    """The bound the query check assumes (what the GPU's load_cpu enforces): huge imported scales are
+    named by tile and head; records whose scale-vector bound exceeds it are decoded, not refused."""
     good, parts = _huge_key_parts(rng)
     with pytest.raises(ValueError, match=r"^records: tile 0, kv head 0 decodes to keys of L2 norm .* beyond the"):
-        kvarn.KVCache.from_parts(**parts)
-    # One record of a later tile and head: named as such.
+        _check_norms(parts)
     parts = good.to_parts()
+    _check_norms(parts)  # an ordinary cache's records
     L = kvarn._native.record_layout(4, 2, 128, 64)
+    parts["records"][2, 1, L["ka"] : L["kz"]].view(np.float16)[...] = 60000
     parts["records"][2, 1, L["kt"] : L["v_codes"]].view(np.float16)[...] = 60000
-    with pytest.raises(ValueError, match=r"^records: tile 2, kv head 1 decodes"):
-        kvarn.KVCache.from_parts(**parts)
-    kvarn.KVCache.from_parts(**good.to_parts())  # an append-built cache's own records pass
+    with pytest.raises(ValueError, match=r"^cpu_cache: tile 2, kv head 1 decodes"):
+        _check_norms(parts, "cpu_cache")
     # Scales whose bound (max code * ka + kz, max kt) exceeds the limit while the codes decode to
     # zero keys: decoded, and accepted.
     parts = good.to_parts()
@@ -505,23 +512,32 @@ def test_from_parts_rejects_records_decoding_to_keys_appends_cannot_make(rng):
     rec[L["ka"] : L["kz"]].view(np.float16)[...] = 60000
     rec[L["kz"] : L["kt"]].view(np.float16)[...] = 0
     rec[L["kt"] : L["v_codes"]].view(np.float16)[...] = 60000
-    kvarn.KVCache.from_parts(**parts)
+    _check_norms(parts)
     rec[L["k_codes"]] = 1  # channel 0, token 0 now decodes to 60000 * 60000
     with pytest.raises(ValueError, match=r"^records: tile 1, kv head 0 decodes to keys of L2 norm 3.6e\+09"):
-        kvarn.KVCache.from_parts(**parts)
+        _check_norms(parts)
 
 
-def test_adversarial_appends_stay_within_the_imported_key_bound(rng):
-    """The bound from_parts enforces holds for what appends make of extreme fp16 inputs (measured:
-    at most 0.53 of it, for +-65504 signs), so a to_parts / from_parts round trip never fails on it."""
-    for d in (16, 64, 256):
-        signs = np.sign(rng.standard_normal((1, 256, d))).astype(np.float32)
-        for k in (signs * 65504, rng.uniform(-65504, 65504, (1, 256, d)).astype(np.float32)):
-            cache = kvarn.KVCache(1, d, sink_tokens=0)
-            cache.append(k, signs)
-            norms = np.linalg.norm(cache.dequantize()[0].astype(np.float64), axis=-1)
-            assert norms.max() <= 0.6 * np.sqrt(d) * 2**17
-            kvarn.KVCache.from_parts(**cache.to_parts())
+def test_spiky_fp16_max_keys_overflow_as_a_named_error_not_nan():
+    """The quantiser can decode extreme inputs (a few +-65504 spikes among ones, head_dim 16) to keys
+    ~8x beyond the bound the query check assumes: a query inside that check then overflows the
+    scores, and attend raises (the kernels' finite check) rather than returning NaN. The cache's
+    parts still round-trip through from_parts."""
+    rng = np.random.default_rng(0)
+    k = np.ones((1, 256, 16), np.float32)
+    spikes = rng.random(k.shape) < 0.02
+    k[spikes] = 65504 * np.sign(rng.standard_normal(spikes.sum()))
+    cache = kvarn.KVCache(1, 16, sink_tokens=0)
+    cache.append(k, np.ones_like(k))
+    keys = cache.dequantize()[0][0]
+    worst = int(np.linalg.norm(keys.astype(np.float64), axis=-1).argmax())
+    with pytest.raises(ValueError, match=r"^x: tile 0, kv head 0 decodes to keys of L2 norm 4.38e\+06"):
+        kvarn.cache.check_key_norms(cache.records.reshape(2, -1), cache.preset, 16, 1, "x")
+    q_limit = np.finfo(np.float32).max / (16 * 2**17)  # check_queries' bound on max |q * scale|
+    q = (np.sign(keys[worst]) * q_limit * 0.9).astype(np.float32)[None]
+    with pytest.raises(ValueError, match=r"^q: the attention scores or outputs overflowed float32"):
+        kvarn.attend(q, cache, scale=1.0)
+    kvarn.KVCache.from_parts(**cache.to_parts())
 
 
 def test_records_view_is_read_only(rng):
@@ -532,13 +548,12 @@ def test_records_view_is_read_only(rng):
     assert _state(cache) == before
 
 
-def test_attention_that_overflows_anyway_raises_not_nan(rng):
-    """The native merge's finite check, behind the query and import checks: records with huge keys
-    put in place privately (from_parts refuses them) make attend raise, naming q and the cache."""
+def test_imported_records_that_overflow_attention_raise_not_nan(rng):
+    """Finite fp16 scales can decode to keys far beyond the bound the q check assumes (ka = kz = kt =
+    60000: |k| ~ 1e11); from_parts takes them, and attend raises, naming q and the cache, rather
+    than returning NaN."""
     good, parts = _huge_key_parts(rng)
-    bad = good.copy()
-    sink_k, sink_v, _, num_tiles, tail_k, tail_v, tail_len = bad._state
-    bad._publish(sink_k, sink_v, parts["records"], num_tiles, tail_k, tail_v, tail_len)
+    bad = kvarn.KVCache.from_parts(**parts)  # every scale finite and kt > 0: accepted
     before = _state(bad)
     q = np.ones((2, 64), np.float32)
     with pytest.raises(ValueError, match=r"^q: the attention scores or outputs overflowed float32 .* and cache; "):
@@ -887,13 +902,21 @@ def test_truncate_leaves_copies_and_earlier_snapshots_alone(rng):
 POOL = 700  # tokens a history draws from
 
 
-@given(st.lists(st.tuples(st.sampled_from(["append", "checkpoint", "rollback", "truncate"]), st.integers(0, 2**16)),
-                min_size=1, max_size=12),
+def _visible(parts):
+    """Copies of what an attend over these native parts reads (the snapshot's own lengths only)."""
+    n, t = parts["num_tiles"], parts["tail_len"]
+    return (parts["sink_k"].copy(), parts["sink_v"].copy(), parts["records"][:n].copy(),
+            parts["tail_k"][:, :t].copy(), parts["tail_v"][:, :t].copy())
+
+
+@given(st.lists(st.tuples(st.sampled_from(["append", "append1", "checkpoint", "rollback", "truncate"]),
+                          st.integers(0, 2**16)), min_size=1, max_size=14),
        st.sampled_from(["fill", "next"]), st.integers(0, 2**32 - 1))
 def test_rollback_returns_exactly_to_the_checkpoint(ops, quantize_on, seed):
-    """Random appends / truncates / checkpoints / rollbacks: after every step the cache equals, byte
-    for byte, a fresh cache that got its token history in one append. A rollback returns to the
-    checkpoint's history (across tiles quantised since) and makes every other checkpoint stale."""
+    """Random appends / truncates / checkpoints / rollbacks (to any checkpoint, in any order): after
+    every step the cache equals, byte for byte, a fresh cache that got its token history in one
+    append. And no step ever writes into what an earlier state's reader (an attend in flight, a
+    checkpoint) reads: every state's visible content is unchanged at the end."""
     rng = np.random.default_rng(seed)
     k = kv_like(rng, (2, POOL, 64))
     v = rng.standard_normal((2, POOL, 64)).astype(np.float32)
@@ -904,15 +927,15 @@ def test_rollback_returns_exactly_to_the_checkpoint(ops, quantize_on, seed):
         return c
 
     cache = kvarn.KVCache(2, 64, sink_tokens=64, quantize_on=quantize_on)
-    history, checkpoints = [], []  # checkpoints: [checkpoint, its history, live?]
+    history, checkpoints, readers = [], [], []
     for op, x in ops:
-        if op == "append":
-            n = x % 200 + 1
+        if op in ("append", "append1"):
+            n = 1 if op == "append1" else x % 200 + 1
             start = x % (POOL - n)
             cache.append(k[:, start : start + n], v[:, start : start + n])
             history = history + list(range(start, start + n))
         elif op == "checkpoint":
-            checkpoints.append([cache.checkpoint(), history, True])
+            checkpoints.append((cache.checkpoint(), history))
         elif op == "truncate" and history:  # the documented recipe: cut at the point, re-append the rest
             length = x % (len(history) + 1)
             point = cache.truncation_point(length)
@@ -920,42 +943,54 @@ def test_rollback_returns_exactly_to_the_checkpoint(ops, quantize_on, seed):
             cache.append(k[:, history[point:length]], v[:, history[point:length]])
             history = history[:length]
         elif op == "rollback" and checkpoints:
-            entry = checkpoints[x % len(checkpoints)]
-            if entry[2]:
-                cache.rollback(entry[0])
-                history = entry[1]
-                for other in checkpoints:
-                    other[2] = other is entry
-            else:
-                before = _state(cache)
-                with pytest.raises(ValueError, match="checkpoint: stale"):
-                    cache.rollback(entry[0])
-                assert _state(cache) == before
+            checkpoint, history = checkpoints[x % len(checkpoints)]
+            cache.rollback(checkpoint)
         assert len(cache) == len(history)
         assert _state(cache) == _state(fresh(history))
+        parts = cache._native_parts()
+        readers.append((parts, _visible(parts)))
+    for parts, seen in readers:
+        for now, then in zip(_visible(parts), seen):
+            np.testing.assert_array_equal(now, then)
     q = rng.standard_normal((4, 64)).astype(np.float32)
     if history:
         np.testing.assert_array_equal(kvarn.attend(q, cache), kvarn.attend(q, fresh(history)))
 
 
-def test_rollback_across_a_quantised_tile_keeps_readers_snapshots(rng):
-    cache, k, v = filled(rng, 2, 64, 250)  # sink 128, tail 122
+def test_rollback_keeps_newer_readers_snapshots(rng):
+    """After a rollback, appends must not write where newer states' readers read: the restored
+    tail and records buffers are shared with them (one-token appends fill the tail in place, a
+    completed tile goes into the records buffer's spare room), so the next write copies them."""
+    cache, k, v = filled(rng, 2, 64, 450)  # sink 128, 2 tiles (records room for 4), tail 66
+    assert (cache.num_tiles, cache.tail_len, cache._state[2].shape[0]) == (2, 66, 4)
     point = cache.checkpoint()
-    assert len(point) == 250
-    old_parts = cache._native_parts()  # what an attend in flight would be reading
-    old_tail = old_parts["tail_k"][:, : old_parts["tail_len"]].copy()
-    cache.append(k[:, :10] * 2, v[:, :10] * 2)  # completes a tile: it is quantised
-    assert cache.num_tiles == 1
-    later = cache.checkpoint()
+    for i in range(3):  # in place, into the checkpoint's tail buffer
+        cache.append(k[:, i : i + 1] * 2, v[:, i : i + 1] * 2)
+    tail_reader = cache._native_parts()
+    assert tail_reader["tail_k"].base is point._state[4].base or tail_reader["tail_k"].base is point._state[4]
+    cache.append(k[:, :59] * 2, v[:, :59] * 2)  # completes tile 3 in the checkpoint's records buffer
+    records_reader = cache._native_parts()
+    assert records_reader["records"] is point._state[2] and records_reader["num_tiles"] == 3
+    later, after_later = cache.checkpoint(), _state(cache)
+    seen = [_visible(tail_reader), _visible(records_reader)]
     cache.rollback(point)
-    assert (cache.num_tiles, cache.tail_len) == (0, 122)
-    before = _state(cache)
-    with pytest.raises(ValueError, match="checkpoint: stale"):  # appends from here may overwrite it
-        cache.rollback(later)
-    assert _state(cache) == before
-    np.testing.assert_array_equal(old_parts["tail_k"][:, : old_parts["tail_len"]], old_tail)
-    cache.rollback(point)  # the checkpoint rolled back to stays usable
-    assert len(cache) == 250
+    assert (len(cache), cache.num_tiles, cache.tail_len) == (450, 2, 66)
+    cache.append(k[:, :1] * 4, v[:, :1] * 4)  # would write the shared tail's slot 66
+    cache.append(k[:, :61] * 4, v[:, :61] * 4)  # would write the shared records' tile 2
+    assert cache.num_tiles == 3
+    for reader, then in zip((tail_reader, records_reader), seen):
+        for a, b in zip(_visible(reader), then):
+            np.testing.assert_array_equal(a, b)
+    cache.rollback(later)  # a checkpoint newer than the one rolled back to: still exact
+    assert _state(cache) == after_later
+    cache.rollback(point)  # and back again
+    assert len(cache) == 450
+    cache.truncate(440)  # within the tail: the restored records buffer stays current, still frozen
+    cache.append(k[:, :72] * 6, v[:, :72] * 6)  # completes tile 2 once more
+    assert cache.num_tiles == 3
+    for reader, then in zip((tail_reader, records_reader), seen):
+        for a, b in zip(_visible(reader), then):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_rollback_rejects_foreign_and_non_checkpoints(rng):

@@ -895,6 +895,16 @@ def test_fake_validation_before_any_kernel(fake):
     with pytest.raises(RuntimeError, match="out of pages"):
         small.load_cpu(s, cpu)
     assert (small.free_pages, small.length(s), small._pages[s]) == (3, 0, [])
+    # load_cpu: records decoding to keys beyond what the q check assumes (the kernels cannot report
+    # an overflow): refused, named, nothing taken
+    parts = cpu.to_parts()
+    L = kc._cuda.record_layout(4, 2, 128, 128)
+    for field, end in (("ka", "kz"), ("kt", "v_codes")):
+        parts["records"][3, 1, L[field] : L[end]].view(np.float16)[...] = 60000
+    huge = kvarn.KVCache.from_parts(**parts)
+    free = cache.free_pages
+    rejected(ValueError, "^cpu_cache: tile 3, kv head 1 decodes to keys of L2 norm", cache.load_cpu, c, huge)
+    assert (cache.free_pages, cache.length(c)) == (free, 0)
     # constructor and quantize_tiles arguments
     with pytest.raises(TypeError, match="^device: expected an int"):
         kc.PagedKVCache(2, 128, device=0.5)

@@ -71,7 +71,9 @@ class KVCache:
             np.zeros((H, G, D), np.float16), np.zeros((H, G, D), np.float16),  # tail [H, G, D]
             0,
         )
-        self._rollbacks = 0  # counts rollback() calls: a checkpoint from before the last one is stale
+        # Buffers a rollback made current again: newer states (checkpoints, or an attend in flight)
+        # may hold content past the restored lengths in them, so the next write copies them first.
+        self._frozen_records = self._frozen_tail = None
         # Serialises appends (the native quantiser runs without the GIL). attend() needs no lock:
         # it reads a snapshot, and append only writes records past that snapshot's tile count.
         self._append_lock = threading.Lock()
@@ -170,6 +172,9 @@ class KVCache:
             # attend keeps its snapshot; copying the whole tail per token was O(group) per step.
             # Tail buffers are never shared between caches (copy() - also behind copy.copy/deepcopy -,
             # truncate and from_parts make fresh ones).
+            if tail_k is self._frozen_tail:
+                tail_k, tail_v = tail_k.copy(), tail_v.copy()
+                self._frozen_tail = None
             tail_k[:, tail_len:rest] = k
             tail_v[:, tail_len:rest] = v
             self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
@@ -199,9 +204,10 @@ class KVCache:
             new_records = quantize_tiles_native(tiles(rest_k), tiles(rest_v), self.preset, self.iters, threads,
                                                 describe)
             new_records = new_records.reshape(n_full, H, self._record_bytes)
-        if n_full and num_tiles + n_full > records.shape[0]:
+        if n_full and (num_tiles + n_full > records.shape[0] or records is self._frozen_records):
             # Grow by a quarter (amortised O(1) per tile, at most ~25 % spare), not by doubling,
-            # which can leave half of the buffer unused in a cache meant to save memory.
+            # which can leave half of the buffer unused in a cache meant to save memory. A frozen
+            # buffer (see rollback) is copied even when it has room.
             capacity = max(records.shape[0] + records.shape[0] // 4, num_tiles + n_full, 4)
             grown = np.zeros((capacity, H, self._record_bytes), np.uint8)
             grown[:num_tiles] = records[:num_tiles]
@@ -217,6 +223,9 @@ class KVCache:
         # invisible to readers, so they can be written in place before the new state is published.
         if n_full:
             records[num_tiles : num_tiles + n_full] = new_records
+            if self._frozen_records is not None and records is not self._frozen_records:
+                self._frozen_records = None  # replaced: do not keep the old buffer alive
+        self._frozen_tail = None  # the tail buffers are fresh (above)
         self._publish(
             new_sink_k if new_sink_k is not None else sink_k,
             new_sink_v if new_sink_v is not None else sink_v,
@@ -276,6 +285,9 @@ class KVCache:
             new_tail_k[:, :left] = tail_k[:, :left]
             new_tail_v[:, :left] = tail_v[:, :left]
             # length < len(self), so tiles <= num_tiles, and left <= tail_len where tiles == num_tiles.
+            if records is not self._frozen_records:
+                self._frozen_records = None  # a kept frozen buffer stays frozen: appends would write into it
+            self._frozen_tail = None
             self._publish(sink_k[:, :kept_sink].copy(), sink_v[:, :kept_sink].copy(), records, tiles,
                           new_tail_k, new_tail_v, left)
 
@@ -284,28 +296,26 @@ class KVCache:
         """The cache's current content, to return to with ``rollback`` — e.g. before appending a
         speculative decoder's draft tokens, or several rows' tokens that must land together.
         Unlike ``truncate`` it returns exactly, also across tiles quantised since (no re-append).
-        Costs no copy: appends and truncates never write inside an earlier state (they write past
-        it or into new buffers), so the checkpoint stays valid through them; a rollback makes
-        every other checkpoint of this cache stale (later appends may overwrite what they hold).
-        It keeps the buffers of that moment alive (a grown records buffer's predecessor, say):
-        drop it when it is no longer needed."""
-        return Checkpoint(self, self._state, self._rollbacks)
+        Taking one copies nothing: appends and truncates write only past the content of any
+        earlier moment, or into new buffers. It keeps the buffers of that moment alive (a grown
+        records buffer's predecessor, say): drop it when it is no longer needed."""
+        return Checkpoint(self, self._state)
 
     def rollback(self, checkpoint: "Checkpoint") -> None:
-        """Returns the cache to ``checkpoint`` (taken from this cache with ``checkpoint()``); the
-        checkpoint stays usable, every other one of this cache becomes stale. A checkpoint of
-        another cache or a stale one raises ValueError and leaves the cache as it was."""
+        """Returns the cache to ``checkpoint`` (taken from this cache with ``checkpoint()``); every
+        checkpoint of the cache stays usable, in any order. Copies nothing at once: the restored
+        buffers are frozen, and the next append that writes into one copies it first (the tail,
+        at most one tile, on the next append; the records on the next completed tile), because
+        newer checkpoints and attend calls in flight may still read them past the restored
+        lengths. A checkpoint of another cache raises ValueError and changes nothing."""
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"checkpoint: expected a KVCache.checkpoint() result, got {type(checkpoint).__name__}")
+        if checkpoint._cache is not self:
+            raise ValueError("checkpoint: taken from another cache")
         with self._append_lock:
-            if checkpoint._cache is not self:
-                raise ValueError("checkpoint: taken from another cache")
-            if checkpoint._rollbacks != self._rollbacks:
-                raise ValueError("checkpoint: stale (this cache was rolled back to another checkpoint since it "
-                                 "was taken, and appends after that may have overwritten its content)")
-            self._rollbacks += 1
-            checkpoint._rollbacks = self._rollbacks
-            self._publish(*checkpoint._state)
+            state = checkpoint._state
+            self._frozen_records, self._frozen_tail = state[2], state[4]
+            self._publish(*state)
 
     def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
@@ -336,9 +346,10 @@ class KVCache:
         sink and tail [Hk, n, D] float (stored as float16), records uint8 [tiles, Hk, record_bytes].
         Checks shapes, that the parts fit together as appends would have left them (the sink full
         before any tile or tail token, the tail shorter than a tile — or at most one with
-        quantize_on="next"), that every record's scales are finite and that its keys decode to
-        no larger norms than appends produce (what attention's query check relies on, on the CPU and
-        the GPU)."""
+        quantize_on="next") and that every record's scales are finite. Keys that decode beyond what
+        the query check assumes (see check_key_norms) are not refused here — appends can make them
+        too, from extreme inputs — but the CPU kernels report a non-finite output (ValueError) and
+        the GPU's load_cpu refuses them."""
         from .tile import Tile
 
         sink_k = as_float_array(sink_k, "sink_k", ndim=3, fp16_range=True)
@@ -378,7 +389,6 @@ class KVCache:
             raise ValueError(f"tail_k: {tail_len} tokens; the tail holds at most {max_tail} (quantize_on={quantize_on!r})")
         if tiles:
             Tile.from_records(records.reshape(tiles * H, R), cache.preset, D, argname="records")  # raises on corrupt scales
-            _check_decoded_keys(records.reshape(tiles * H, R), cache.preset, D, H)
         tail_k16 = np.zeros((H, G, D), np.float16)
         tail_v16 = np.zeros((H, G, D), np.float16)
         tail_k16[:, :tail_len] = parts["tail_k"]
@@ -438,8 +448,10 @@ class KVCache:
         other unchanged). The records are copied: appends write new ones in place."""
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
         new = object.__new__(KVCache)
-        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_state", "_append_lock", "_parts_cache")})
+        new.__dict__.update({k: v for k, v in self.__dict__.items()
+                             if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail")})
         new._append_lock = threading.Lock()
+        new._frozen_records = new._frozen_tail = None
         new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),
                      tail_len)
         return new
@@ -461,12 +473,15 @@ class KVCache:
         )
 
 
-def _check_decoded_keys(records: np.ndarray, preset, head_dim: int, num_kv_heads: int) -> None:
-    """Imported records must decode to keys whose per-token L2 norm stays below sqrt(head_dim) * 2**17:
-    check_queries bounds |q . k| <= head_dim * max|q| * 2**17 with it. Appends stay below half of
-    that even for +-65504 inputs; finite but huge fp16 scales (60000 each) give ~1e11 per key.
-    K[t, d] = (code * ka[d] + kz[d]) * kt[t] (SPEC §5): a bound from the scale vectors alone clears
-    nearly every record; those it does not are decoded (rotated frame: the norm is the same)."""
+def check_key_norms(records: np.ndarray, preset, head_dim: int, num_kv_heads: int, argname: str) -> None:
+    """Raises ValueError unless records [n, record_bytes] decode to keys whose per-token L2 norm stays
+    below sqrt(head_dim) * 2**17, what check_queries assumes (|q . k| <= head_dim * max|q| * 2**17).
+    Real models' keys are orders of magnitude below; the quantiser can go beyond it from extreme
+    inputs (spikes of +-65504 in a token at head_dim 16-64 decode to up to ~40x the limit), and imported
+    scales can (60000 each: ~1e11). K[t, d] = (code * ka[d] + kz[d]) * kt[t] (SPEC §5): a bound from
+    the scale vectors clears nearly every record (2.5 ms for 32K tokens x 8 heads, where decoding
+    every record natively cost ~450 ms); those it does not are decoded exactly here (the norm is the
+    same in the rotated frame, so no inverse Hadamard)."""
     from .tile import _field_views, unpack_codes
 
     limit = np.sqrt(head_dim) * 2.0**17
@@ -484,8 +499,8 @@ def _check_decoded_keys(records: np.ndarray, preset, head_dim: int, num_kv_heads
         if len(bad):
             i = int(idx[bad[0]])
             raise ValueError(
-                f"records: tile {i // num_kv_heads}, kv head {i % num_kv_heads} decodes to keys of L2 norm "
-                f"{float(norms[bad[0]].max()):.3g}, beyond the {limit:.3g} appends stay below at head_dim "
+                f"{argname}: tile {i // num_kv_heads}, kv head {i % num_kv_heads} decodes to keys of L2 norm "
+                f"{float(norms[bad[0]].max()):.3g}, beyond the {limit:.3g} the query check assumes at head_dim "
                 f"{head_dim} (attention scores over them could overflow float32)"
             )
 
@@ -493,10 +508,10 @@ def _check_decoded_keys(records: np.ndarray, preset, head_dim: int, num_kv_heads
 class Checkpoint:
     """A KVCache's content at one moment (``KVCache.checkpoint()``); see ``KVCache.rollback``."""
 
-    __slots__ = ("_cache", "_state", "_rollbacks")
+    __slots__ = ("_cache", "_state")
 
-    def __init__(self, cache: KVCache, state: tuple, rollbacks: int):
-        self._cache, self._state, self._rollbacks = cache, state, rollbacks
+    def __init__(self, cache: KVCache, state: tuple):
+        self._cache, self._state = cache, state
 
     def __len__(self) -> int:
         sink_k, _, _, num_tiles, _, _, tail_len = self._state

@@ -908,7 +908,7 @@ class PagedKVCache:
     def load_cpu(self, seq_id, cpu_cache, layer: int = 0) -> None:
         """Replaces an empty sequence's content (one layer) with a kvarn.KVCache's: its
         CPU-written records are used as they are."""
-        from .cache import KVCache
+        from .cache import KVCache, check_key_norms
 
         layer, slot = self._layer(layer), self._slot(seq_id, "seq_id")
         if self._lengths[layer, slot]:
@@ -921,6 +921,9 @@ class PagedKVCache:
             raise ValueError("cpu_cache: kv heads, head_dim, preset or sink_tokens differ from this cache's")
         parts = c.to_parts()  # one snapshot of the CPU cache
         recs = parts["records"]
+        if len(recs):  # attend's q check assumes these norms, and the kernels cannot report an overflow
+            check_key_norms(recs.reshape(-1, recs.shape[-1]), self.preset, self.head_dim, self.num_kv_heads,
+                            "cpu_cache")
         n = parts["sink_k"].shape[1] + len(recs) * self.preset.group + parts["tail_k"].shape[1]
         if n > self.max_seq_len:
             raise ValueError(f"cpu_cache: {n} tokens exceed max_seq_len={self.max_seq_len}")
