@@ -81,12 +81,12 @@ def test_import_kvarn_does_not_import_torch():
     assert r.stdout.strip() == "[]"
 
 
-def _configure(tmp_path, value):
+def _configure(tmp_path, value, env=None):
     cmake = shutil.which("cmake")
     if cmake is None:
         pytest.skip("cmake is not on PATH")
     r = subprocess.run([cmake, "-S", ROOT, "-B", str(tmp_path / "b"), f"-DKVARN_CUDA={value}"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -98,7 +98,9 @@ def test_cmake_rejects_an_unknown_kvarn_cuda_value(tmp_path):
 
 
 def test_cmake_kvarn_cuda_is_case_insensitive(tmp_path):
-    rc, out = _configure(tmp_path, "off")
+    # "auto" in lower case, on a machine without a CUDA compiler (CUDACXX names one that is not):
+    # it must mean AUTO and build without CUDA; it used to be read as a true boolean, i.e. ON.
+    rc, out = _configure(tmp_path, "auto", env=dict(os.environ, CUDACXX="/bin/false"))
     assert rc == 0, out[-2000:]
     assert "kvarn: CUDA module OFF" in out
 
