@@ -81,7 +81,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         # The reader left (`kvarn demo | head`): stop quietly, as Unix tools do; point stdout at
         # devnull so the interpreter's final flush does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the signal
 
 
