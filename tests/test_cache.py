@@ -405,6 +405,23 @@ def test_preset_fields_must_be_ints(rng):
     assert kvarn.KVCache(2, 64, kvarn.Preset("mine", np.int64(4), 2, 128)).preset.record_bytes(64) > 0
 
 
+def test_bfloat16_torch_tensors_are_widened_exactly(rng):
+    """A bf16 model's tensors (numpy has no bfloat16): append and attend take them, with results equal
+    to the same values passed as float32 (the widening is exact)."""
+    torch = pytest.importorskip("torch")
+    k = torch.from_numpy(kv_like(rng, (2, 300, 64))).to(torch.bfloat16)
+    v = torch.from_numpy(rng.standard_normal((2, 300, 64)).astype(np.float32)).to(torch.bfloat16)
+    q = torch.from_numpy(rng.standard_normal((8, 64)).astype(np.float32)).to(torch.bfloat16)
+    a, b = kvarn.KVCache(2, 64), kvarn.KVCache(2, 64)
+    a.append(k, v)
+    b.append(k.float().numpy(), v.float().numpy())
+    assert _state(a) == _state(b)
+    np.testing.assert_array_equal(kvarn.attend(q, a), kvarn.attend(q.float().numpy(), b))
+    with pytest.raises(ValueError, match="^k: values beyond the fp16 range"):  # bf16 reaches float32's range
+        a.append(torch.full((2, 1, 64), 1e6, dtype=torch.bfloat16), v[:, :1])
+    assert _state(a) == _state(b)
+
+
 def test_bad_attend_input(rng):
     cache, _, _ = filled(rng, 2, 64, 300)
     q = rng.standard_normal((4, 64)).astype(np.float32)

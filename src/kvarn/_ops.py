@@ -103,16 +103,30 @@ def check_iters(iters) -> int:
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
+def _bfloat16_widened(x):
+    """bfloat16 input (a torch tensor, or an ml_dtypes numpy array) as float32 — exact, bf16 being
+    float32's upper half; None for anything else. numpy has no bfloat16 of its own, so without
+    this a bf16 model's tensors could not be passed."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float32) if x.dtype.name == "bfloat16" else None
+    if str(getattr(x, "dtype", "")) == "torch.bfloat16" and callable(getattr(x, "float", None)):
+        return x.float()
+    return None
+
+
 def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
     """Checks a float array argument (dtype, rank, finiteness, optional fp16 range). With
-    with_max_abs, returns (x, max |x|) (0.0 for an empty array)."""
+    with_max_abs, returns (x, max |x|) (0.0 for an empty array). bfloat16 is widened to float32."""
+    widened = _bfloat16_widened(x)
+    if widened is not None:
+        x = widened
     if not isinstance(x, np.ndarray):
         if hasattr(x, "__array__") or isinstance(x, (list, tuple)):
             try:
                 x = np.asarray(x)
             except (TypeError, ValueError, RuntimeError) as e:  # e.g. a bfloat16 torch tensor
                 raise TypeError(
-                    f"{name}: cannot be read as a numpy array ({e}); pass float16, float32 or float64"
+                    f"{name}: cannot be read as a numpy array ({e}); pass float16, bfloat16, float32 or float64"
                 ) from None
         else:
             raise TypeError(f"{name}: expected a numpy array, got {type(x).__name__}")
@@ -121,7 +135,7 @@ def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
         # reads, not what the subclass's own max() shows.
         x = np.asarray(x)
     if x.dtype.type not in _FLOAT_DTYPES:
-        raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16, float32 or float64")
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16, bfloat16, float32 or float64")
     if ndim is not None:
         allowed = ndim if isinstance(ndim, tuple) else (ndim,)
         if x.ndim not in allowed:
