@@ -1047,6 +1047,35 @@ def test_rollback_keeps_newer_readers_snapshots(rng):
             np.testing.assert_array_equal(a, b)
 
 
+def test_speculative_rollback_loop_keeps_records_capacity_bounded(rng):
+    """checkpoint, draft, rollback, accepted tokens that complete a tile: each completed tile copies the
+    frozen records buffer, and that copy must keep its size (it grew by a quarter per tile: 25 GiB
+    requested after ~50 tiles)."""
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=64)
+    cache.append(*(rng.standard_normal((2, 64, 64)).astype(np.float32),) * 2)
+    x = rng.standard_normal((2, 64, 64)).astype(np.float32)
+    for _ in range(60):
+        point = cache.checkpoint()
+        cache.append(x[:, :5], x[:, :5])  # the draft
+        cache.rollback(point)
+        cache.append(x, x)  # the accepted tokens: one tile
+    assert cache.num_tiles == 60
+    assert cache._state[2].shape[0] <= 1.25 * cache.num_tiles + 4
+    assert cache.allocated_nbytes <= 1.3 * cache.nbytes
+
+
+def test_truncate_releases_the_buffers_of_the_last_attend(rng):
+    import gc
+    import weakref
+
+    cache, _, _ = filled(rng, 2, 64, 1000)
+    kvarn.attend(rng.standard_normal((4, 64)).astype(np.float32), cache)
+    old_records = weakref.ref(cache._state[2])
+    cache.truncate(0)
+    gc.collect()
+    assert old_records() is None
+
+
 def test_rollback_rejects_foreign_and_non_checkpoints(rng):
     cache, _, _ = filled(rng, 2, 64, 200)
     other = cache.copy()

@@ -208,7 +208,9 @@ class KVCache:
             # Grow by a quarter (amortised O(1) per tile, at most ~25 % spare), not by doubling,
             # which can leave half of the buffer unused in a cache meant to save memory. A frozen
             # buffer (see rollback) is copied even when it has room.
-            capacity = max(records.shape[0] + records.shape[0] // 4, num_tiles + n_full, 4)
+            need = num_tiles + n_full
+            capacity = (records.shape[0] if need <= records.shape[0]  # a frozen copy keeps its size
+                        else max(records.shape[0] + records.shape[0] // 4, need, 4))
             grown = np.zeros((capacity, H, self._record_bytes), np.uint8)
             grown[:num_tiles] = records[:num_tiles]
             records = grown
@@ -321,6 +323,9 @@ class KVCache:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
         # from self._state and never see new records with an old count or the reverse.
         self._state = (sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len)
+        # The last attend's parts would keep that state's buffers alive until the next attend (past a
+        # truncate(0), say); readers keep their own reference to the parts they use.
+        self.__dict__.pop("_parts_cache", None)
 
     # ---- parts (persistence, other backends) ----------------------------------
     def to_parts(self) -> dict:
