@@ -121,6 +121,43 @@ def test_store_rejects_nan():
         kc.quantize_tiles(torch.randn(1, 128, 80, device="cuda"), torch.randn(1, 128, 80, device="cuda"))
 
 
+def _spiky_keys(seed, D=64, G=128):
+    """Ones with ~2% of entries at +-65504: with seed 12 (D 64, k4v2_g128) the quantiser (CPU and GPU
+    alike) decodes a token's key beyond sqrt(D) * 2**17; with seed 0 it does not."""
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random((1, G, D)) < 0.02, 65504 * np.sign(rng.standard_normal((1, G, D))),
+                    1.0).astype(np.float32)
+
+
+@gpu
+@need_torch
+def test_keys_decoding_beyond_the_q_bound_are_refused_by_the_gpu_cache():
+    """The GPU attention cannot report an overflow, so a completed tile whose keys decode beyond the
+    norm the q check assumes is refused at append (and the cache left as it was); the CPU cache takes
+    it and raises at attend. Plain quantize_tiles takes it too, with the CPU's records."""
+    bad, fine = _spiky_keys(12), _spiky_keys(0)
+    for keys, beyond in ((bad, True), (fine, False)):  # the CPU's own check says the same of both
+        cpu = kvarn.KVCache(1, 64, sink_tokens=0)
+        cpu.append(keys, np.ones_like(keys))
+        try:
+            kvarn.cache.check_key_norms(cpu.records.reshape(1, -1), cpu.preset, 64, 1, "k")
+        except ValueError as e:
+            assert beyond and str(e).startswith("k: tile 0, kv head 0 decodes"), e
+        else:
+            assert not beyond
+    cache = kc.PagedKVCache(1, 64, max_seqs=2, max_seq_len=512, sink_tokens=0)
+    s = cache.add_sequence()
+    ones = torch.ones(1, 128, 1, 64, device="cuda")
+    cache.append([s], torch.from_numpy(fine).cuda()[:, :, None], ones)  # [B, T, Hk, D]
+    state = (cache.length(s), cache.free_pages)
+    with pytest.raises(ValueError, match="^k: a tile's keys decode to norms beyond sqrt"):
+        cache.append([s], torch.from_numpy(bad).cuda()[:, :, None], ones)
+    assert (cache.length(s), cache.free_pages) == state
+    rec = kc.quantize_tiles(torch.from_numpy(bad).cuda(), torch.ones(1, 128, 64, device="cuda")).cpu().numpy()
+    ref = kvarn.quantize_tile(bad, np.ones_like(bad)).records
+    assert np.mean(rec == ref) > 0.995
+
+
 # ---- cache + attention ------------------------------------------------------------
 def oracle_attention(q, K, V, scale):
     """float64: q [Hq, D], K/V [Hk, n, D]."""
@@ -688,7 +725,7 @@ class FakeCuda:
 
     OK, ERR_ARGUMENT, ERR_CUDA = 0, 1, 2
     F32, F16, BF16 = 0, 1, 2
-    FLAG_K_NONFINITE, FLAG_V_NONFINITE, FLAG_K_RANGE, FLAG_V_RANGE, FLAG_SCALE_OVERFLOW = 1, 2, 4, 8, 16
+    FLAG_K_NONFINITE, FLAG_V_NONFINITE, FLAG_K_RANGE, FLAG_V_RANGE, FLAG_SCALE_OVERFLOW, FLAG_KEY_NORM = 1, 2, 4, 8, 16, 32
 
     def __init__(self):
         self.mem = {}  # base address -> uint8 array

@@ -20,6 +20,7 @@ cdef extern from "kvarn_cuda.h" nogil:
         KVARN_FLAG_K_RANGE
         KVARN_FLAG_V_RANGE
         KVARN_FLAG_SCALE_OVERFLOW
+        KVARN_FLAG_KEY_NORM
 
     ctypedef struct kvarn_cuda_tensor:
         uintptr_t ptr
@@ -72,6 +73,7 @@ FLAG_V_NONFINITE = KVARN_FLAG_V_NONFINITE
 FLAG_K_RANGE = KVARN_FLAG_K_RANGE
 FLAG_V_RANGE = KVARN_FLAG_V_RANGE
 FLAG_SCALE_OVERFLOW = KVARN_FLAG_SCALE_OVERFLOW
+FLAG_KEY_NORM = KVARN_FLAG_KEY_NORM
 
 
 cdef int fill_tensor(kvarn_cuda_tensor* t, tuple spec) except -1:

@@ -442,19 +442,42 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
         for (int j = threadIdx.x; j < m.cols; j += kStoreThreads) fc[j] = to_half_bits(cb[j], finite);
     }
     __syncthreads();
+    // Keys: each token's squared norm as decoded, (code * ka + kz)^2 summed over channels, into rb
+    // (free now: the fp16 vectors are written). The attention kernels cannot report an overflow, and
+    // the query check assumes norms below sqrt(D) * 2^17: extreme inputs (+-65504 spikes) can decode
+    // beyond it, and such a tile is refused (the CPU path accepts it and raises at attend).
+    float* col_sq = rb;
+    if (is_k) {
+        for (int j = threadIdx.x; j < m.cols; j += kStoreThreads) col_sq[j] = 0.0f;
+        __syncthreads();
+    }
     const int per_byte = 8 / bits;
     const int row_bytes = m.cols / per_byte;
     for (int idx = threadIdx.x; idx < m.rows * row_bytes; idx += kStoreThreads) {
         const int i = idx / row_bytes, jb0 = (idx % row_bytes) * per_byte;
         const float lo = rlo[i], scale = rsc[i], inv_r = ir[i];
+        const float ka = is_k ? __half2float(__ushort_as_half(fa[i])) : 0.0f;
+        const float kz = is_k ? __half2float(__ushort_as_half(fz[i])) : 0.0f;
         unsigned byte = 0;
         for (int e = 0; e < per_byte; ++e) {
             const int j = jb0 + e;
             const float bval = __fmul_rn(__fmul_rn(m.x(i, j), ic[j]), inv_r);
             const float c = clampf(rintf(__fdiv_rn(__fsub_rn(bval, lo), scale)), 0.0f, qmax);
             byte |= (unsigned)c << (e * bits);
+            if (is_k) {
+                const float key = fmaf(c, ka, kz);
+                atomicAdd(&col_sq[j], key * key);
+            }
         }
         codes[idx] = (uint8_t)byte;
+    }
+    if (is_k) {
+        __syncthreads();
+        const float limit_sq = (float)D * 17179869184.0f;  // (sqrt(D) * 2^17)^2
+        for (int j = threadIdx.x; j < m.cols; j += kStoreThreads) {
+            const float kt = __half2float(__ushort_as_half(fc[j]));
+            if (!(col_sq[j] * kt * kt <= limit_sq)) atomicOr(a.flag, KVARN_FLAG_KEY_NORM);
+        }
     }
     if (!finite) atomicOr(a.flag, KVARN_FLAG_SCALE_OVERFLOW);
     if (a.c.block_table && is_k && h == 0 && threadIdx.x == 0)
