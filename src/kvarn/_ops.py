@@ -348,8 +348,10 @@ def check_kv(k, v, num_kv_heads: int, head_dim: int):
 
 def check_queries(q, num_kv_heads: int, head_dim: int, ndim: int, scale: float, name: str = "q"):
     """Checks queries [..., Hq, head_dim] against a cache, and that q * scale cannot overflow the
-    float32 scores: |score| <= head_dim * max|q * scale| * max|k|, and keys (fp16, or decoded
-    from codes) stay below 2**17. Also that q itself fits float32, which the kernels read."""
+    float32 scores over keys of L2 norm below sqrt(head_dim) * 2**17 (|q . k| <= ||q|| ||k||):
+    fp16 keys are, and decoded ones from real data are far below; extreme inputs or imported
+    records can go beyond (see cache.check_key_norms), where the CPU kernels report the overflow
+    and the GPU cache refuses such keys. Also that q itself fits float32, which the kernels read."""
     q, max_abs = as_float_array(q, name, ndim=ndim, with_max_abs=True)
     limit = FLOAT32_MAX / (head_dim * 2.0**17)
     if max_abs * abs(scale) > limit:
@@ -429,9 +431,9 @@ def run_attend(q, caches, scale: float, num_threads, names) -> np.ndarray:
         if p["sink_len"] + p["num_tiles"] + p["tail_len"] == 0:  # emptied (truncated) by another thread
             raise ValueError(f"{name}: the cache is empty; append tokens before attending")
     rc = _native.attend(parts, q32, scale, out, resolve_threads(num_threads))
-    # check_queries bounds q * scale for the key norms that append and from_parts guarantee, so this
-    # is a second line of defence: the native call reports a non-finite output (its merge checks each
-    # row: free, where a numpy scan cost 3-10 % of a decode call).
+    # check_queries bounds q * scale for keys below the norm real data stays far under; keys decoded
+    # from extreme inputs or imported records can exceed it, and then the native call reports a
+    # non-finite output (its merge checks each row: free, where a numpy scan cost 3-10 % of a call).
     if rc == _native.ERR_OVERFLOW:
         bad = [name for name, o in zip(names, out) if not np.isfinite(o).all()]
         raise ValueError(

@@ -89,10 +89,14 @@ class KVCache:
 
     # ---- sizes ---------------------------------------------------------------
     # Each reads one snapshot of the state: another thread may append meanwhile.
-    def _sizes(self) -> tuple:
-        """(sink_len, num_tiles, tail_len) of the current state."""
-        sink_k, _, _, num_tiles, _, _, tail_len = self._state
+    def _sizes(self, state=None) -> tuple:
+        """(sink_len, num_tiles, tail_len) of the current state (or of the given one)."""
+        sink_k, _, _, num_tiles, _, _, tail_len = self._state if state is None else state
         return sink_k.shape[1], num_tiles, tail_len
+
+    def _length(self, state=None) -> int:
+        sink_len, num_tiles, tail_len = self._sizes(state)
+        return sink_len + num_tiles * self.preset.group + tail_len
 
     @property
     def sink_len(self) -> int:
@@ -107,8 +111,7 @@ class KVCache:
         return self._tail_len
 
     def __len__(self) -> int:
-        sink_len, num_tiles, tail_len = self._sizes()
-        return sink_len + num_tiles * self.preset.group + tail_len
+        return self._length()
 
     def _nbytes(self, sink_len, num_tiles, tail_len) -> int:
         fp16_token_bytes = 2 * 2 * self.num_kv_heads * self.head_dim  # K and V
@@ -519,8 +522,7 @@ class Checkpoint:
         self._cache, self._state = cache, state
 
     def __len__(self) -> int:
-        sink_k, _, _, num_tiles, _, _, tail_len = self._state
-        return sink_k.shape[1] + num_tiles * self._cache.preset.group + tail_len
+        return self._cache._length(self._state)
 
     def __repr__(self) -> str:
         return f"<kvarn.KVCache checkpoint of {len(self)} tokens>"
