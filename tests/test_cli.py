@@ -93,6 +93,7 @@ def test_bad_preset_is_a_clean_error():
         (["--decode-steps", "1"], "--decode-steps: use 0 (skip) or at least 2"),
         (["--tokens", "1000"], "--decode-prefix + --decode-steps: must not exceed --tokens"),  # 1024 + 192
         (["--threads", "0"], "argument --threads"),
+        (["--offset", "-1"], "--offset: must be >= 0"),
         (["--quantize-on", "later"], "argument --quantize-on"),
     ],
 )

@@ -46,6 +46,17 @@ def test_model_is_the_expected_llama(smol):
         "llama", 30, 9, 3, 64)
 
 
+def test_verne_windows_are_consecutive_story_tokens(smol):
+    _, tok, ids = smol
+    assert ids[:1] != [tok.bos_token_id] and len(ids) == 400  # SmolLM2 adds no BOS
+    assert assets.verne_token_ids(tok, 150, offset=250) == ids[250:400]
+    n_story = len(tok(assets.verne_text(), add_special_tokens=False)["input_ids"])
+    assert assets.verne_token_ids(tok, 10, offset=n_story - 10) == assets.verne_token_ids(tok, n_story)[-10:]
+    for n, offset in ((11, n_story - 10), (5, -1)):
+        with pytest.raises(ValueError, match="do not fit"):
+            assets.verne_token_ids(tok, n, offset=offset)
+
+
 def test_generate_with_kvarn_cache_follows_fp32_greedy(smol):
     model, tok, ids = smol
     prompt = ids[:180]  # g64: sink 64 + one tile at prefill; the next tile fills during decoding

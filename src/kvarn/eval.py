@@ -307,6 +307,9 @@ def add_eval_parser(subparsers):
     )
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default) or gemma3-270m")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of the Verne text (default 2048)")
+    p.add_argument("--offset", type=int, default=0,
+                   help="first story token of the window (default 0, the story's start); the greedy prompts "
+                   "come from the text after the window")
     p.add_argument("--eval-from", type=int, default=256, help="first scored position (default 256)")
     p.add_argument("--sink", type=int, default=128, help="sink tokens kept exact (default 128)")
     p.add_argument("--presets", default=",".join(PAPER_PRESETS), help="comma-separated kvarn presets")
@@ -335,7 +338,7 @@ def _check_args(args):
     for name in ("tokens", "eval_from", "gen_prompt_tokens", "gen_tokens", "decode_prefix"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
-    for name in ("sink", "gen_prompts", "decode_steps"):
+    for name in ("offset", "sink", "gen_prompts", "decode_steps"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(args, name)}")
     if args.eval_from >= args.tokens - 1:
@@ -376,12 +379,12 @@ def run_eval(args) -> int:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     methods = build_methods(head_dim, presets, baselines=not args.no_baselines, reference=args.reference)
     gen_families = set(m.family for m in methods) if args.gen_methods == "all" else set(args.gen_methods.split(","))
-    text_ids = assets.verne_token_ids(tok, args.tokens)
+    text_ids = assets.verne_token_ids(tok, args.tokens, args.offset)
     n_prompts = args.gen_prompts
     all_ids = assets.verne_token_ids(tok, len(tok(assets.verne_text(), add_special_tokens=False)["input_ids"]))
     prompts = []
     for i in range(n_prompts):  # prompts from the text after the scored window
-        start = args.tokens + i * (args.gen_prompt_tokens + args.gen_tokens)
+        start = args.offset + args.tokens + i * (args.gen_prompt_tokens + args.gen_tokens)
         if start + args.gen_prompt_tokens > len(all_ids):
             break
         bos = all_ids[:1] if getattr(tok, "add_bos_token", False) else []
@@ -469,6 +472,7 @@ def run_eval(args) -> int:
         "model": args.model,
         "head_dim": head_dim,
         "tokens": args.tokens,
+        "offset": args.offset,
         "eval_from": args.eval_from,
         "sink": args.sink,
         "quantize_on": args.quantize_on,
@@ -498,7 +502,8 @@ def run_eval(args) -> int:
 def format_table(result) -> str:
     fp = result["fp32"]
     lines = [
-        f"{result['model']}, {result['tokens']} tokens of the Verne text, scored from position "
+        f"{result['model']}, {result['tokens']} tokens of the Verne text"
+        f"{' from story token %d' % result['offset'] if result.get('offset') else ''}, scored from position "
         f"{result['eval_from']}, sink {result['sink']}; fp32 perplexity {fp['ppl']:.3f}",
         "",
         "| method | bits/elem | ppl | Δppl | KL(fp32‖m) | top-1 | gen. identical prefix | decode path KL (cache / pseudo) |",

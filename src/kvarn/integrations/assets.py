@@ -119,12 +119,12 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32"):
     return m, tok
 
 
-def verne_token_ids(tokenizer, n_tokens: int):
-    """The first n_tokens token ids of the story, after BOS where the tokenizer adds one
-    (Gemma does; SmolLM2's does not)."""
+def verne_token_ids(tokenizer, n_tokens: int, offset: int = 0):
+    """n_tokens token ids: BOS where the tokenizer adds one (Gemma does; SmolLM2's does not),
+    then the story's tokens from token ``offset`` on (0: its start)."""
     ids = tokenizer(verne_text(), add_special_tokens=False)["input_ids"]
-    if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None:
-        ids = [tokenizer.bos_token_id] + ids
-    if len(ids) < n_tokens:
-        raise ValueError(f"n_tokens: the text has only {len(ids)} tokens, asked for {n_tokens}")
-    return ids[:n_tokens]
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None else []
+    if offset < 0 or offset + n_tokens - len(bos) > len(ids):
+        raise ValueError(f"n_tokens, offset: the story has {len(ids)} tokens; {n_tokens} from token {offset} "
+                         f"do not fit")
+    return bos + ids[offset : offset + n_tokens - len(bos)]
