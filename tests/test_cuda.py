@@ -158,6 +158,39 @@ def test_keys_decoding_beyond_the_q_bound_are_refused_by_the_gpu_cache():
     assert np.mean(rec == ref) > 0.995
 
 
+@gpu
+@need_torch
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128"])
+def test_gpu_key_norm_refusal_agrees_with_the_cpu_check(preset):
+    """Every GPU preset (2-, 4-bit keys; G 64, 128), 16 spiky tiles each: the store kernel refuses
+    exactly the tiles whose keys the CPU check finds beyond sqrt(D) * 2^17 (at G 128: 3 of the 16)."""
+    G = kvarn.PRESETS[preset].group
+    cache = kc.PagedKVCache(1, 64, preset, max_seqs=2, max_seq_len=32 * G, sink_tokens=0)
+    s = cache.add_sequence()
+    ones = torch.ones(1, G, 1, 64, device="cuda")
+    refused = []
+    for seed in range(16):
+        rng = np.random.default_rng(seed)
+        keys = np.where(rng.random((1, G, 64)) < 0.02, 65504 * np.sign(rng.standard_normal((1, G, 64))),
+                        1.0).astype(np.float32)
+        cpu = kvarn.KVCache(1, 64, preset=preset, sink_tokens=0)
+        cpu.append(keys, np.ones_like(keys))
+        try:
+            kvarn.cache.check_key_norms(cpu.records.reshape(1, -1), cpu.preset, 64, 1, "k")
+            beyond = False
+        except ValueError:
+            beyond = True
+        try:
+            cache.append([s], torch.from_numpy(keys).cuda()[:, :, None], ones)
+            refused.append(False)
+        except ValueError as e:
+            assert str(e).startswith("k: a tile's keys decode to norms beyond sqrt"), e
+            refused.append(True)
+        assert refused[-1] == beyond, (seed, beyond)
+    assert sum(refused) == (3 if G == 128 else 0), refused  # the CPU's count for these seeds
+    assert cache.length(s) == G * (16 - sum(refused))
+
+
 # ---- cache + attention ------------------------------------------------------------
 def oracle_attention(q, K, V, scale):
     """float64: q [Hq, D], K/V [Hk, n, D]."""

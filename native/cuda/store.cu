@@ -453,25 +453,41 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
     }
     const int per_byte = 8 / bits;
     const int row_bytes = m.cols / per_byte;
+    // A thread's byte column (idx % row_bytes) is the same in every row when kStoreThreads is a
+    // multiple of row_bytes (16..128 for every preset): its tokens' squares then add up in registers
+    // and reach shared memory once, not as one shared atomic per code.
+    const bool same_columns = kStoreThreads % row_bytes == 0;
+    float sq[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // per_byte <= 4 for K (kbits >= 2)
     for (int idx = threadIdx.x; idx < m.rows * row_bytes; idx += kStoreThreads) {
         const int i = idx / row_bytes, jb0 = (idx % row_bytes) * per_byte;
         const float lo = rlo[i], scale = rsc[i], inv_r = ir[i];
         const float ka = is_k ? __half2float(__ushort_as_half(fa[i])) : 0.0f;
         const float kz = is_k ? __half2float(__ushort_as_half(fz[i])) : 0.0f;
         unsigned byte = 0;
-        for (int e = 0; e < per_byte; ++e) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {  // constant bounds: sq[] stays in registers
+            if (e >= per_byte) break;
             const int j = jb0 + e;
             const float bval = __fmul_rn(__fmul_rn(m.x(i, j), ic[j]), inv_r);
             const float c = clampf(rintf(__fdiv_rn(__fsub_rn(bval, lo), scale)), 0.0f, qmax);
             byte |= (unsigned)c << (e * bits);
             if (is_k) {
                 const float key = fmaf(c, ka, kz);
-                atomicAdd(&col_sq[j], key * key);
+                if (same_columns && e < 4)
+                    sq[e] = fmaf(key, key, sq[e]);
+                else
+                    atomicAdd(&col_sq[j], key * key);
             }
         }
         codes[idx] = (uint8_t)byte;
     }
     if (is_k) {
+        if (same_columns && threadIdx.x < m.rows * row_bytes) {
+            const int jb0 = (threadIdx.x % row_bytes) * per_byte;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (e < per_byte) atomicAdd(&col_sq[jb0 + e], sq[e]);
+        }
         __syncthreads();
         const float limit_sq = (float)D * 17179869184.0f;  // (sqrt(D) * 2^17)^2
         for (int j = threadIdx.x; j < m.cols; j += kStoreThreads) {
