@@ -69,10 +69,22 @@ class FP16Cache:
 
     def copy(self) -> "FP16Cache":
         """An independent cache with the same contents."""
-        kbuf, vbuf, length = self._state
-        new = FP16Cache(self.num_kv_heads, self.head_dim)
+        kbuf, vbuf, length = self._state  # one snapshot
+        new = object.__new__(type(self))  # a subclass copies into its own type
+        new.__setstate__(self.__getstate__())
         new._state = (kbuf[:, :length].copy(), vbuf[:, :length].copy(), length)
         return new
+
+    # pickle: everything but the lock (recreated) and the parts cache; the buffers without their spare capacity.
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_append_lock", "_parts_cache")}
+        kbuf, vbuf, length = self._state  # one snapshot
+        state["_state"] = (kbuf[:, :length], vbuf[:, :length], length)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._append_lock = threading.Lock()
 
     def __copy__(self) -> "FP16Cache":  # a shallow copy would share the buffers appends write into
         return self.copy()

@@ -1,0 +1,248 @@
+"""Pickling and copying of KVCache, FP16Cache and KVCache checkpoints."""
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import kvarn
+from kvarn.fp16cache import FP16Cache
+
+H, D = 2, 64
+PROTOCOLS = sorted({2, pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL})
+
+
+def tokens(rng, n):
+    k = rng.standard_normal((H, n, D)).astype(np.float32)
+    v = rng.standard_normal((H, n, D)).astype(np.float32)
+    return k, v
+
+
+def same_bytes(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def assert_same_cache(a, b, q):
+    """Same type, settings, content (byte for byte) and attention output (bit for bit)."""
+    assert type(a) is type(b)
+    for name in ("num_kv_heads", "head_dim", "preset", "sink_tokens", "iters", "quantize_on"):
+        assert getattr(a, name) == getattr(b, name), name
+    pa, pb = a.to_parts(), b.to_parts()
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        if isinstance(pa[name], np.ndarray):
+            assert same_bytes(pa[name], pb[name]), name
+        else:
+            assert pa[name] == pb[name], name
+    assert same_bytes(a.records, b.records)
+    assert (len(a), a.sink_len, a.num_tiles, a.tail_len) == (len(b), b.sink_len, b.num_tiles, b.tail_len)
+    if len(a):
+        assert same_bytes(a.attend(q), b.attend(q))
+
+
+def rolled_back(rng, preset, sink, n, **kw):
+    """A cache rolled back to a checkpoint, with frozen buffers that later appends must copy first."""
+    cache = kvarn.KVCache(H, D, preset, sink, **kw)
+    cache.append(*tokens(rng, n))
+    ck = cache.checkpoint()
+    cache.append(*tokens(rng, 300))
+    cache.rollback(ck)
+    return cache
+
+
+# (preset, sink_tokens, tokens appended, KVCache keyword arguments), each a different layout.
+LAYOUTS = {
+    "empty": ("k4v2_g128", None, 0, {}),
+    "sink only": ("k4v2_g128", None, 50, {}),
+    "sink full": ("k4v4_g64", None, 64, {}),
+    "sink and tiles": ("k4v2_g64", 16, 16 + 3 * 64, {}),
+    "sink, tiles and tail": ("k2v2_g128", None, 128 + 2 * 128 + 37, {}),
+    "no sink, tail only": ("k8v8_g128", 0, 100, {}),
+    "iters=3": ("k4v2_g64", 8, 8 + 64 + 10, {"iters": 3}),
+    "quantize_on=next, full tail": ("k4v2_g64", 0, 2 * 64, {"quantize_on": "next"}),
+    "quantize_on=next, tail": ("k4v4_g128", 4, 4 + 128 + 5, {"quantize_on": "next"}),
+    "custom preset": (kvarn.Preset("mine", 4, 4, 64), 3, 3 + 64 + 1, {}),
+    "after rollback": ("k4v2_g64", 0, 64 + 7, {}),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pickle_round_trip_then_same_appends(layout, rng):
+    preset, sink, n, kw = LAYOUTS[layout]
+    if layout == "after rollback":
+        cache = rolled_back(rng, preset, sink, n, **kw)
+    else:
+        cache = kvarn.KVCache(H, D, preset, sink, **kw)
+        if n:
+            cache.append(*tokens(rng, n))
+    q = rng.standard_normal((4, D)).astype(np.float32)
+    for protocol in PROTOCOLS:
+        twin = pickle.loads(pickle.dumps(cache, protocol))
+        assert_same_cache(cache, twin, q)
+    # Appends to both: a token, a run completing tiles, another token; identical records throughout.
+    a, b = cache.copy(), twin
+    for m in (1, 150, 1, 64):
+        k, v = tokens(rng, m)
+        a.append(k, v)
+        b.append(k, v)
+        assert_same_cache(a, b, q)
+    assert_same_cache(cache, pickle.loads(pickle.dumps(cache)), q)  # the original is unchanged by all this
+
+
+# Module level, where pickle finds them by name.
+class NamedSubclass(kvarn.KVCache):
+    pass
+
+
+class NamedFP16Subclass(FP16Cache):
+    pass
+
+
+def test_pickle_keeps_the_subclass_and_its_attributes(rng):
+    cache = NamedSubclass(H, D, "k4v4_g64", sink_tokens=5, iters=4)
+    cache.layer = 7
+    cache.append(*tokens(rng, 5 + 64 + 3))
+    twin = pickle.loads(pickle.dumps(cache))
+    assert type(twin) is NamedSubclass and twin.layer == 7
+    assert_same_cache(cache, twin, rng.standard_normal((2, D)).astype(np.float32))
+
+
+@pytest.mark.parametrize("cls", [FP16Cache, NamedFP16Subclass])
+def test_fp16cache_pickle_round_trip(cls, rng):
+    cache = cls(H, D, capacity=1000)
+    k, v = tokens(rng, 40)
+    cache.append(k, v)
+    cache.note = "kept"
+    q = rng.standard_normal((4, D)).astype(np.float32)
+    for protocol in PROTOCOLS:
+        twin = pickle.loads(pickle.dumps(cache, protocol))
+        assert type(twin) is cls and twin.note == "kept" and len(twin) == 40
+        assert all(same_bytes(x, y) for x, y in zip(cache.keys_values(), twin.keys_values()))
+        assert same_bytes(cache.attend(q), twin.attend(q))
+        # 40 tokens' bytes (protocol 2 writes them as latin-1 text: up to twice as many), not 1000 tokens'
+        assert len(pickle.dumps(cache, protocol)) < 2 * (2 * 2 * H * 40 * D) + 4096
+    k2, v2 = tokens(rng, 3)
+    twin.append(k2, v2)  # a working lock, and the original is untouched
+    assert len(twin) == 43 and len(cache) == 40
+    cache.append(k2, v2)
+    assert all(same_bytes(x, y) for x, y in zip(cache.keys_values(), twin.keys_values()))
+    assert same_bytes(cache.attend(q), twin.attend(q))
+    assert type(cache.copy()) is type(copy.copy(cache)) is type(copy.deepcopy(cache)) is cls
+    assert copy.deepcopy(cache).note == "kept"
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_pickling_a_checkpoint_says_what_to_do_instead(protocol, rng):
+    cache = kvarn.KVCache(H, D)
+    cache.append(*tokens(rng, 10))
+    ck = cache.checkpoint()
+    for obj in (ck, {"step": 3, "checkpoint": ck}):
+        with pytest.raises(TypeError, match=r"checkpoint \(kvarn\.cache\.Checkpoint\).*roll the cache back.*to_parts"):
+            pickle.dumps(obj, protocol)
+    pickle.dumps(cache, protocol)  # the cache itself pickles
+
+
+def test_copies_of_a_checkpoint_alone_roll_its_cache_back(rng):
+    cache = kvarn.KVCache(H, D, "k4v2_g64", sink_tokens=0)
+    cache.append(*tokens(rng, 70))
+    ref = cache.to_parts()
+    ck = cache.checkpoint()
+    cache.append(*tokens(rng, 100))
+    assert copy.copy(ck) is ck
+    assert copy.deepcopy(ck) is ck
+    held = copy.deepcopy({"checkpoints": [ck]})  # a structure of checkpoints, without their cache
+    assert held["checkpoints"][0] is ck
+    cache.rollback(copy.deepcopy(ck))
+    q = rng.standard_normal((2, D)).astype(np.float32)
+    assert_same_cache(cache, kvarn.KVCache.from_parts(**ref), q)
+
+
+def test_deepcopy_of_a_cache_with_its_checkpoints(rng):
+    """The copied checkpoints roll the copied cache back to the original checkpoints' content; appends
+    and rollbacks on either side leave the other side's cache and checkpoints unchanged."""
+    q = rng.standard_normal((4, D)).astype(np.float32)
+    cache = kvarn.KVCache(H, D, "k4v2_g64", sink_tokens=8)
+    cache.append(*tokens(rng, 8 + 64 + 20))
+    ck1, ref1 = cache.checkpoint(), cache.to_parts()
+    cache.append(*tokens(rng, 64 + 5))  # a tile more, written in place into the records ck1 also holds
+    cache.append(*tokens(rng, 1))  # a tail token in place
+    ck2, ref2 = cache.checkpoint(), cache.to_parts()
+    cache.append(*tokens(rng, 30))
+    ref_now = cache.to_parts()
+
+    pair = copy.deepcopy({"cache": cache, "checkpoints": [ck1, ck2]})
+    twin, (ck1b, ck2b) = pair["cache"], pair["checkpoints"]
+    assert twin is not cache and ck1b is not ck1 and ck2b is not ck2
+    assert (len(ck1b), len(ck2b)) == (len(ck1), len(ck2))
+    with pytest.raises(ValueError, match="another cache"):
+        cache.rollback(ck1b)
+    with pytest.raises(ValueError, match="another cache"):
+        twin.rollback(ck1)
+    assert_same_cache(twin, kvarn.KVCache.from_parts(**ref_now), q)
+
+    def check(c, ref):
+        assert_same_cache(c, kvarn.KVCache.from_parts(**ref), q)
+
+    # The same sequence of rollbacks and appends on both sides gives the same caches.
+    for c, (a, b) in ((cache, (ck1, ck2)), (twin, (ck1b, ck2b))):
+        c.rollback(a)
+        check(c, ref1)
+    for m in (1, 64, 1):
+        k, v = tokens(rng, m)
+        cache.append(k, v)
+        twin.append(k, v)
+        assert_same_cache(cache, twin, q)
+    cache.rollback(ck2)
+    twin.rollback(ck2b)
+    check(cache, ref2)
+    check(twin, ref2)
+
+    # Appends to the copy only: the original cache and its checkpoints do not change.
+    before = cache.to_parts()
+    for _ in range(3):
+        twin.append(*tokens(rng, 70))
+        twin.rollback(ck1b)
+        twin.append(*tokens(rng, 1))
+    check(cache, before)
+    cache.rollback(ck1)
+    check(cache, ref1)
+    cache.rollback(ck2)
+    check(cache, ref2)
+    # And the other way round.
+    before = twin.to_parts()
+    for _ in range(3):
+        cache.append(*tokens(rng, 70))
+        cache.rollback(ck1)
+        cache.append(*tokens(rng, 1))
+    check(twin, before)
+    twin.rollback(ck2b)
+    check(twin, ref2)
+    twin.rollback(ck1b)
+    check(twin, ref1)
+
+
+def test_a_checkpoint_deep_copied_before_its_cache_stays_itself(rng):
+    """Only a cache deep-copied earlier in the same operation is known to be copied: a checkpoint listed
+    first stays the original one (it still rolls the original cache back)."""
+    cache = kvarn.KVCache(H, D)
+    cache.append(*tokens(rng, 5))
+    ck = cache.checkpoint()
+    ck_b, twin = copy.deepcopy((ck, cache))
+    assert ck_b is ck and twin is not cache
+    cache.append(*tokens(rng, 5))
+    cache.rollback(ck_b)
+    assert len(cache) == 5
+
+
+@pytest.mark.parametrize("how", ["method", "copy", "deepcopy"])
+def test_a_subclass_copies_into_its_own_type(how, rng):
+    class Mine(kvarn.KVCache):
+        def describe(self):
+            return f"{len(self)} tokens"
+
+    cache = Mine(H, D, "k4v2_g64", sink_tokens=0)
+    cache.layer = 3
+    cache.append(*tokens(rng, 70))
+    twin = cache.copy() if how == "method" else getattr(copy, how)(cache)
+    assert type(twin) is Mine and twin.layer == 3 and twin.describe() == "70 tokens"
+    assert_same_cache(cache, twin, rng.standard_normal((2, D)).astype(np.float32))
