@@ -455,7 +455,7 @@ class KVCache:
         """An independent cache with the same settings and contents (appends to either leave the
         other unchanged). The records are copied: appends write new ones in place."""
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
-        new = object.__new__(KVCache)
+        new = object.__new__(type(self))  # a subclass copies into its own type
         new.__dict__.update({k: v for k, v in self.__dict__.items()
                              if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail")})
         new._append_lock = threading.Lock()
@@ -471,6 +471,20 @@ class KVCache:
 
     def __deepcopy__(self, memo) -> "KVCache":
         return self.copy()
+
+    # pickle goes through the public parts (the lock and the buffers' spare capacity stay behind): the
+    # unpickled cache has the same type, settings and content, and further appends give the same records.
+    def __reduce__(self):
+        parts = self.to_parts()
+        # Instance attributes beyond a fresh KVCache's (a subclass's, say) travel too, as copy() keeps them.
+        base = KVCache(1, self.head_dim, self.preset).__dict__
+        extra = {k: v for k, v in self.__dict__.items() if k not in base and k != "_parts_cache"}
+        return KVCache._unpickle, (type(self), parts), extra or None
+
+    @staticmethod
+    def _unpickle(cls, parts: dict) -> "KVCache":
+        # pickle's reconstructor (found by its qualified name, kvarn.cache.KVCache._unpickle).
+        return cls.from_parts(**parts)
 
     def __repr__(self) -> str:
         sink_len, num_tiles, tail_len = sizes = self._sizes()
@@ -526,6 +540,29 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"<kvarn.KVCache checkpoint of {len(self)} tokens>"
+
+    # A checkpoint is a link to one cache: a copy of it alone must still roll that cache back.
+    def __copy__(self) -> "Checkpoint":
+        return self
+
+    def __deepcopy__(self, memo) -> "Checkpoint":
+        """Itself, unless its cache is deep-copied in the same operation and before it (a
+        ``copy.deepcopy((cache, checkpoint))``): then a checkpoint of the copied cache, holding its own
+        copy of this one's content (a checkpoint listed before its cache stays this one)."""
+        twin = memo.get(id(self._cache))
+        if twin is None:
+            return self
+        import copy
+
+        # Copies of the state's buffers, not the copied cache's current ones: rollback freezes them
+        # there, as on the original (buffers shared by several checkpoints stay shared, through memo).
+        return Checkpoint(twin, copy.deepcopy(self._state, memo))
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(
+            "cannot pickle a kvarn.KVCache checkpoint (kvarn.cache.Checkpoint): it is a link to its cache, which "
+            "pickling cannot keep; roll the cache back to it and pickle the cache (or its to_parts()) instead"
+        )
 
 
 def attend(q, cache: KVCache, scale=None, *, num_threads=None) -> np.ndarray:
