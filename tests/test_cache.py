@@ -126,6 +126,66 @@ def test_chunked_appends_equal_one_append(chunk_sizes, seed):
     np.testing.assert_array_equal(kvarn.attend(q, a), kvarn.attend(q, b))
 
 
+@pytest.mark.parametrize("dtypes", [("float16", "float16"), ("float32", "float32"), ("float64", "float64"),
+                                    ("float32", "float16")])
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+def test_long_appends_in_chunks_equal_token_by_token(dtypes, quantize_on, monkeypatch, rng):
+    """A long append quantises its tiles a few records per native call, from fp16 tiles or from
+    float32 ones rounded to fp16 natively: the records must equal those of one-token appends,
+    which always quantise from the fp16 tail - whatever the dtypes, the chunking and where the
+    tail stood."""
+    monkeypatch.setattr(kvarn.KVCache, "_QUANTIZE_CHUNK_RECORDS", 5)  # 2 heads: 2 tiles per call
+    k = (kv_like(rng, (2, 700, 64)) * 3).astype(dtypes[0])
+    v = rng.standard_normal((2, 700, 64)).astype(dtypes[1])
+    one = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=10, quantize_on=quantize_on)
+    for t in range(700):
+        one.append(k[:, t : t + 1], v[:, t : t + 1])
+    for bounds in ([0, 700], [0, 37, 700], [0, 10, 74, 75, 700], [0, 300, 301, 700]):
+        bulk = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=10, quantize_on=quantize_on)
+        for a, b in zip(bounds, bounds[1:]):
+            bulk.append(k[:, a:b], v[:, a:b])
+        for name, x in one.to_parts().items():
+            y = bulk.to_parts()[name]
+            assert np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y, (bounds, name)
+    assert (one.sink_len, one.num_tiles, one.tail_len) == (10, 10, 50)  # five calls of two tiles each in bulk
+
+
+def test_a_failing_later_chunk_leaves_the_cache_unchanged(monkeypatch, rng):
+    monkeypatch.setattr(kvarn.KVCache, "_QUANTIZE_CHUNK_RECORDS", 2)  # one tile of 2 heads per call
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=64)
+    cache.append(rng.standard_normal((2, 64 + 30 + 5 * 64, 64)), rng.standard_normal((2, 64 + 30 + 5 * 64, 64)))
+    snap = snapshot(cache)
+    k = rng.standard_normal((2, 6 * 64, 64))
+    v = k.copy()
+    v[1, 4 * 64 - 30 : 5 * 64 - 30] = 60000.0  # the 5th tile this append completes, after 4 good calls
+    with pytest.raises(ValueError, match=r"^v: head 1 of the tile of tokens 640\.\.703 has values too large"):
+        cache.append(k, v)
+    assert_unchanged(cache, snap)
+    # Records the failed append wrote past the tile count are invisible and overwritten.
+    fresh = kvarn.KVCache.from_parts(**cache.to_parts())
+    cache.append(k, k)
+    fresh.append(k, k)
+    assert np.array_equal(cache.records, fresh.records) and len(cache) == len(fresh) == 64 + 30 + 11 * 64
+
+
+@pytest.mark.parametrize("n_tokens", [4096, 8192])
+def test_a_long_append_needs_little_memory_beyond_what_it_stores(n_tokens, rng):
+    """A prompt's tiles are quantised a chunk at a time: the peak allocation beyond the cache's own
+    buffers stays the same (a few chunks) whatever the prompt's length. It was ~4x the input
+    (126 MiB for 8 heads x 8K tokens of float32)."""
+    import tracemalloc
+
+    k = rng.standard_normal((8, n_tokens, 128)).astype(np.float32)
+    cache = kvarn.KVCache(8, 128)
+    tracemalloc.start()
+    try:
+        cache.append(k, k)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (peak - cache.allocated_nbytes) / 2**20 < 20, peak / 2**20  # measured: 15.5 MiB at both lengths
+
+
 @pytest.mark.parametrize("quantize_on", ["fill", "next"])
 def test_token_by_token_appends_equal_one_append(quantize_on, rng):
     """Decode appends one token at a time; those that stay inside the tail are written into the

@@ -260,6 +260,35 @@ def test_quantize_identical_iters(iters, rng):
         assert np.array_equal(run_isa(isa, _ops.quantize_tiles_native, k, v, p, iters, 2), ref), isa
 
 
+def _fp16_edge_values(rng, shape):
+    """float32 values hitting fp16 rounding's edge cases: exact ties between neighbours (ties to
+    even), subnormals and their ties, values just under the largest fp16, plus ordinary ones."""
+    ordinary = rng.standard_normal(shape).astype(np.float32)
+    f16 = rng.standard_normal(shape).astype(np.float16)
+    above = np.nextafter(f16, np.float16(np.inf))
+    ties = (f16.astype(np.float64) + above.astype(np.float64)) / 2  # exactly halfway, representable in float32
+    sub = (rng.integers(-1023, 1024, shape) * 2.0**-24 + 2.0**-25).astype(np.float32)  # subnormal ties
+    big = rng.uniform(65000, 65519.99, shape).astype(np.float32) * np.sign(rng.standard_normal(shape))
+    pick = rng.integers(0, 5, shape)
+    return np.choose(pick, [ordinary, ties.astype(np.float32), sub, big.astype(np.float32), f16.astype(np.float32)])
+
+
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v4_g64", "k8v8_g128"])
+def test_quantize_fp16_inputs_give_the_float32_records(preset, rng):
+    """kvarn_quantize_tiles_typed on every ISA: fp16 tiles, and float32 tiles rounded to fp16 on the
+    way in, give exactly the records of float32 tiles holding those fp16 values."""
+    p = _ops.get_preset(preset)
+    k = _fp16_edge_values(rng, (3, p.group, 64)) * np.float32(1e-3)  # well inside the scales' range
+    v = _fp16_edge_values(rng, (3, p.group, 64)) * np.float32(1e-3)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)  # numpy rounds to nearest, ties to even
+    for isa in ISAS:
+        ref = run_isa(isa, _ops.quantize_tiles_native, k16.astype(np.float32), v16.astype(np.float32), p, 8, 2)
+        assert np.array_equal(_ops.quantize_tiles_native(k16, v16, p, 8, 2), ref), isa
+        assert np.array_equal(_ops.quantize_tiles_native(k, v, p, 8, 2, round_to_f16=True), ref), isa
+        # Not vacuous: quantising the unrounded float32 values gives other records.
+        assert not np.array_equal(_ops.quantize_tiles_native(k, v, p, 8, 2), ref), isa
+
+
 @pytest.mark.parametrize("bad", [0, 2])
 def test_quantize_overflow_reported_on_every_isa(bad, rng):
     # One tile of three is in fp16 range, but its constant 60000 rotates to 60000*sqrt(128) in one

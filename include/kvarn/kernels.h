@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kvarn/format.h"
+#include "kvarn/kvarn.h"  // KVARN_INPUT_*
 
 namespace kvarn {
 
@@ -59,12 +60,17 @@ using AttendDenseF16Fn = void (*)(const float* q, int n_q, int head_dim, const u
                                   const uint16_t* v, int64_t n, int64_t row_stride,
                                   SoftmaxState st);
 
+// n input values (KVARN_INPUT_F16 bits, or KVARN_INPUT_F32_AS_F16 floats rounded to binary16
+// and back, ties to even) as float32 into dst: the quantiser's input for those formats.
+using ToFloatFn = void (*)(const void* src, int input_type, float* dst, int64_t n);
+
 struct KernelTable {
     const char* name;
     HadamardF32Fn hadamard_f32;
     QuantizeTileFn quantize_tile;
     AttendTilesFn attend_tiles;
     AttendDenseF16Fn attend_dense_f16;
+    ToFloatFn to_float;
 };
 
 // Each returns the ISA's table, or nullptr when the library was built without

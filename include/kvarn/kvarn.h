@@ -97,6 +97,19 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
                          int32_t vbits, int32_t group, int32_t head_dim, int32_t iters,
                          uint8_t* records, int32_t num_threads, int64_t* bad_tile);
 
+/* kvarn_quantize_tiles for other input formats, without a float32 copy of the input:
+ * input_type KVARN_INPUT_F32 is kvarn_quantize_tiles itself; KVARN_INPUT_F16: k, v hold
+ * IEEE binary16 values (uint16_t bits); KVARN_INPUT_F32_AS_F16: k, v are float32, each
+ * rounded to the nearest binary16 (ties to even) first, as a cache that stores fp16 tokens
+ * quantises them (|x| must stay <= 65504). The records equal kvarn_quantize_tiles' on the
+ * same values in float32. Same layout, threads, returns and *bad_tile; an unknown
+ * input_type is KVARN_ERR_ARGUMENT. k, v must be 2-byte (F16) or 4-byte aligned. */
+enum { KVARN_INPUT_F32 = 0, KVARN_INPUT_F16 = 1, KVARN_INPUT_F32_AS_F16 = 2 };
+int kvarn_quantize_tiles_typed(const void* k, const void* v, int32_t input_type, int64_t n_tiles,
+                               int32_t kbits, int32_t vbits, int32_t group, int32_t head_dim,
+                               int32_t iters, uint8_t* records, int32_t num_threads,
+                               int64_t* bad_tile);
+
 /* Inverse of the above up to quantisation error: k, v written in the original frame. */
 int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbits, int32_t vbits,
                            int32_t group, int32_t head_dim, float* k, float* v);

@@ -321,25 +321,39 @@ int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim)
     return KVARN_OK;
 }
 
-int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_t kbits, int32_t vbits,
-                         int32_t group, int32_t head_dim, int32_t iters, uint8_t* records, int32_t num_threads,
-                         int64_t* bad_tile)
+int kvarn_quantize_tiles_typed(const void* k, const void* v, int32_t input_type, int64_t n_tiles, int32_t kbits,
+                               int32_t vbits, int32_t group, int32_t head_dim, int32_t iters, uint8_t* records,
+                               int32_t num_threads, int64_t* bad_tile)
 {
     if (!k || !v || !records || n_tiles < 0 || iters < 0 || iters > KVARN_MAX_SINKHORN_ITERS ||
-        !format_ok(kbits, vbits, group, head_dim) || !tiles_fit(n_tiles, kbits, vbits, group, head_dim))
+        !format_ok(kbits, vbits, group, head_dim) || !tiles_fit(n_tiles, kbits, vbits, group, head_dim) ||
+        (input_type != KVARN_INPUT_F32 && input_type != KVARN_INPUT_F16 && input_type != KVARN_INPUT_F32_AS_F16))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
     const TileFormat fmt{kbits, vbits, group, head_dim};
     const size_t rec_bytes = fmt.layout().total;
     const size_t tile_elems = (size_t)group * head_dim;
+    const size_t tile_bytes = tile_elems * (input_type == KVARN_INPUT_F16 ? 2 : 4);
+    const char* k_bytes = static_cast<const char*>(k);
+    const char* v_bytes = static_cast<const char*>(v);
     std::atomic<int64_t> first_bad{std::numeric_limits<int64_t>::max()};
     // Two items per tile, its K and its V half (disjoint bytes of the record): a few tiles
     // (one per kv head when a tile completes during decoding) then still fill every thread.
     auto body = [&](int64_t item) {
         const int64_t i = item / 2;
         const int part = item % 2 ? kvarn::kQuantizeV : kvarn::kQuantizeK;
-        if (kt->quantize_tile(k + i * tile_elems, v + i * tile_elems, fmt, iters, records + i * rec_bytes, part)) {
+        const char* src = (part == kvarn::kQuantizeK ? k_bytes : v_bytes) + i * tile_bytes;
+        const float* x = reinterpret_cast<const float*>(src);
+        if (input_type != KVARN_INPUT_F32) {
+            // This thread's float32 copy of the one tile it quantises (the quantiser reads only
+            // the part's input, so it serves as k and v alike); bad_alloc ends as ERR_INTERNAL.
+            thread_local std::vector<float> converted;
+            if (converted.size() < tile_elems) converted.resize(tile_elems);
+            kt->to_float(src, input_type, converted.data(), (int64_t)tile_elems);
+            x = converted.data();
+        }
+        if (kt->quantize_tile(x, x, fmt, iters, records + i * rec_bytes, part)) {
             int64_t cur = first_bad.load();
             while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
             }
@@ -352,6 +366,14 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
         return KVARN_ERR_OVERFLOW;
     }
     return KVARN_OK;
+}
+
+int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_t kbits, int32_t vbits,
+                         int32_t group, int32_t head_dim, int32_t iters, uint8_t* records, int32_t num_threads,
+                         int64_t* bad_tile)
+{
+    return kvarn_quantize_tiles_typed(k, v, KVARN_INPUT_F32, n_tiles, kbits, vbits, group, head_dim, iters, records,
+                                      num_threads, bad_tile);
 }
 
 int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbits, int32_t vbits, int32_t group,

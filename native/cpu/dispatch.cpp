@@ -80,6 +80,7 @@ KernelTable merged(const KernelTable* top, const KernelTable& below)
     if (top->quantize_tile) t.quantize_tile = top->quantize_tile;
     if (top->attend_tiles) t.attend_tiles = top->attend_tiles;
     if (top->attend_dense_f16) t.attend_dense_f16 = top->attend_dense_f16;
+    if (top->to_float) t.to_float = top->to_float;
     return t;
 }
 

@@ -30,6 +30,13 @@ cdef extern from "kvarn/kvarn.h" nogil:
     int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_t kbits,
                              int32_t vbits, int32_t group, int32_t head_dim, int32_t iters,
                              uint8_t* records, int32_t num_threads, int64_t* bad_tile)
+    enum:
+        KVARN_INPUT_F32
+        KVARN_INPUT_F16
+        KVARN_INPUT_F32_AS_F16
+    int kvarn_quantize_tiles_typed(const void* k, const void* v, int32_t input_type, int64_t n_tiles,
+                                   int32_t kbits, int32_t vbits, int32_t group, int32_t head_dim,
+                                   int32_t iters, uint8_t* records, int32_t num_threads, int64_t* bad_tile)
     int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbits, int32_t vbits,
                                int32_t group, int32_t head_dim, float* k, float* v)
 

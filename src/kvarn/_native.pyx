@@ -101,19 +101,39 @@ def balance(const float[:, ::1] x, int iters, float[::1] r, float[::1] c):
 
 
 def quantize_tiles(const float[:, :, ::1] k, const float[:, :, ::1] v, int kbits, int vbits,
-                   int iters, uint8_t[:, ::1] records, int num_threads):
-    """k, v: [n_tiles, G, D]. Returns (status, first bad tile)."""
+                   int iters, uint8_t[:, ::1] records, int num_threads, bint round_to_f16=False):
+    """k, v: [n_tiles, G, D]; round_to_f16: quantise the values rounded to fp16
+    (KVARN_INPUT_F32_AS_F16). Returns (status, first bad tile)."""
     cdef int rc
     cdef int64_t bad = -1
     cdef int64_t n = k.shape[0]
+    cdef int32_t input_type = KVARN_INPUT_F32_AS_F16 if round_to_f16 else KVARN_INPUT_F32
     _check_same(k.shape, v.shape, 3, "quantize_tiles: k and v")
     if records.shape[0] != n or (n and records.shape[1] != _record_total(kbits, vbits, k.shape[1], k.shape[2])):
         raise ValueError("quantize_tiles: records buffer does not fit the tiles")
     if n == 0:
         return 0, -1
     with nogil:
-        rc = kvarn_quantize_tiles(&k[0, 0, 0], &v[0, 0, 0], n, kbits, vbits, <int32_t>k.shape[1],
-                                  <int32_t>k.shape[2], iters, &records[0, 0], num_threads, &bad)
+        rc = kvarn_quantize_tiles_typed(&k[0, 0, 0], &v[0, 0, 0], input_type, n, kbits, vbits, <int32_t>k.shape[1],
+                                        <int32_t>k.shape[2], iters, &records[0, 0], num_threads, &bad)
+    return rc, bad
+
+
+def quantize_tiles_f16(const uint16_t[:, :, ::1] k, const uint16_t[:, :, ::1] v, int kbits, int vbits,
+                       int iters, uint8_t[:, ::1] records, int num_threads):
+    """quantize_tiles for fp16 tiles (k, v: [n_tiles, G, D] float16 viewed as uint16)."""
+    cdef int rc
+    cdef int64_t bad = -1
+    cdef int64_t n = k.shape[0]
+    _check_same(k.shape, v.shape, 3, "quantize_tiles_f16: k and v")
+    if records.shape[0] != n or (n and records.shape[1] != _record_total(kbits, vbits, k.shape[1], k.shape[2])):
+        raise ValueError("quantize_tiles_f16: records buffer does not fit the tiles")
+    if n == 0:
+        return 0, -1
+    with nogil:
+        rc = kvarn_quantize_tiles_typed(&k[0, 0, 0], &v[0, 0, 0], KVARN_INPUT_F16, n, kbits, vbits,
+                                        <int32_t>k.shape[1], <int32_t>k.shape[2], iters, &records[0, 0],
+                                        num_threads, &bad)
     return rc, bad
 
 

@@ -182,31 +182,15 @@ class KVCache:
             tail_v[:, tail_len:rest] = v
             self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
             return
-        k16 = k.astype(np.float16, copy=False)
-        v16 = v.astype(np.float16, copy=False)
-
         # 1. What goes to the sink.
         new_sink_k = new_sink_v = None
         if to_sink > 0:
-            new_sink_k = np.concatenate([sink_k, k16[:, :to_sink]], axis=1)
-            new_sink_v = np.concatenate([sink_v, v16[:, :to_sink]], axis=1)
+            new_sink_k = np.concatenate([sink_k, k[:, :to_sink].astype(np.float16)], axis=1)
+            new_sink_v = np.concatenate([sink_v, v[:, :to_sink].astype(np.float16)], axis=1)
 
-        # 2. Tail + the rest; whole tiles of it get quantised (may raise: nothing is changed yet).
-        rest_k = np.concatenate([tail_k[:, :tail_len], k16[:, to_sink:]], axis=1)
-        rest_v = np.concatenate([tail_v[:, :tail_len], v16[:, to_sink:]], axis=1)
-        new_records = None
-        if n_full:
-            def tiles(x):  # [H, n_full*G, D] -> [n_full*H, G, D], tile-major then head
-                x = x[:, : n_full * G].reshape(H, n_full, G, D).transpose(1, 0, 2, 3)
-                return np.ascontiguousarray(x, dtype=np.float32).reshape(n_full * H, G, D)
-
-            def describe(i):  # the cache positions of pair i's tokens
-                start = self.sink_tokens + (num_tiles + i // H) * G
-                return f"head {i % H} of the tile of tokens {start}..{start + G - 1}"
-
-            new_records = quantize_tiles_native(tiles(rest_k), tiles(rest_v), self.preset, self.iters, threads,
-                                                describe)
-            new_records = new_records.reshape(n_full, H, self._record_bytes)
+        # 2. The rest, tail[:tail_len] then k[:, to_sink:], in "rest" positions 0..rest-1: its whole
+        # tiles are quantised straight into the records buffer past num_tiles, where no published
+        # state reads (may raise: nothing visible is changed yet), a chunk of tiles at a time.
         if n_full and (num_tiles + n_full > records.shape[0] or records is self._frozen_records):
             # Grow by a quarter (amortised O(1) per tile, at most ~25 % spare), not by doubling,
             # which can leave half of the buffer unused in a cache meant to save memory. A frozen
@@ -217,17 +201,20 @@ class KVCache:
             grown = np.zeros((capacity, H, self._record_bytes), np.uint8)
             grown[:num_tiles] = records[:num_tiles]
             records = grown
-        # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
-        tail_k = np.zeros_like(tail_k)
-        tail_v = np.zeros_like(tail_v)
-        left = rest - n_full * G
-        tail_k[:, :left] = rest_k[:, n_full * G :]
-        tail_v[:, :left] = rest_v[:, n_full * G :]
-
-        # 3. Commit (no exceptions past this point). Records past the current tile count are
-        # invisible to readers, so they can be written in place before the new state is published.
         if n_full:
-            records[num_tiles : num_tiles + n_full] = new_records
+            self._quantize_rest(records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads)
+        # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
+        left = rest - n_full * G
+        new_tail_k, new_tail_v = np.zeros_like(tail_k), np.zeros_like(tail_v)
+        from_tail = max(0, tail_len - n_full * G)  # kept tail tokens (only when no tile completed)
+        new_tail_k[:, :from_tail] = tail_k[:, tail_len - from_tail : tail_len]
+        new_tail_v[:, :from_tail] = tail_v[:, tail_len - from_tail : tail_len]
+        new_tail_k[:, from_tail:left] = k[:, n - (left - from_tail) :]  # fp16 rounding as astype
+        new_tail_v[:, from_tail:left] = v[:, n - (left - from_tail) :]
+        tail_k, tail_v = new_tail_k, new_tail_v
+
+        # 3. Commit (no exceptions past this point).
+        if n_full:
             if self._frozen_records is not None and records is not self._frozen_records:
                 self._frozen_records = None  # replaced: do not keep the old buffer alive
         self._frozen_tail = None  # the tail buffers are fresh (above)
@@ -236,6 +223,46 @@ class KVCache:
             new_sink_v if new_sink_v is not None else sink_v,
             records, num_tiles + n_full, tail_k, tail_v, left,
         )
+
+    # Records per native call when quantising many tiles (a long prompt): bounds the float
+    # copies to a few MB whatever the prompt's length.
+    _QUANTIZE_CHUNK_RECORDS = 128
+
+    def _quantize_rest(self, records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads):
+        """Quantises tiles 0..n_full-1 of tail[:, :tail_len] ++ k[:, to_sink:] (same for v) into
+        records[num_tiles : num_tiles + n_full]. Tiles are quantised from the values rounded to
+        fp16, as they would be from the fp16 tail, so how tokens are split into appends never
+        changes a record."""
+        H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
+        out = records[num_tiles : num_tiles + n_full].reshape(n_full * H, self._record_bytes)
+
+        def quantize(tk, tv, first, round_to_f16):  # tk, tv: [n, H, G, D], tiles first..first+n-1
+            m = tk.shape[0] * H
+
+            def describe(i):  # the cache positions of pair i's tokens
+                start = self.sink_tokens + (num_tiles + first + i // H) * G
+                return f"head {i % H} of the tile of tokens {start}..{start + G - 1}"
+
+            quantize_tiles_native(np.ascontiguousarray(tk).reshape(m, G, D), np.ascontiguousarray(tv).reshape(m, G, D),
+                                  self.preset, self.iters, threads, describe, out=out[first * H : first * H + m],
+                                  round_to_f16=round_to_f16)
+
+        first = 0
+        if tail_len:  # tile 0 starts in the tail (fp16): assembled in fp16, G tokens per head
+            head = G - tail_len
+            tk = np.concatenate([tail_k[:, :tail_len], k[:, to_sink : to_sink + head].astype(np.float16)], axis=1)
+            tv = np.concatenate([tail_v[:, :tail_len], v[:, to_sink : to_sink + head].astype(np.float16)], axis=1)
+            quantize(tk[None], tv[None], 0, False)
+            first = 1
+        if k.dtype != v.dtype or k.dtype == np.float64:
+            # One native input format per call; float64 rounds to fp16 once (via float32 could round twice).
+            k, v = k.astype(np.float16, copy=False), v.astype(np.float16, copy=False)
+        step = max(1, self._QUANTIZE_CHUNK_RECORDS // H)
+        for a in range(first, n_full, step):
+            b = min(n_full, a + step)
+            start = to_sink + a * G - tail_len
+            tiles = lambda x: x[:, start : start + (b - a) * G].reshape(H, b - a, G, D).transpose(1, 0, 2, 3)  # noqa: E731
+            quantize(tiles(k), tiles(v), a, k.dtype == np.float32)
 
     # ---- truncate ------------------------------------------------------------
     def _checked_length(self, length, n: int) -> int:

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvarn/kernels.h"  // float_to_half / half_to_float
 #include "kvarn/kvarn.h"
 
 static int failures = 0;
@@ -110,6 +111,40 @@ int main()
     empty.head_dim = 16;
     CHECK(kvarn_attend(&empty, 1, x, 1, 1.f, x, 1) == KVARN_ERR_ARGUMENT);  // no tokens
     CHECK(kvarn_set_isa("sse9") == KVARN_ERR_ISA);
+    {
+        // kvarn_quantize_tiles_typed: fp16 input, and float32 rounded to fp16 on the way in, give the
+        // records of float32 input holding the fp16 values; an unknown input type is an argument error.
+        const int G = 64, D = 32, n = 3;
+        std::vector<float> k32(n * G * D), v32(n * G * D), k_rounded(n * G * D), v_rounded(n * G * D);
+        std::vector<uint16_t> k16(n * G * D), v16(n * G * D);
+        std::mt19937 g(5);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (int i = 0; i < n * G * D; ++i) {
+            k32[i] = nd(g) * 3.0f;
+            v32[i] = nd(g) * 0.01f;
+            k16[i] = kvarn::float_to_half(k32[i]);
+            v16[i] = kvarn::float_to_half(v32[i]);
+            k_rounded[i] = kvarn::half_to_float(k16[i]);
+            v_rounded[i] = kvarn::half_to_float(v16[i]);
+        }
+        const size_t bytes = n * kvarn_layout(4, 2, G, D).total;
+        std::vector<uint8_t> ref(bytes), got16(bytes), got_rounded(bytes), unrounded(bytes);
+        CHECK(kvarn_quantize_tiles(k_rounded.data(), v_rounded.data(), n, 4, 2, G, D, 8, ref.data(), 2, nullptr) ==
+              KVARN_OK);
+        CHECK(kvarn_quantize_tiles_typed(k16.data(), v16.data(), KVARN_INPUT_F16, n, 4, 2, G, D, 8, got16.data(), 2,
+                                         nullptr) == KVARN_OK);
+        CHECK(kvarn_quantize_tiles_typed(k32.data(), v32.data(), KVARN_INPUT_F32_AS_F16, n, 4, 2, G, D, 8,
+                                         got_rounded.data(), 2, nullptr) == KVARN_OK);
+        CHECK(kvarn_quantize_tiles_typed(k32.data(), v32.data(), KVARN_INPUT_F32, n, 4, 2, G, D, 8, unrounded.data(),
+                                         2, nullptr) == KVARN_OK);
+        CHECK(got16 == ref);
+        CHECK(got_rounded == ref);
+        CHECK(unrounded != ref);  // the rounding is real: these inputs are not fp16 values
+        CHECK(kvarn_quantize_tiles_typed(k16.data(), v16.data(), 3, n, 4, 2, G, D, 8, got16.data(), 2, nullptr) ==
+              KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_quantize_tiles_typed(k16.data(), nullptr, KVARN_INPUT_F16, n, 4, 2, G, D, 8, got16.data(), 2,
+                                         nullptr) == KVARN_ERR_ARGUMENT);
+    }
     {
         // iters is bounded like the Python layer's (KVARN_MAX_SINKHORN_ITERS): 2**31 - 1 used to run
         // for minutes. The cap itself is accepted; one more is an argument error.

@@ -59,6 +59,41 @@ static void check_table(const KernelTable* t)
 {
     const KernelTable* s = scalar_kernels();
     std::printf("== %s\n", t->name);
+    // fp16 input conversion: bit-identical to scalar on every finite fp16 value, and for float32
+    // rounded to fp16 on every tie between neighbouring fp16 values, the values one float32 ulp
+    // either side of it, and each fp16 value itself (subnormals and +-65504 included); odd
+    // lengths exercise the vector tails.
+    {
+        std::vector<uint16_t> halves;
+        std::vector<float> floats;
+        for (uint32_t h = 0; h < 0x10000; ++h) {
+            if ((h & 0x7c00u) == 0x7c00u) continue;  // inf / NaN: never passed
+            halves.push_back((uint16_t)h);
+            const float f = half_to_float((uint16_t)h);
+            floats.push_back(f);
+            if ((h & 0x7fffu) != 0x7bffu) {  // not the largest: the tie with the next one up
+                const float up = half_to_float((uint16_t)(h + 1));
+                const float tie = (float)(((double)f + (double)up) / 2);
+                floats.insert(floats.end(), {tie, std::nextafter(tie, -INFINITY), std::nextafter(tie, INFINITY)});
+            }
+        }
+        for (size_t n : {halves.size(), (size_t)7, (size_t)1}) {
+            auto src = exact<uint16_t>(n);
+            auto a = exact<float>(n), b = exact<float>(n);
+            std::memcpy(src.get(), halves.data(), n * sizeof(uint16_t));
+            s->to_float(src.get(), KVARN_INPUT_F16, a.get(), (int64_t)n);
+            t->to_float(src.get(), KVARN_INPUT_F16, b.get(), (int64_t)n);
+            CHECK(!std::memcmp(a.get(), b.get(), n * sizeof(float)), "to_float f16 n=%zu", n);
+        }
+        for (size_t n : {floats.size(), (size_t)13}) {
+            auto src = exact<float>(n);
+            auto a = exact<float>(n), b = exact<float>(n);
+            std::memcpy(src.get(), floats.data(), n * sizeof(float));
+            s->to_float(src.get(), KVARN_INPUT_F32_AS_F16, a.get(), (int64_t)n);
+            t->to_float(src.get(), KVARN_INPUT_F32_AS_F16, b.get(), (int64_t)n);
+            CHECK(!std::memcmp(a.get(), b.get(), n * sizeof(float)), "to_float f32 as f16 n=%zu", n);
+        }
+    }
     // Hadamard: bit-identical.
     for (int D : {16, 48, 64, 80, 128, 1024})
         for (int rows : {1, 2, 3, 5}) {
@@ -129,9 +164,10 @@ int main()
         }
         kvarn_set_isa(name);
         const KernelTable* t = !std::strcmp(name, "avx2") ? avx2_kernels() : avx512_kernels();
-        // A table could leave entries to the lower ISA (none does today).
+        // A table can leave entries to the lower ISA (avx512 leaves to_float to avx2).
         KernelTable full = *t;
         if (!full.quantize_tile) full.quantize_tile = avx2_kernels()->quantize_tile;
+        if (!full.to_float) full.to_float = avx2_kernels()->to_float;
         // The exact (float) arithmetic first: int16 is the default wherever it runs.
         kvarn_set_score_mode(0);
         check_table(&full);

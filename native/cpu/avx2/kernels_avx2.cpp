@@ -835,8 +835,28 @@ void attend_dense_f16_avx2(const float* q_all, int n_q, int D, const uint16_t* k
 #include "quantize_simd.inc"
 #undef KVARN_SIMD_HADAMARD
 
+// F16C conversions (the avx512 table uses these too: the copy is memory-bound). The scalar
+// helpers finish the last n % 8 values with the same rounding (RNE, as vcvtps2ph's imm 0).
+void to_float_avx2(const void* src, int input_type, float* dst, int64_t n)
+{
+    int64_t i = 0;
+    if (input_type == KVARN_INPUT_F16) {
+        const uint16_t* h = static_cast<const uint16_t*>(src);
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+        for (; i < n; ++i) dst[i] = half_to_float(h[i]);
+    } else if (input_type == KVARN_INPUT_F32_AS_F16) {
+        const float* f = static_cast<const float*>(src);
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(f + i), _MM_FROUND_TO_NEAREST_INT)));
+        for (; i < n; ++i) dst[i] = half_to_float(float_to_half(f[i]));
+    } else {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+    }
+}
+
 const KernelTable kAvx2 = {
-    "avx2", hadamard_f32_avx2, quantize_tile_simd, attend_tiles_avx2, attend_dense_f16_avx2,
+    "avx2", hadamard_f32_avx2, quantize_tile_simd, attend_tiles_avx2, attend_dense_f16_avx2, to_float_avx2,
 };
 
 }  // namespace

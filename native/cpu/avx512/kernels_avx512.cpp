@@ -983,6 +983,7 @@ void attend_dense_f16_avx512(const float* q_all, int n_q, int D, const uint16_t*
 
 const KernelTable kAvx512 = {
     "avx512", hadamard_f32_avx512, quantize_tile_simd, attend_tiles_avx512, attend_dense_f16_avx512,
+    nullptr,  // to_float: avx2's
 };
 
 }  // namespace

@@ -289,8 +289,22 @@ void attend_dense_f16_scalar(const float* q_all, int n_q, int D, const uint16_t*
     }
 }
 
+void to_float_scalar(const void* src, int input_type, float* dst, int64_t n)
+{
+    if (input_type == KVARN_INPUT_F16) {
+        const uint16_t* h = static_cast<const uint16_t*>(src);
+        for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(h[i]);
+    } else if (input_type == KVARN_INPUT_F32_AS_F16) {
+        const float* f = static_cast<const float*>(src);
+        for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(float_to_half(f[i]));
+    } else {
+        std::memcpy(dst, src, sizeof(float) * (size_t)n);
+    }
+}
+
 const KernelTable kScalar = {
     "scalar", hadamard_f32_scalar, quantize_tile_scalar, attend_tiles_scalar, attend_dense_f16_scalar,
+    to_float_scalar,
 };
 
 }  // namespace
