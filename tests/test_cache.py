@@ -1124,6 +1124,42 @@ def test_speculative_rollback_loop_keeps_records_capacity_bounded(rng):
     assert cache.allocated_nbytes <= 1.3 * cache.nbytes
 
 
+def test_rollback_after_a_draft_within_the_tail_copies_no_records(rng):
+    """A speculative step whose draft completes no tile leaves the records buffer writable: the next
+    completed tile goes into it in place, or into a grown buffer when it is full (copying every
+    record on each such step made it cost O(context)). A draft that did complete a tile makes the
+    buffer shared with its state: the next tile then goes into a same-size copy, and that state's
+    reader still sees its own tile."""
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=64)
+    cache.append(*(rng.standard_normal((2, 64 + 20 * 64 + 10, 64)).astype(np.float32),) * 2)
+    x = rng.standard_normal((2, 64, 64)).astype(np.float32)
+    in_place = 0
+    for step in range(40):
+        point = cache.checkpoint()
+        cache.append(x[:, :5], x[:, :5])  # draft: stays in the tail (the tail holds < 59 tokens here)
+        cache.rollback(point)
+        before, tiles = cache._state[2], cache.num_tiles
+        n = 10 + 7 * step % 40
+        cache.append(x[:, :n], x[:, :n])  # accepted tokens
+        after = cache._state[2]
+        if cache.num_tiles > tiles:
+            assert after is before or after.shape[0] > before.shape[0], step  # in place, or grown
+            in_place += after is before
+        while cache.tail_len > 50:  # keep the next draft inside the tail
+            cache.append(x[:, :20], x[:, :20])
+    assert cache.num_tiles > 30 and in_place >= 5, (cache.num_tiles, in_place)
+    records = cache._state[2]
+    point = cache.checkpoint()
+    cache.append(x, x)  # a draft that completes a tile, read by an attend in flight
+    reader = cache._native_parts()
+    seen = _visible(reader)
+    cache.rollback(point)
+    cache.append(-x, -x)  # completes the same tile with other tokens
+    assert cache._state[2] is not records and cache._state[2].shape == records.shape  # copied, same size
+    for a, b in zip(_visible(reader), seen):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_truncate_releases_the_buffers_of_the_last_attend(rng):
     import gc
     import weakref

@@ -64,6 +64,12 @@ class KVCache:
         self._record_bytes = self.preset.record_bytes(self.head_dim)
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
         empty = np.zeros((H, 0, D), np.float16)
+        # Buffers a rollback made current again: newer states (checkpoints, or an attend in flight)
+        # may hold content past the restored lengths in them, so the next write copies them first.
+        self._frozen_records = self._frozen_tail = None
+        # The records buffer published last and the most tiles any state has published in it: a
+        # rollback within that count leaves the buffer writable (no state reads past it).
+        self._records_seen, self._records_high_water = None, 0
         self._publish(
             empty, empty,
             np.zeros((0, H, self._record_bytes), np.uint8),  # records [capacity, H, bytes]
@@ -71,9 +77,6 @@ class KVCache:
             np.zeros((H, G, D), np.float16), np.zeros((H, G, D), np.float16),  # tail [H, G, D]
             0,
         )
-        # Buffers a rollback made current again: newer states (checkpoints, or an attend in flight)
-        # may hold content past the restored lengths in them, so the next write copies them first.
-        self._frozen_records = self._frozen_tail = None
         # Serialises appends (the native quantiser runs without the GIL). attend() needs no lock:
         # it reads a snapshot, and append only writes records past that snapshot's tile count.
         self._append_lock = threading.Lock()
@@ -337,22 +340,34 @@ class KVCache:
         """Returns the cache to ``checkpoint`` (taken from this cache with ``checkpoint()``); every
         checkpoint of the cache stays usable, in any order. Copies nothing at once: the restored
         buffers are frozen, and the next append that writes into one copies it first (the tail,
-        at most one tile, on the next append; the records on the next completed tile), because
-        newer checkpoints and attend calls in flight may still read them past the restored
-        lengths. A checkpoint of another cache raises ValueError and changes nothing."""
+        at most one tile, on the next append; the records on the next completed tile, unless no
+        newer state completed a tile in them), because newer checkpoints and attend calls in
+        flight may still read them past the restored lengths. A checkpoint of another cache raises ValueError and changes nothing."""
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"checkpoint: expected a KVCache.checkpoint() result, got {type(checkpoint).__name__}")
         if checkpoint._cache is not self:
             raise ValueError("checkpoint: taken from another cache")
         with self._append_lock:
             state = checkpoint._state
-            self._frozen_records, self._frozen_tail = state[2], state[4]
+            records, num_tiles = state[2], state[3]
+            # The records need no freeze when no state ever held more tiles in that buffer (a
+            # speculative draft that completed no tile): copying them on every rollback made a
+            # checkpoint / draft / rollback step cost O(context).
+            clean = records is self._records_seen and self._records_high_water <= num_tiles
+            self._frozen_records = None if clean else records
+            self._frozen_tail = state[4]
             self._publish(*state)
 
     def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
         # from self._state and never see new records with an old count or the reverse.
         self._state = (sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len)
+        if records is self._frozen_records:
+            self._records_seen = None  # restored by a rollback: what other states hold in it is unknown
+        elif records is self._records_seen:
+            self._records_high_water = max(self._records_high_water, num_tiles)
+        else:
+            self._records_seen, self._records_high_water = records, num_tiles
         # The last attend's parts would keep that state's buffers alive until the next attend (past a
         # truncate(0), say); readers keep their own reference to the parts they use.
         self.__dict__.pop("_parts_cache", None)
@@ -484,9 +499,11 @@ class KVCache:
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
         new = object.__new__(type(self))  # a subclass copies into its own type
         new.__dict__.update({k: v for k, v in self.__dict__.items()
-                             if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail")})
+                             if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail",
+                                          "_records_seen", "_records_high_water")})
         new._append_lock = threading.Lock()
         new._frozen_records = new._frozen_tail = None
+        new._records_seen, new._records_high_water = None, 0
         new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),
                      tail_len)
         return new
