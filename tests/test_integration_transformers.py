@@ -92,6 +92,42 @@ def test_prefill_is_exact_and_decode_uses_packed_cache(smol):
     assert not torch.allclose(step, full, atol=1e-3), "2-bit tiles should change the logits"
     assert float(torch.corrcoef(torch.stack([step, full]))[0, 1]) > 0.9
 
+def test_decode_with_grad_enabled_is_refused_and_prefill_stays_differentiable(smol):
+    """kvarn decode attention runs through numpy: with grad enabled, a decode step whose query or K/V
+    require grad raises (its logits would otherwise report requires_grad with gradients that skip the
+    attention). Prefill attends through sdpa: its gradients equal the cache-free model's."""
+    model, _, ids = smol
+    emb = model.get_input_embeddings()
+
+    def embeds(tokens):
+        return emb(torch.tensor([tokens])).detach().requires_grad_(True)
+
+    grads, trainable = [], [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(False)  # gradients for the inputs only: fast, and none left on the shared model
+    try:
+        for cache in (None, KVarNCache(model.config)):
+            e = embeds(ids[:24])
+            kw = cache_kwargs(model, cache) if cache is not None else {}
+            out = model(inputs_embeds=e, use_cache=cache is not None, **kw).logits[0, -1]
+            torch.log_softmax(out, -1)[ids[24]].backward()
+            grads.append(e.grad)
+        torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-6)  # prefill: exact, gradients included
+        layers = cache.kvarn_layers
+        assert [len(layer.caches[0]) for layer in layers] == [24] * len(layers)
+        with pytest.raises(RuntimeError, match=r"not differentiable; run under torch\.no_grad\(\) or torch\.inference"):
+            model(inputs_embeds=embeds(ids[24:25]), use_cache=True, **cache_kwargs(model, cache))
+    finally:
+        for p, flag in zip(model.parameters(), trainable):
+            p.requires_grad_(flag)
+    # Refused in the first layer before anything was stored: the cache goes on under no_grad.
+    assert all(layer._pending is None and len(layer.caches[0]) == 24 for layer in layers)
+    ref = KVarNCache(model.config)
+    with torch.no_grad():
+        model(torch.tensor([ids[:24]]), use_cache=True, **cache_kwargs(model, ref))
+        want = model(torch.tensor([ids[24:25]]), use_cache=True, **cache_kwargs(model, ref)).logits[0, -1]
+    with torch.inference_mode():
+        got = model(torch.tensor([ids[24:25]]), use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 @pytest.mark.parametrize("quantize_on", ["fill", "next"])
 def test_decode_path_agrees_with_pseudo_decode(smol, quantize_on):
@@ -305,6 +341,87 @@ def test_a_forward_that_stops_part_way_is_refused_until_reset(how):
         cache.update(*_kv(2, 1, 4), 0)
     assert "last rejected step" not in str(refused.value)
 
+class _Interrupt(BaseException):  # stands in for KeyboardInterrupt
+    pass
+
+
+def test_an_interrupt_between_update_and_attention_is_refused_until_reset(smol):
+    """An interrupt after a layer's cache update but before its attention leaves that layer's step
+    untaken: the layer does not count it, and the cache refuses the next forward, crop and row changes
+    (naming reset()) without changing any layer, until reset()."""
+    from transformers import AttentionInterface
+
+    from kvarn.integrations.transformers import kvarn_attention
+
+    model, _, ids = smol
+    armed = {}
+
+    def flaky(module, *args, **kwargs):
+        if armed.pop(module.layer_idx, False):
+            raise _Interrupt(f"interrupted before layer {module.layer_idx}'s attention")
+        return kvarn_attention(module, *args, **kwargs)
+
+    def forward(cache, tokens):
+        with torch.no_grad():
+            return model(torch.tensor([tokens]), use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+
+    cache = KVarNCache(model.config)
+    layers = cache.kvarn_layers
+    AttentionInterface.register("kvarn", flaky)
+    try:
+        armed[29] = True  # the prompt: layers 0-28 store it, layer 29 never does
+        with pytest.raises(_Interrupt):
+            forward(cache, ids[:20])
+        assert [layer.get_seq_length() for layer in layers] == [20] * 29 + [0]
+        for call in (lambda: cache.crop(-1), lambda: cache.reorder_cache(torch.tensor([0])),
+                     lambda: cache.batch_select_indices(torch.tensor([0])), lambda: forward(cache, ids[20:21])):
+            with pytest.raises(RuntimeError, match="hold 0 to 20 tokens.*interrupted part-way; call reset"):
+                call()
+        assert [sum(len(c) for c in layer.caches) for layer in layers] == [20] * 29 + [0]  # nothing cropped
+        cache.reset()
+        forward(cache, ids[:20])
+        armed[0] = True  # a decode step: no layer stores it
+        with pytest.raises(_Interrupt):
+            forward(cache, ids[20:21])
+        assert cache.get_seq_length() == 20 and layers[0]._pending is not None
+        for call in (lambda: cache.crop(-1), lambda: cache.batch_repeat_interleave(2),
+                     lambda: forward(cache, ids[20:21])):
+            with pytest.raises(RuntimeError, match="layer 0 holds a step whose attention never ran.*call reset"):
+                call()
+        assert all(len(layer.caches) == 1 and len(layer.caches[0]) == 20 for layer in layers)
+    finally:
+        AttentionInterface.register("kvarn", kvarn_attention)
+    cache.reset()
+    forward(cache, ids[:20])
+    forward(cache, ids[20:21])
+    assert all(len(layer.caches[0]) == 21 for layer in layers)
+
+
+@pytest.mark.parametrize("order", ["full, sliding", "sliding, full"])
+def test_crop_and_row_changes_check_every_layer_before_changing_any(order):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=100)
+    cfg.layer_types = [t + "_attention" for t in order.split(", ")]
+    cfg.sliding_window = 4
+    cache = KVarNCache(cfg)
+    (kv_layer,), sliding = cache.kvarn_layers, cache.layers[order.split(", ").index("sliding")]
+    k, v = _kv(2, 10, 0)
+    _prefill(kv_layer, k, v)
+    sliding.update(k, v)  # keeps its last 3 tokens, counts 10
+    before = _snapshot(kv_layer), sliding.keys, sliding.cumulative_length
+    # The sliding layer cannot crop past its window; the KVarN layer refuses a row transformers' layers accept.
+    with pytest.raises(RuntimeError, match="past states"):
+        cache.crop(-1)
+    with pytest.raises(ValueError, match="beam_idx.*out of range"):
+        cache.reorder_cache(torch.tensor([1, -1]))
+    with pytest.raises(ValueError, match="indices.*no batch rows"):
+        cache.batch_select_indices(torch.tensor([], dtype=torch.long))
+    _assert_same(_snapshot(kv_layer), before[0])
+    assert sliding.keys is before[1] and sliding.cumulative_length == before[2] == 10
+    cache.reorder_cache(torch.tensor([1, 0]))  # valid: both layers change
+    assert torch.equal(sliding.keys, before[1][[1, 0]]) and len(kv_layer.caches) == 2
 
 def test_decode_after_a_restored_step_equals_a_cache_that_never_saw_it():
     # A rolled-back step leaves nothing behind that a later (valid) step could read: same outputs and
@@ -601,6 +718,50 @@ def test_restore_attention():
     restore_attention(model)  # nothing to undo: no-op
     assert model.config._attn_implementation == "eager"
 
+def test_deep_copied_cache_shares_the_config_and_a_foreign_route_is_refused(smol):
+    """copy.deepcopy(cache) (transformers' prompt-reuse pattern) copies the stored tokens but not the
+    model's config, so restore_attention(model) stops the copy too. A forward whose attention is not
+    "kvarn" while the cache's config says so (another instance of the model) is refused at the second
+    layer, before a decode step over the new token alone reaches the logits; the cache is as before."""
+    import copy
+
+    from kvarn.integrations.transformers import restore_attention, use_kvarn_attention
+
+    model, _, ids = smol
+
+    def forward(cache, tokens):
+        with torch.no_grad():
+            return model(torch.tensor([tokens]), use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+
+    try:
+        use_kvarn_attention(model)
+        cache = KVarNCache(model.config)
+        forward(cache, ids[:30])
+        branch = copy.deepcopy(cache)
+        assert branch.config is model.config and branch._failure is not cache._failure
+        for a, b in zip(cache.kvarn_layers, branch.kvarn_layers):
+            assert b._failure is branch._failure and b.caches[0] is not a.caches[0] and len(b.caches[0]) == 30
+            _assert_same(_snapshot(a), _snapshot(b))
+        torch.testing.assert_close(forward(branch, ids[30:31]), forward(cache, ids[30:31]), rtol=0, atol=0)
+        assert cache.get_seq_length() == branch.get_seq_length() == 31
+        restore_attention(model)
+        with pytest.raises(RuntimeError, match="attn_implementation is 'sdpa'.*use_kvarn_attention"):
+            forward(branch, ids[31:32])
+        # Another model instance: its config (here: the model's own, switched back) is not the cache's.
+        foreign = KVarNCache(copy.deepcopy(model.config))
+        assert foreign.config._attn_implementation == "kvarn" and model.config._attn_implementation == "sdpa"
+        for tokens in (ids[:30], ids[30:31]):  # the prompt, then (prefilled through "kvarn") a decode step
+            with pytest.raises(RuntimeError, match="layer 0's attention did not run through kvarn.*KVarNCache"):
+                forward(foreign, tokens)
+            assert all(layer._pending is None and layer._prefill is None for layer in foreign.kvarn_layers)
+            use_kvarn_attention(model)
+            forward(foreign, tokens)
+            restore_attention(model)
+        use_kvarn_attention(model)
+        assert [len(layer.caches[0]) for layer in foreign.kvarn_layers] == [31] * 30
+        torch.testing.assert_close(forward(foreign, ids[31:32]), forward(cache, ids[31:32]), rtol=0, atol=1e-5)
+    finally:
+        use_kvarn_attention(model)
 
 def test_bench_generate_script_runs_and_reports(tmp_path):
     """benchmarks/bench_generate.py (end-to-end decode timing) still runs against this transformers:

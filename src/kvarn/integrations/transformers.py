@@ -37,8 +37,21 @@ padding (right padding, padding in a later chunk) raises ``NotImplementedError``
 crop the window cannot serve.
 Errors: a layer that rejects a step (NaN or beyond-fp16 K/V, a bad query) is left exactly as before
 it, every batch row included; but the layers before it in the same forward have stored the step's
-tokens. A cache whose layers hold different numbers of tokens (that, or a forward interrupted
-part-way) refuses the next forward, crop and batch reordering with a RuntimeError until ``reset()``.
+tokens. A layer counts its tokens once they are stored. A cache whose layers hold different numbers
+of tokens, or a layer left holding a step its attention never took (a forward interrupted between a
+layer's cache update and its attention), refuses the next forward, crop and batch reordering with a
+RuntimeError until ``reset()``. Crop and batch reordering check every layer before changing any.
+A forward whose attention does not run through ``"kvarn"`` would attend a decode step over its own
+token only. If the cache's config is not switched to ``"kvarn"`` (``restore_attention``), the first
+layer refuses the forward; if it is but the running model's is not (another instance of the model),
+the next KVarN layer finds the previous one's step untaken and raises, dropping that step (a step left
+untaken by a model's last full-attention layer is refused at the next forward).
+``copy.deepcopy(cache)`` copies the stored tokens but shares the model's config.
+Gradients: decode attention goes through numpy and kvarn's kernels, which autograd cannot follow, so a
+decode step with grad enabled and a query, key or value that requires grad raises a RuntimeError
+(``generate`` runs under ``torch.no_grad()``; wrap direct forwards in ``torch.no_grad()`` or
+``torch.inference_mode()``). Prefill attends over its own K/V through sdpa and stays differentiable;
+what it stores is a detached copy.
 Threads: kvarn's decode calls use ``kvarn.set_num_threads`` (default: every core), next to torch's own
 pool. On a machine with few cores, short contexts can decode faster with ``kvarn.set_num_threads(1)``
 (inside SmolLM2 on 2 cores, a 1K-token layer call took 55-59 µs on one thread against 75-89 µs on two:
@@ -259,10 +272,10 @@ class KVarNLayer(CacheLayerMixin):
             raise RuntimeError("KVarNCache: the previous step's attention never ran; is attn_implementation 'kvarn'?")
         if self.cumulative_length == 0:
             # Prefill: the prompt attends over its own full-precision K/V; the attention function
-            # then stores it (store_prefill), leaving out the padding its mask hides.
+            # then stores it (store_prefill), leaving out the padding its mask hides. The tokens
+            # count (cumulative_length) once stored: an interrupt before that leaves the layer empty.
             self._prefill = (key_states, value_states)
             setattr(key_states, _PREFILL_TAG, self)
-            self.cumulative_length = n
             return key_states, value_states
         self._pending = (key_states, value_states)
         setattr(key_states, _TAG, self)
@@ -287,6 +300,7 @@ class KVarNLayer(CacheLayerMixin):
             self._fail(e)
             raise
         self.pads = pads
+        self.cumulative_length = n
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
         """Appends the kept-aside tokens one at a time, each followed by kvarn decode attention."""
@@ -294,6 +308,13 @@ class KVarNLayer(CacheLayerMixin):
             raise RuntimeError("KVarNCache: attention called without new tokens")
         key_states, value_states = self._pending
         self._pending = None
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key_states, value_states)):
+            error = RuntimeError(
+                "KVarNCache: kvarn decode attention is not differentiable; run under torch.no_grad() or "
+                "torch.inference_mode() (it runs through numpy and kvarn's kernels: gradients would skip it)"
+            )
+            self._fail(error)  # this layer is as before the step; the ones before it stored it
+            raise error
         B, Hq, n, D = query.shape
         # The mask must hide exactly the prompt's left padding. No mask (an unpadded batch's decode
         # step) shows every key: right when no row was padded. Every layer of a forward gets the
@@ -362,10 +383,9 @@ class KVarNLayer(CacheLayerMixin):
     def prefetch(self):
         pass
 
-    def _select_rows(self, rows, what: str) -> None:
-        """The batch becomes caches[rows[0]], caches[rows[1]], ...: an old row's first use takes
-        its cache object, later uses take copies (each row must own its cache: appends mutate).
-        rows: integer indices, or a boolean mask over the batch (as torch indexing reads it)."""
+    def _rows(self, rows, what: str) -> list[int]:
+        """rows (integer indices, or a boolean mask over the batch, as torch indexing reads it) as a
+        list of batch rows; raises, changing nothing, unless it selects rows of this batch."""
         wrong_type = f"{what}: expected integer batch rows or a boolean mask, got "
         if isinstance(rows, torch.Tensor):
             rows = rows.detach().cpu().numpy()
@@ -385,6 +405,11 @@ class KVarNLayer(CacheLayerMixin):
             raise ValueError(f"{what}: selects no batch rows")
         if any(not 0 <= r < len(self.caches) for r in rows):
             raise ValueError(f"{what}: batch rows {rows} out of range for a batch of {len(self.caches)}")
+        return rows
+
+    def _take_rows(self, rows: list[int]) -> None:
+        """The batch becomes caches[rows[0]], caches[rows[1]], ... (rows checked by _rows): an old row's
+        first use takes its cache object, later uses take copies (each row must own its cache: appends mutate)."""
         taken, caches = set(), []
         for r in rows:
             caches.append(self.caches[r] if r not in taken else self.caches[r].copy())
@@ -395,22 +420,43 @@ class KVarNLayer(CacheLayerMixin):
             self._ring_k, self._ring_v = self._ring_k[rows], self._ring_v[rows]
             self._ring_from = [self._ring_from[r] for r in rows]
 
+    # Row changes in two steps (KVarNCache checks every layer before changing any): the plan raises
+    # and changes nothing; None: nothing to do (the layer holds no tokens).
+    def _reorder_plan(self, beam_idx):
+        return self._rows(beam_idx, "beam_idx") if self.cumulative_length else None
+
+    def _repeat_plan(self, repeats):
+        repeats = check_positive_int(repeats, "repeats")
+        if not self.cumulative_length:
+            return None
+        return [b for b in range(len(self.caches)) for _ in range(int(repeats))]
+
+    def _select_plan(self, indices):
+        return self._rows(indices, "indices") if self.cumulative_length else None
+
+    def _apply_rows(self, plan) -> None:
+        if plan is not None:
+            self._take_rows(plan)
+
     def reorder_cache(self, beam_idx) -> None:
         """Beam search: row i continues beam beam_idx[i]."""
-        if self.cumulative_length:
-            self._select_rows(beam_idx, "beam_idx")
+        self._apply_rows(self._reorder_plan(beam_idx))
 
     def crop(self, tokens_to_remove: int) -> None:
         """Removes the last ``-tokens_to_remove`` tokens of every row (transformers' convention: a
         negative count). Cuts inside a quantised tile need the crop window; a crop that cannot be
         done exactly raises NotImplementedError and changes nothing."""
+        self._apply_crop(self._crop_plan(tokens_to_remove))
+
+    def _crop_plan(self, tokens_to_remove):
+        """crop's checks (raising, changing nothing): (tokens removed, [(kept, truncation point)] per row), or None."""
         if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, (int, np.integer)):
             raise TypeError(f"tokens_to_remove: expected an int, got {type(tokens_to_remove).__name__}")
         if tokens_to_remove > 0:
             raise ValueError(f"tokens_to_remove: expected a negative count of tokens to remove, got {tokens_to_remove}")
         r = -int(tokens_to_remove)
         if r == 0 or not self.caches:
-            return
+            return None
         if r > min(len(c) for c in self.caches):
             raise ValueError(f"tokens_to_remove: {r} tokens is more than a batch row holds")
         plan = []
@@ -424,6 +470,12 @@ class KVarNLayer(CacheLayerMixin):
                     f"W >= {r} + the tile size"
                 )
             plan.append((keep, point))
+        return r, plan
+
+    def _apply_crop(self, crop_plan) -> None:
+        if crop_plan is None:
+            return
+        r, plan = crop_plan
         W = self.crop_window
         for b, (keep, point) in enumerate(plan):
             c = self.caches[b]
@@ -436,13 +488,10 @@ class KVarNLayer(CacheLayerMixin):
         self.cumulative_length -= r
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        repeats = check_positive_int(repeats, "repeats")
-        if self.cumulative_length:
-            self._select_rows([b for b in range(len(self.caches)) for _ in range(int(repeats))], "repeats")
+        self._apply_rows(self._repeat_plan(repeats))
 
     def batch_select_indices(self, indices) -> None:
-        if self.cumulative_length:
-            self._select_rows(indices, "indices")
+        self._apply_rows(self._select_plan(indices))
 
 
 class KVarNCache(Cache):
@@ -492,25 +541,81 @@ class KVarNCache(Cache):
             )
         super().__init__(layers=layers)
         self._failure = [None]
-        for layer in layers:
+        # Per layer index: the index of the last KVarN layer before it (None: none), whose step the
+        # attention must have taken by the time this layer's update comes.
+        self._previous_kvarn: list[int | None] = []
+        last = None
+        for i, layer in enumerate(layers):
+            self._previous_kvarn.append(last)
             if isinstance(layer, KVarNLayer):
                 layer._failure = self._failure
+                last = i
         self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset.name
         self.quantize_on = quantize_on
         self.config = config
         use_kvarn_attention(config)
 
+    def __deepcopy__(self, memo):
+        """A copy whose layers hold copies of the stored tokens (each row's kvarn.KVCache copies itself)
+        but which shares the model's config: the attention implementation it checks is the model's, not
+        a private copy's that would still say "kvarn" after ``restore_attention``. (Where the same deepcopy
+        copies the config too, e.g. ``copy.deepcopy((model, cache))`` with the model first, the copy uses
+        that copy.)"""
+        import copy
+
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name != "config":
+                setattr(new, name, copy.deepcopy(value, memo))
+        new.config = memo.get(id(self.config), self.config)
+        return new
+
     def _check_consistent(self) -> None:
         """Refuses a cache whose layers hold different numbers of tokens: a forward that failed (or was
         interrupted) part-way stored its tokens in the layers before the failure only. A layer that
-        rejects a step restores itself, so a failure in the first layer leaves nothing to refuse."""
+        rejects a step restores itself, so a failure in the first layer leaves nothing to refuse. Also
+        refuses a layer still holding a step its attention never took (interrupted in between)."""
         lengths = [layer.get_seq_length() for layer in self.layers]
+        why = f" (the last rejected step: {self._failure[0]})" if self._failure[0] else ""
+        fix = "call reset() on the cache (or start a new one) before using it again"
         if min(lengths) != max(lengths):
-            why = f" (the last rejected step: {self._failure[0]})" if self._failure[0] else ""
             raise RuntimeError(
                 f"KVarNCache: its layers hold {min(lengths)} to {max(lengths)} tokens: an earlier forward failed or "
-                f"was interrupted part-way{why}; call reset() on the cache (or start a new one) before using it again"
+                f"was interrupted part-way{why}; {fix}"
             )
+        untaken = [i for i, layer in enumerate(self.layers)
+                   if isinstance(layer, KVarNLayer) and (layer._pending is not None or layer._prefill is not None)]
+        if untaken:
+            raise RuntimeError(
+                f"KVarNCache: layer {untaken[0]} holds a step whose attention never ran (not stored): an earlier "
+                f"forward failed or was interrupted part-way, or its attention was not {ATTN_IMPLEMENTATION!r}{why}; "
+                f"{fix}"
+            )
+
+    def _check_previous_step_taken(self, layer_idx: int) -> None:
+        """Before layer layer_idx's update: the last KVarN layer before it must have had its step taken by
+        kvarn attention. If not, this forward's attention does not run through "kvarn" (a model whose config
+        is not this cache's, e.g. another instance of the checkpoint): that layer attended a decode step over
+        its own token only. Its untaken step is dropped (the layer is as before the step) and this raises."""
+        i = self._previous_kvarn[layer_idx] if 0 <= layer_idx < len(self._previous_kvarn) else None
+        if i is None:
+            return
+        layer = self.layers[i]
+        if layer._pending is None and layer._prefill is None:
+            return
+        if layer._prefill is not None:
+            layer.reset()  # empty again, as before the prompt (reset clears the shared failure: set below)
+        layer._pending = None
+        error = RuntimeError(
+            f"KVarNCache: layer {i}'s attention did not run through kvarn: the model running this forward does "
+            f"not use the {ATTN_IMPLEMENTATION!r} attention implementation (a model instance whose config is not "
+            "the one this cache was built on, or one switched back by restore_attention); build the cache on this "
+            "model's config (KVarNCache(model.config)) or switch it with "
+            "kvarn.integrations.transformers.use_kvarn_attention(model)"
+        )
+        layer._fail(error)
+        raise error
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         if layer_idx == 0:  # a new forward, before any layer (a sliding one too) stores its tokens
@@ -518,25 +623,45 @@ class KVarNCache(Cache):
         if self.config._attn_implementation != ATTN_IMPLEMENTATION:
             raise RuntimeError(
                 f"KVarNCache: the model's attn_implementation is {self.config._attn_implementation!r}, "
-                f"expected {ATTN_IMPLEMENTATION!r}; do not change it while this cache is in use"
+                f"expected {ATTN_IMPLEMENTATION!r}; do not change it while this cache is in use (switch it back "
+                "with kvarn.integrations.transformers.use_kvarn_attention(model))"
             )
+        self._check_previous_step_taken(layer_idx)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
-    def crop(self, tokens_to_remove: int) -> None:
+    def _change_every_layer(self, plan, apply, other) -> None:
+        """Checks the cache and every KVarN layer's part (plan(layer) raises, changing nothing), then changes
+        the other layers (other(layer); restored if one raises) and last the KVarN layers (apply(layer, p))."""
         self._check_consistent()
-        super().crop(tokens_to_remove)
+        plans = [(layer, plan(layer)) for layer in self.kvarn_layers]
+        others = [layer for layer in self.layers if not isinstance(layer, KVarNLayer)]
+        saved = [dict(layer.__dict__) for layer in others]  # transformers' layers replace their tensors
+        try:
+            for layer in others:
+                other(layer)
+        except BaseException:
+            for layer, state in zip(others, saved):
+                layer.__dict__.clear()
+                layer.__dict__.update(state)
+            raise
+        for layer, p in plans:
+            apply(layer, p)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self._change_every_layer(lambda layer: layer._crop_plan(tokens_to_remove), KVarNLayer._apply_crop,
+                                 lambda layer: layer.crop(tokens_to_remove))
 
     def reorder_cache(self, beam_idx) -> None:
-        self._check_consistent()
-        super().reorder_cache(beam_idx)
+        self._change_every_layer(lambda layer: layer._reorder_plan(beam_idx), KVarNLayer._apply_rows,
+                                 lambda layer: layer.reorder_cache(beam_idx))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._check_consistent()
-        super().batch_repeat_interleave(repeats)
+        self._change_every_layer(lambda layer: layer._repeat_plan(repeats), KVarNLayer._apply_rows,
+                                 lambda layer: layer.batch_repeat_interleave(repeats))
 
     def batch_select_indices(self, indices) -> None:
-        self._check_consistent()
-        super().batch_select_indices(indices)
+        self._change_every_layer(lambda layer: layer._select_plan(indices), KVarNLayer._apply_rows,
+                                 lambda layer: layer.batch_select_indices(indices))
 
     @property
     def kvarn_layers(self) -> list[KVarNLayer]:
