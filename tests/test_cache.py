@@ -320,8 +320,11 @@ def test_thread_counts_agree(rng):
 
 # ---- bad input ---------------------------------------------------------------------
 def snapshot(cache):
-    return (len(cache), cache.sink_len, cache.num_tiles, cache.tail_len, cache.records.copy(),
-            cache._sink_k.copy(), cache._tail_k.copy(), cache._tail_v.copy())
+    # Everything the cache holds. Not the tail buffer's slots past tail_len: a completing append
+    # assembles its first tile there (as decode appends write tokens), where no state reads.
+    n = cache.tail_len
+    return (len(cache), cache.sink_len, cache.num_tiles, n, cache.records.copy(), cache._sink_k.copy(),
+            cache._sink_v.copy(), cache._tail_k[:, :n].copy(), cache._tail_v[:, :n].copy())
 
 
 def assert_unchanged(cache, snap):
@@ -1122,6 +1125,21 @@ def test_speculative_rollback_loop_keeps_records_capacity_bounded(rng):
     assert cache.num_tiles == 60
     assert cache._state[2].shape[0] <= 1.25 * cache.num_tiles + 4
     assert cache.allocated_nbytes <= 1.3 * cache.nbytes
+
+
+def test_a_tile_completed_after_a_rollback_leaves_newer_tail_readers_alone(rng):
+    """A completing append builds its first tile in the tail buffer past tail_len; after a rollback
+    that buffer is shared with newer states, whose readers read those slots: it must be copied."""
+    cache, k, v = filled(rng, 2, 64, 200)  # sink 128, tail 72
+    point = cache.checkpoint()
+    cache.append(k[:, :20] * 2, v[:, :20] * 2)  # in place, slots 72..91 of the checkpoint's tail buffer
+    reader = cache._native_parts()
+    seen = _visible(reader)
+    cache.rollback(point)
+    cache.append(k[:, :60] * 3, v[:, :60] * 3)  # completes the tile: slots 72..127, then 4 in a new tail
+    assert (cache.num_tiles, cache.tail_len) == (1, 4)
+    for a, b in zip(_visible(reader), seen):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_rollback_after_a_draft_within_the_tail_copies_no_records(rng):

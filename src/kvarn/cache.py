@@ -251,11 +251,15 @@ class KVCache:
                                   round_to_f16=round_to_f16)
 
         first = 0
-        if tail_len:  # tile 0 starts in the tail (fp16): assembled in fp16, G tokens per head
-            head = G - tail_len
-            tk = np.concatenate([tail_k[:, :tail_len], k[:, to_sink : to_sink + head].astype(np.float16)], axis=1)
-            tv = np.concatenate([tail_v[:, :tail_len], v[:, to_sink : to_sink + head].astype(np.float16)], axis=1)
-            quantize(tk[None], tv[None], 0, False)
+        if tail_len:
+            # Tile 0 starts in the tail: completed in the tail buffer itself ([H, G, D], one tile per
+            # head), past tail_len where no published state reads - as the decode path writes - so
+            # that no copy of the tile is assembled. A frozen buffer (see rollback) is copied first.
+            if tail_k is self._frozen_tail:
+                tail_k, tail_v = tail_k.copy(), tail_v.copy()
+            tail_k[:, tail_len:] = k[:, to_sink : to_sink + G - tail_len]  # rounded to fp16 as astype
+            tail_v[:, tail_len:] = v[:, to_sink : to_sink + G - tail_len]
+            quantize(tail_k[None], tail_v[None], 0, False)
             first = 1
         if k.dtype != v.dtype or k.dtype == np.float64:
             # One native input format per call; float64 rounds to fp16 once (via float32 could round twice).
