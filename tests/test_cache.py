@@ -150,6 +150,22 @@ def test_long_appends_in_chunks_equal_token_by_token(dtypes, quantize_on, monkey
     assert (one.sink_len, one.num_tiles, one.tail_len) == (10, 10, 50)  # five calls of two tiles each in bulk
 
 
+@pytest.mark.parametrize("dtype", [">f2", ">f4", ">f8"])
+@pytest.mark.parametrize("n", [3, 128, 300])
+def test_big_endian_input_gives_the_native_order_records(dtype, n, rng):
+    """Data read with np.frombuffer from a big-endian file, say: converted to native order, not refused
+    by the native quantiser (a tile-completing append raised 'Big-endian buffer not supported')."""
+    k = rng.standard_normal((2, n, 64))
+    v = rng.standard_normal((2, n, 64))
+    native, swapped = kvarn.KVCache(2, 64, "k4v2_g64"), kvarn.KVCache(2, 64, "k4v2_g64")
+    native.append(k.astype(dtype[1:]), v.astype(dtype[1:]))
+    swapped.append(k.astype(dtype), v.astype(dtype))
+    assert swapped.num_tiles == native.num_tiles == max(0, n - 64) // 64
+    for name, x in native.to_parts().items():
+        y = swapped.to_parts()[name]
+        assert np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y, name
+
+
 def test_a_failing_later_chunk_leaves_the_cache_unchanged(monkeypatch, rng):
     monkeypatch.setattr(kvarn.KVCache, "_QUANTIZE_CHUNK_RECORDS", 2)  # one tile of 2 heads per call
     cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=64)

@@ -107,6 +107,26 @@ def test_pickle_keeps_the_subclass_and_its_attributes(rng):
     assert_same_cache(cache, twin, rng.standard_normal((2, D)).astype(np.float32))
 
 
+class LayerCache(kvarn.KVCache):
+    """A subclass whose constructor takes other arguments than KVCache's (an engine's per-layer cache)."""
+
+    def __init__(self, layer_idx, num_kv_heads, head_dim, **kw):
+        super().__init__(num_kv_heads, head_dim, **kw)
+        self.layer_idx = layer_idx
+
+
+def test_pickle_of_a_subclass_with_its_own_constructor(rng):
+    cache = LayerCache(4, H, D, preset="k4v2_g64", sink_tokens=3)
+    cache.append(*tokens(rng, 3 + 64 + 9))
+    twin = pickle.loads(pickle.dumps(cache))  # raised TypeError (from_parts called LayerCache(H, D, ...))
+    assert type(twin) is LayerCache and twin.layer_idx == 4
+    assert_same_cache(cache, twin, rng.standard_normal((2, D)).astype(np.float32))
+    k, v = tokens(rng, 70)
+    cache.append(k, v)
+    twin.append(k, v)
+    assert_same_cache(cache, twin, rng.standard_normal((2, D)).astype(np.float32))
+
+
 @pytest.mark.parametrize("cls", [FP16Cache, NamedFP16Subclass])
 def test_fp16cache_pickle_round_trip(cls, rng):
     cache = cls(H, D, capacity=1000)

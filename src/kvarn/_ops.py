@@ -138,6 +138,8 @@ def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
         x = np.asarray(x)
     if x.dtype.type not in _FLOAT_DTYPES:
         raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16, bfloat16, float32 or float64")
+    if not x.dtype.isnative:  # big-endian data (np.frombuffer of a file, say): the native code reads native order
+        x = x.astype(x.dtype.newbyteorder("="))
     if ndim is not None:
         allowed = ndim if isinstance(ndim, tuple) else (ndim,)
         if x.ndim not in allowed:

@@ -152,7 +152,8 @@ class KVCache:
 
     # ---- append --------------------------------------------------------------
     def append(self, k, v, *, num_threads=None) -> None:
-        """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16 or float32.
+        """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16, bfloat16, float32 or
+        float64 (either byte order), stored and quantised as their fp16 rounding.
 
         Validates everything and quantises completed tiles before changing any
         state, so a rejected append leaves the cache exactly as it was.
@@ -261,15 +262,19 @@ class KVCache:
             tail_v[:, tail_len:] = v[:, to_sink : to_sink + G - tail_len]
             quantize(tail_k[None], tail_v[None], 0, False)
             first = 1
-        if k.dtype != v.dtype or k.dtype == np.float64:
-            # One native input format per call; float64 rounds to fp16 once (via float32 could round twice).
-            k, v = k.astype(np.float16, copy=False), v.astype(np.float16, copy=False)
+        # One native input format per call: fp16, or float32 rounded to fp16 natively. Anything else
+        # (float64, k and v of different dtypes) becomes fp16 a chunk at a time in numpy: one rounding,
+        # where float64 -> float32 -> fp16 could round twice.
+        as_f16 = k.dtype != v.dtype or k.dtype == np.float64
         step = max(1, self._QUANTIZE_CHUNK_RECORDS // H)
         for a in range(first, n_full, step):
             b = min(n_full, a + step)
             start = to_sink + a * G - tail_len
             tiles = lambda x: x[:, start : start + (b - a) * G].reshape(H, b - a, G, D).transpose(1, 0, 2, 3)  # noqa: E731
-            quantize(tiles(k), tiles(v), a, k.dtype == np.float32)
+            if as_f16:
+                quantize(tiles(k).astype(np.float16), tiles(v).astype(np.float16), a, False)
+            else:
+                quantize(tiles(k), tiles(v), a, k.dtype == np.float32)
 
     # ---- truncate ------------------------------------------------------------
     def _checked_length(self, length, n: int) -> int:
@@ -344,9 +349,10 @@ class KVCache:
         """Returns the cache to ``checkpoint`` (taken from this cache with ``checkpoint()``); every
         checkpoint of the cache stays usable, in any order. Copies nothing at once: the restored
         buffers are frozen, and the next append that writes into one copies it first (the tail,
-        at most one tile, on the next append; the records on the next completed tile, unless no
-        newer state completed a tile in them), because newer checkpoints and attend calls in
-        flight may still read them past the restored lengths. A checkpoint of another cache raises ValueError and changes nothing."""
+        at most one tile, on the next append; the records on the next completed tile, unless the
+        records buffer is the cache's current one and no newer state completed a tile in it),
+        because newer checkpoints and attend calls in flight may still read them past the
+        restored lengths. A checkpoint of another cache raises ValueError and changes nothing."""
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"checkpoint: expected a KVCache.checkpoint() result, got {type(checkpoint).__name__}")
         if checkpoint._cache is not self:
@@ -531,8 +537,11 @@ class KVCache:
 
     @staticmethod
     def _unpickle(cls, parts: dict) -> "KVCache":
-        # pickle's reconstructor (found by its qualified name, kvarn.cache.KVCache._unpickle).
-        return cls.from_parts(**parts)
+        # pickle's reconstructor (found by its qualified name, kvarn.cache.KVCache._unpickle). Built as a
+        # KVCache, then given its class: a subclass's __init__ may take other arguments than KVCache's.
+        obj = KVCache.from_parts(**parts)
+        obj.__class__ = cls
+        return obj
 
     def __repr__(self) -> str:
         sink_len, num_tiles, tail_len = sizes = self._sizes()
