@@ -380,6 +380,24 @@ def test_rejected_append_leaves_cache_unchanged(rng):
     assert len(cache) == 350
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "slice", "strided", "transposed"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_fp16_input_is_refused_in_any_layout(layout, bad, rng):
+    """fp16 finiteness is read from the exponent bits (contiguous chunks, or one pass over a strided
+    view): every layout must still catch NaN and both infinities."""
+    cache, _, _ = filled(rng, 2, 64, 250)
+    snap = snapshot(cache)
+    big = rng.standard_normal((2, 300, 200)).astype(np.float16)
+    views = {"contiguous": lambda a: a[:, :150, :64].copy(), "slice": lambda a: a[:, 10:160, :64],
+             "strided": lambda a: a[:, :300:2, :128:2], "transposed": lambda a: a[:, :64, :150].transpose(0, 2, 1)}
+    k = views[layout](big)
+    assert k.shape == (2, 150, 64) and (layout == "contiguous") == k.flags.c_contiguous
+    k[1, 149, 63] = bad
+    with pytest.raises(ValueError, match="k: contains NaN or Inf"):
+        cache.append(k, np.zeros((2, 150, 64), np.float16))
+    assert_unchanged(cache, snap)
+
+
 def test_overflow_names_the_tensor_head_and_tokens(rng):
     H, G, D = 3, 64, 64
     cache = kvarn.KVCache(H, D, "k4v2_g64", sink_tokens=G)
