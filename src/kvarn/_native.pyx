@@ -108,9 +108,7 @@ def quantize_tiles(const float[:, :, ::1] k, const float[:, :, ::1] v, int kbits
     cdef int64_t bad = -1
     cdef int64_t n = k.shape[0]
     cdef int32_t input_type = KVARN_INPUT_F32_AS_F16 if round_to_f16 else KVARN_INPUT_F32
-    _check_same(k.shape, v.shape, 3, "quantize_tiles: k and v")
-    if records.shape[0] != n or (n and records.shape[1] != _record_total(kbits, vbits, k.shape[1], k.shape[2])):
-        raise ValueError("quantize_tiles: records buffer does not fit the tiles")
+    _check_tiles(k.shape, v.shape, records.shape, kbits, vbits, "quantize_tiles")
     if n == 0:
         return 0, -1
     with nogil:
@@ -125,9 +123,7 @@ def quantize_tiles_f16(const uint16_t[:, :, ::1] k, const uint16_t[:, :, ::1] v,
     cdef int rc
     cdef int64_t bad = -1
     cdef int64_t n = k.shape[0]
-    _check_same(k.shape, v.shape, 3, "quantize_tiles_f16: k and v")
-    if records.shape[0] != n or (n and records.shape[1] != _record_total(kbits, vbits, k.shape[1], k.shape[2])):
-        raise ValueError("quantize_tiles_f16: records buffer does not fit the tiles")
+    _check_tiles(k.shape, v.shape, records.shape, kbits, vbits, "quantize_tiles_f16")
     if n == 0:
         return 0, -1
     with nogil:
@@ -150,6 +146,14 @@ def dequantize_tiles(const uint8_t[:, ::1] records, int kbits, int vbits,
         rc = kvarn_dequantize_tiles(&records[0, 0], n, kbits, vbits, <int32_t>k.shape[1],
                                     <int32_t>k.shape[2], &k[0, 0, 0], &v[0, 0, 0])
     return rc
+
+
+cdef int _check_tiles(Py_ssize_t* k, Py_ssize_t* v, Py_ssize_t* records, int kbits, int vbits, str what) except -1:
+    """k, v [n, G, D] alike, records [n, record bytes] of that format (the buffers the quantiser reads and writes)."""
+    _check_same(k, v, 3, what + ": k and v")
+    if records[0] != k[0] or (k[0] and records[1] != _record_total(kbits, vbits, k[1], k[2])):
+        raise ValueError(what + ": records buffer does not fit the tiles")
+    return 0
 
 
 cdef int _check_same(Py_ssize_t* a, Py_ssize_t* b, int ndim, str what) except -1:

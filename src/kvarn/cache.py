@@ -179,9 +179,8 @@ class KVCache:
             # attend keeps its snapshot; copying the whole tail per token was O(group) per step.
             # Tail buffers are never shared between caches (copy() - also behind copy.copy/deepcopy -,
             # truncate and from_parts make fresh ones).
-            if tail_k is self._frozen_tail:
-                tail_k, tail_v = tail_k.copy(), tail_v.copy()
-                self._frozen_tail = None
+            tail_k, tail_v = self._writable_tail(tail_k, tail_v)
+            self._frozen_tail = None
             tail_k[:, tail_len:rest] = k
             tail_v[:, tail_len:rest] = v
             self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
@@ -228,6 +227,11 @@ class KVCache:
             records, num_tiles + n_full, tail_k, tail_v, left,
         )
 
+    def _writable_tail(self, tail_k, tail_v):
+        """The tail buffers to write past tail_len: copies of a frozen pair (see rollback), whose slots
+        past the restored length newer states may read; otherwise the buffers themselves."""
+        return (tail_k.copy(), tail_v.copy()) if tail_k is self._frozen_tail else (tail_k, tail_v)
+
     # Records per native call when quantising many tiles (a long prompt): bounds the float
     # copies to a few MB whatever the prompt's length.
     _QUANTIZE_CHUNK_RECORDS = 128
@@ -255,9 +259,8 @@ class KVCache:
         if tail_len:
             # Tile 0 starts in the tail: completed in the tail buffer itself ([H, G, D], one tile per
             # head), past tail_len where no published state reads - as the decode path writes - so
-            # that no copy of the tile is assembled. A frozen buffer (see rollback) is copied first.
-            if tail_k is self._frozen_tail:
-                tail_k, tail_v = tail_k.copy(), tail_v.copy()
+            # that no copy of the tile is assembled.
+            tail_k, tail_v = self._writable_tail(tail_k, tail_v)
             tail_k[:, tail_len:] = k[:, to_sink : to_sink + G - tail_len]  # rounded to fp16 as astype
             tail_v[:, tail_len:] = v[:, to_sink : to_sink + G - tail_len]
             quantize(tail_k[None], tail_v[None], 0, False)
@@ -528,11 +531,14 @@ class KVCache:
 
     # pickle goes through the public parts (the lock and the buffers' spare capacity stay behind): the
     # unpickled cache has the same type, settings and content, and further appends give the same records.
+    _own_attributes = None  # what __init__ sets: built on the first pickle
+
     def __reduce__(self):
         parts = self.to_parts()
         # Instance attributes beyond a fresh KVCache's (a subclass's, say) travel too, as copy() keeps them.
-        base = KVCache(1, self.head_dim, self.preset).__dict__
-        extra = {k: v for k, v in self.__dict__.items() if k not in base and k != "_parts_cache"}
+        if KVCache._own_attributes is None:
+            KVCache._own_attributes = frozenset(KVCache(1, 16).__dict__) | {"_parts_cache"}
+        extra = {k: v for k, v in self.__dict__.items() if k not in KVCache._own_attributes}
         return KVCache._unpickle, (type(self), parts), extra or None
 
     @staticmethod

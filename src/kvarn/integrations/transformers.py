@@ -267,7 +267,6 @@ class KVarNLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != len(self.caches):
             raise ValueError(f"key_states: batch {key_states.shape[0]} differs from the cache's {len(self.caches)}")
-        n = key_states.shape[-2]
         if self._pending is not None or self._prefill is not None:
             raise RuntimeError("KVarNCache: the previous step's attention never ran; is attn_implementation 'kvarn'?")
         if self.cumulative_length == 0:
@@ -422,8 +421,8 @@ class KVarNLayer(CacheLayerMixin):
 
     # Row changes in two steps (KVarNCache checks every layer before changing any): the plan raises
     # and changes nothing; None: nothing to do (the layer holds no tokens).
-    def _reorder_plan(self, beam_idx):
-        return self._rows(beam_idx, "beam_idx") if self.cumulative_length else None
+    def _rows_plan(self, rows, what: str):
+        return self._rows(rows, what) if self.cumulative_length else None
 
     def _repeat_plan(self, repeats):
         repeats = check_positive_int(repeats, "repeats")
@@ -431,16 +430,13 @@ class KVarNLayer(CacheLayerMixin):
             return None
         return [b for b in range(len(self.caches)) for _ in range(int(repeats))]
 
-    def _select_plan(self, indices):
-        return self._rows(indices, "indices") if self.cumulative_length else None
-
     def _apply_rows(self, plan) -> None:
         if plan is not None:
             self._take_rows(plan)
 
     def reorder_cache(self, beam_idx) -> None:
         """Beam search: row i continues beam beam_idx[i]."""
-        self._apply_rows(self._reorder_plan(beam_idx))
+        self._apply_rows(self._rows_plan(beam_idx, "beam_idx"))
 
     def crop(self, tokens_to_remove: int) -> None:
         """Removes the last ``-tokens_to_remove`` tokens of every row (transformers' convention: a
@@ -491,7 +487,7 @@ class KVarNLayer(CacheLayerMixin):
         self._apply_rows(self._repeat_plan(repeats))
 
     def batch_select_indices(self, indices) -> None:
-        self._apply_rows(self._select_plan(indices))
+        self._apply_rows(self._rows_plan(indices, "indices"))
 
 
 class KVarNCache(Cache):
@@ -652,7 +648,7 @@ class KVarNCache(Cache):
                                  lambda layer: layer.crop(tokens_to_remove))
 
     def reorder_cache(self, beam_idx) -> None:
-        self._change_every_layer(lambda layer: layer._reorder_plan(beam_idx), KVarNLayer._apply_rows,
+        self._change_every_layer(lambda layer: layer._rows_plan(beam_idx, "beam_idx"), KVarNLayer._apply_rows,
                                  lambda layer: layer.reorder_cache(beam_idx))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
@@ -660,7 +656,7 @@ class KVarNCache(Cache):
                                  lambda layer: layer.batch_repeat_interleave(repeats))
 
     def batch_select_indices(self, indices) -> None:
-        self._change_every_layer(lambda layer: layer._select_plan(indices), KVarNLayer._apply_rows,
+        self._change_every_layer(lambda layer: layer._rows_plan(indices, "indices"), KVarNLayer._apply_rows,
                                  lambda layer: layer.batch_select_indices(indices))
 
     @property
