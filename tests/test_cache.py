@@ -101,15 +101,28 @@ def test_cache_dequantize_matches_oracle(rng):
 
 
 def test_attention_close_to_exact_attention(rng):
-    """Not only self-consistent: k4v4 attention is near attention over the unquantised keys/values."""
-    cache, k, v = filled(rng, 2, 128, 2000, preset="k4v4_g128")
-    # Queries that point at a few keys in the quantised region, so attention is peaked (as in a
-    # real model) and the output is not an average of noise.
-    picks = rng.integers(300, 1900, size=(8, 3))
-    q = np.stack([k[h // 4, picks[h]].sum(axis=0) for h in range(8)]).astype(np.float32) * 0.3
-    out = kvarn.attend(q, cache)
-    ref = oracle.attention(q, k, v, 1 / np.sqrt(128))
-    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 0.1
+    """Not only self-consistent: k4v4 attention is near attention over the unquantised keys/values,
+    and nearer than KIVI's (the same bits without rotation and balancing) - over several draws, since
+    one draw's error varies. Measured over 100 seeds: kvarn's relative L2 error median 0.106 (max
+    0.157; 4-bit RTN of the values alone is ~0.1 here), KIVI's 0.155; their ratio 0.70 in the median."""
+    from kvarn.baselines import kivi_cache
+
+    errors = []
+    for _ in range(8):
+        cache, k, v = filled(rng, 2, 128, 2000, preset="k4v4_g128")
+        # Queries that point at a few keys in the quantised region, so attention is peaked (as in a
+        # real model) and the output is not an average of noise.
+        picks = rng.integers(300, 1900, size=(8, 3))
+        q = np.stack([k[h // 4, picks[h]].sum(axis=0) for h in range(8)]).astype(np.float32) * 0.3
+        ref = oracle.attention(q, k, v, 1 / np.sqrt(128))
+        k_kivi, v_kivi = kivi_cache(k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32),
+                                    4, 4, 128, 128)
+        errors.append([np.linalg.norm(out - ref) / np.linalg.norm(ref)
+                       for out in (kvarn.attend(q, cache), oracle.attention(q, k_kivi, v_kivi, 1 / np.sqrt(128)))])
+    ours, kivi = np.mean(errors, axis=0)
+    assert ours < 0.13, errors
+    assert max(e[0] for e in errors) < 0.2, errors
+    assert ours < 0.85 * kivi, errors
 
 
 @given(st.lists(st.integers(1, 300), min_size=1, max_size=8), st.integers(0, 2**32 - 1))
