@@ -569,6 +569,228 @@ def test_cupy_arrays():
     check_attention(cache, [sid], q, cupy.asnumpy(out), 1 / np.sqrt(128))
 
 
+# ---- streams: kvarn orders its own work across the caller's streams -------------------------
+# Races made deterministic: torch.cuda._sleep holds a side stream, or one long GEMM on a third
+# stream holds every SM, so kernels queued elsewhere wait while host-to-device copies still land.
+# Each test fails on the code before per-stream buffers and stream events (review of session 12).
+SLEEP_CYCLES = int(3e8)  # ~0.15-0.2 s on an H200
+
+
+def _hold_sms():
+    """Queues one long fp32 GEMM (~15 ms) on its own stream; returns what must stay alive until it ends."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    s = torch.cuda.Stream()
+    a = torch.randn(8192, 8192, device="cuda")
+    with torch.cuda.stream(s):
+        a @ a  # cuBLAS set-up outside the race window
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        c = a @ a
+    return a, c
+
+
+def _fp16(rng, *shape):
+    return dev(kv_like(rng, shape), torch.float16)
+
+
+@gpu
+@need_torch
+def test_streams_host_reads_wait_for_a_side_stream_append():
+    """records() / to_cpu() after append(validate=False) on a side stream see what it wrote."""
+    rng = np.random.default_rng(_seed("streams-records"))
+    cache = kc.PagedKVCache(8, 128, max_seqs=2, max_seq_len=1024)
+    ref = kc.PagedKVCache(8, 128, max_seqs=2, max_seq_len=1024)
+    a, r = cache.add_sequence(), ref.add_sequence()
+    k, v = _fp16(rng, 1, 300, 8, 128), _fp16(rng, 1, 300, 8, 128)  # sink + one tile + 44 tail tokens
+    ref.append([r], k, v)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        cache.append([a], k, v, validate=False)
+    got = cache.records(a)
+    parts = cache.to_cpu(a).to_parts()
+    want = ref.to_cpu(r).to_parts()
+    np.testing.assert_array_equal(got, ref.records(r))
+    for name in ("sink_k", "tail_k", "tail_v"):
+        np.testing.assert_array_equal(parts[name], want[name])
+
+
+@gpu
+@need_torch
+def test_streams_load_cpu_waits_for_an_attend_queued_before_free():
+    """free() then load_cpu() into the same slot and pages: an attend of the freed sequence, still
+    queued on a side stream, reads what it held, not what load_cpu writes."""
+    rng = np.random.default_rng(_seed("streams-load"))
+    cache = kc.PagedKVCache(8, 128, max_seqs=4, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([a], _fp16(rng, 1, 400, 8, 128), _fp16(rng, 1, 400, 8, 128))
+    cache.append([b], _fp16(rng, 1, 400, 8, 128), _fp16(rng, 1, 400, 8, 128))
+    cpu_b = cache.to_cpu(b)
+    q = _fp16(rng, 1, 32, 128)
+    want = cache.attend(q, [a])
+    out = torch.empty_like(q)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        cache.attend(q, [a], out=out, validate=False)  # a request's last decode step
+    cache.free(a)  # finished: slot and pages go back at once
+    n = cache.add_sequence()
+    cache.load_cpu(n, cpu_b)
+    torch.cuda.synchronize()
+    assert n == a
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+@gpu
+@need_torch
+def test_streams_append_on_another_stream_waits_for_queued_reads_of_freed_pages():
+    """free() then an append on another stream that reuses the slot and pages: the attend queued
+    before free() still reads the freed sequence."""
+    rng = np.random.default_rng(_seed("streams-append-reuse"))
+    cache = kc.PagedKVCache(8, 128, max_seqs=4, max_seq_len=1024)
+    a = cache.add_sequence()
+    cache.append([a], _fp16(rng, 1, 400, 8, 128), _fp16(rng, 1, 400, 8, 128))
+    q = _fp16(rng, 1, 32, 128)
+    want = cache.attend(q, [a])
+    out = torch.empty_like(q)
+    k2, v2 = _fp16(rng, 1, 400, 8, 128), _fp16(rng, 1, 400, 8, 128)
+    torch.cuda.synchronize()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(s1):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        cache.attend(q, [a], out=out, validate=False)
+    cache.free(a)
+    b = cache.add_sequence()
+    with torch.cuda.stream(s2):
+        cache.append([b], k2, v2, validate=False)
+    torch.cuda.synchronize()
+    assert b == a
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+@gpu
+@need_torch
+@pytest.mark.parametrize("use_plans", [False, True])
+def test_streams_attends_on_two_streams_use_their_own_buffers(use_plans):
+    """Two attends issued on two streams before either runs: each reads its own metadata and split
+    states (9 splits: the merge kernel's path, as at head_dim 256 or long contexts)."""
+    rng = np.random.default_rng(_seed("streams-attend", use_plans))
+    cache = kc.PagedKVCache(8, 128, max_seqs=2, max_seq_len=2048)
+    force_splits(cache, 12)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([a], _fp16(rng, 1, 1400, 8, 128), _fp16(rng, 1, 1400, 8, 128))
+    cache.append([b], _fp16(rng, 1, 1500, 8, 128), _fp16(rng, 1, 1500, 8, 128))
+    qa, qb = _fp16(rng, 1, 32, 128), _fp16(rng, 1, 32, 128)
+    pa, pb = (cache.plan([a]), cache.plan([b])) if use_plans else (None, None)
+    call = (lambda q, s, p, out: cache.attend(q, plan=p, out=out, validate=False)) if use_plans else \
+           (lambda q, s, p, out: cache.attend(q, [s], out=out, validate=False))
+    want_a, want_b = call(qa, a, pa, None), call(qb, b, pb, None)
+    oa, ob = torch.empty_like(qa), torch.empty_like(qb)
+    sa, sb = torch.cuda.Stream(), torch.cuda.Stream()
+    busy = _hold_sms()
+    with torch.cuda.stream(sa):
+        call(qa, a, pa, oa)
+    with torch.cuda.stream(sb):
+        call(qb, b, pb, ob)
+    torch.cuda.synchronize()
+    del busy
+    torch.testing.assert_close(oa, want_a, rtol=0, atol=0)
+    torch.testing.assert_close(ob, want_b, rtol=0, atol=0)
+
+
+@gpu
+@need_torch
+def test_streams_appends_on_two_streams_land_in_their_own_sequences():
+    rng = np.random.default_rng(_seed("streams-append"))
+    cache = kc.PagedKVCache(8, 128, max_seqs=3, max_seq_len=1024)
+    ref = kc.PagedKVCache(8, 128, max_seqs=3, max_seq_len=1024)
+    warm = cache.add_sequence()  # the stream buffers at their size: no allocation in the race window
+    ka, va, kb, vb = (_fp16(rng, 1, 300, 8, 128) for _ in range(4))
+    a, b = cache.add_sequence(), cache.add_sequence()
+    ra, rb = ref.add_sequence(), ref.add_sequence()
+    ref.append([ra], ka, va)
+    ref.append([rb], kb, vb)
+    sa, sb = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in (sa, sb):
+        with torch.cuda.stream(s):
+            cache.append([warm], ka[:, :1], va[:, :1], validate=False)
+    torch.cuda.synchronize()
+    busy = _hold_sms()
+    with torch.cuda.stream(sa):
+        cache.append([a], ka, va, validate=False)
+    with torch.cuda.stream(sb):
+        cache.append([b], kb, vb, validate=False)
+    torch.cuda.synchronize()
+    del busy
+    for s, r in ((a, ra), (b, rb)):
+        np.testing.assert_array_equal(cache.records(s), ref.records(r))
+        got, want = cache.to_cpu(s).to_parts(), ref.to_cpu(r).to_parts()
+        for name in ("sink_k", "sink_v", "tail_k", "tail_v"):
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+@gpu
+@need_torch
+def test_streams_captured_graph_keeps_its_plan_buffer():
+    """A captured attend(plan=) writes the plan's own split states (9 splits: the merge kernel's
+    path): a larger eager attend afterwards, which grows its stream's buffer, neither frees nor
+    shares them, and replays stay exact."""
+    rng = np.random.default_rng(_seed("streams-graph"))
+    cache = kc.PagedKVCache(8, 128, max_seqs=8, max_seq_len=2048)
+    force_splits(cache, 12)
+    ids = [cache.add_sequence() for _ in range(8)]
+    cache.append(ids, _fp16(rng, 8, 1400, 8, 128), _fp16(rng, 8, 1400, 8, 128))
+    plan = cache.plan(ids[:1])
+    q1 = _fp16(rng, 1, 32, 128)
+    want = cache.attend(q1, [ids[0]])
+    out = torch.empty_like(q1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cache.attend(q1, plan=plan, out=out, validate=False)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cache.attend(q1, plan=plan, out=out, validate=False)
+    captured = plan._scratch.buf.ptr
+    cache.attend(_fp16(rng, 8, 32, 128), ids)  # a larger batch on the default stream
+    filler = [torch.full((1 << 20,), 7, device="cuda", dtype=torch.uint8) for _ in range(8)]
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert all(bool((f == 7).all()) for f in filler)
+    assert plan._scratch.buf.ptr == captured
+    assert all(st.scratch.buf is None or st.scratch.buf.ptr != captured for st in cache._streams.values())
+
+
+@gpu
+@need_torch
+def test_streams_uncapturable_calls_are_refused_in_a_capture():
+    """Inside a CUDA-graph capture, append, attend(seq_ids) and attend(validate=True) raise a
+    RuntimeError that says what can be captured; an attend(plan=) not run before raises too."""
+    rng = np.random.default_rng(_seed("streams-capture"))
+    cache = kc.PagedKVCache(8, 128, max_seqs=2, max_seq_len=1024)
+    a = cache.add_sequence()
+    cache.append([a], _fp16(rng, 1, 300, 8, 128), _fp16(rng, 1, 300, 8, 128))
+    q = _fp16(rng, 1, 32, 128)
+    plan = cache.plan([a])
+    out = torch.empty_like(q)
+    before = (cache.length(a), cache.free_pages)
+    for call, match in ((lambda: cache.append([a], q[:, None, :8], q[:, None, :8]), "^append: cannot be captured"),
+                        (lambda: cache.attend(q, [a], out=out, validate=False), "^attend: only attend"),
+                        (lambda: cache.attend(q, plan=plan, out=out), "^attend: only attend"),
+                        (lambda: cache.attend(q, plan=plan, out=out, validate=False), "has not run")):
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match=match):
+            with torch.cuda.graph(g):
+                call()
+    assert (cache.length(a), cache.free_pages) == before
+    torch.testing.assert_close(cache.attend(q, plan=plan), cache.attend(q, [a]), rtol=0, atol=0)
+
+
 # ---- bad input --------------------------------------------------------------------
 @gpu
 @need_torch
@@ -786,6 +1008,14 @@ class FakeCuda:
                                                    l2_bytes=60 << 20)))
     free = staticmethod(lambda ptr: 0)
     stream_sync = staticmethod(lambda s: 0)
+    # Events and capture state: no GPU work exists, so there is nothing to order.
+    event_create = staticmethod(lambda: (0, 1))
+    event_destroy = staticmethod(lambda e: 0)
+    event_record = staticmethod(lambda e, s: 0)
+    event_sync = staticmethod(lambda e: 0)
+    stream_wait_event = staticmethod(lambda s, e: 0)
+    stream_capturing = staticmethod(lambda s: (0, False))
+    runtime_error = staticmethod(lambda rc: f"error {rc}")
 
     def malloc(self, n):
         return 0, self.alloc_host(np.zeros(max(n, 1), np.uint8))

@@ -62,6 +62,25 @@ cdef extern from "kvarn_cuda.h" nogil:
                           const kvarn_cuda_tensor* out, uintptr_t scratch, int32_t splits,
                           int32_t tiles_per_split, uintptr_t stream)
 
+# Streams and events straight from the runtime: kvarn orders its own calls across the caller's
+# streams with them (kvarn/cuda.py), so they need nothing from the kernels' library.
+cdef extern from "cuda_runtime_api.h" nogil:
+    ctypedef void* cudaStream_t
+    ctypedef void* cudaEvent_t
+    ctypedef enum cudaError_t:
+        cudaSuccess
+    ctypedef enum cudaStreamCaptureStatus:
+        cudaStreamCaptureStatusNone
+    cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags)
+    cudaError_t cudaEventDestroy(cudaEvent_t event)
+    cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+    cudaError_t cudaEventSynchronize(cudaEvent_t event)
+    cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
+    cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status)
+    cudaError_t cudaGetLastError()
+    const char* cudaGetErrorName(cudaError_t error)
+    const char* cudaGetErrorString(cudaError_t error)
+
 OK = KVARN_CUDA_OK
 ERR_ARGUMENT = KVARN_CUDA_ERR_ARGUMENT
 ERR_CUDA = KVARN_CUDA_ERR_CUDA
@@ -277,3 +296,49 @@ def attend(dict cache, int layer, uintptr_t meta, size_t meta_bytes, int batch, 
         raise ValueError("scale: not a finite float32")
     return kvarn_cuda_attend(&c, layer, meta, batch, &tq, num_q_heads, scale, &to, scratch, splits,
                              tiles_per_split, stream)
+
+
+# ---- events and capture state (runtime calls; the codes are cudaError_t, 0 = success) -----------
+cdef int runtime_status(cudaError_t err):
+    """0, or the error code after clearing it: a failure here must not surface later in the
+    caller's own error check (torch reads cudaGetLastError after its kernels)."""
+    if err != cudaSuccess:
+        cudaGetLastError()
+    return <int>err
+
+
+def runtime_error(int code):
+    return f"{cudaGetErrorName(<cudaError_t>code).decode()}: {cudaGetErrorString(<cudaError_t>code).decode()}"
+
+
+def event_create():
+    """A reusable event without timing (cudaEventDisableTiming = 2)."""
+    cdef cudaEvent_t e = NULL
+    rc = runtime_status(cudaEventCreateWithFlags(&e, 2))
+    return rc, <uintptr_t>e
+
+
+def event_destroy(uintptr_t event):
+    return runtime_status(cudaEventDestroy(<cudaEvent_t>event))
+
+
+def event_record(uintptr_t event, uintptr_t stream):
+    return runtime_status(cudaEventRecord(<cudaEvent_t>event, <cudaStream_t>stream))
+
+
+def event_sync(uintptr_t event):
+    cdef cudaError_t err
+    with nogil:
+        err = cudaEventSynchronize(<cudaEvent_t>event)
+    return runtime_status(err)
+
+
+def stream_wait_event(uintptr_t stream, uintptr_t event):
+    return runtime_status(cudaStreamWaitEvent(<cudaStream_t>stream, <cudaEvent_t>event, 0))
+
+
+def stream_capturing(uintptr_t stream):
+    """(status, capturing): whether work on the stream is being captured into a CUDA graph."""
+    cdef cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone
+    rc = runtime_status(cudaStreamIsCapturing(<cudaStream_t>stream, &st))
+    return rc, st != cudaStreamCaptureStatusNone

@@ -16,6 +16,7 @@ written here decodes on the CPU path and vice versa (see ``to_cpu`` / ``load_cpu
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 
@@ -364,6 +365,43 @@ class _Scratch:
         return self.buf.ptr
 
 
+def _check_runtime(rc, what):
+    if rc:
+        raise RuntimeError(f"{what}: CUDA error: {_cuda.runtime_error(rc)}")
+
+
+class _Event:
+    """A CUDA event owned by kvarn (no timing), re-recorded after each call it tracks."""
+
+    def __init__(self):
+        rc, self.handle = _cuda.event_create()
+        _check_runtime(rc, "event")
+        self.recorded = False
+
+    def __del__(self):
+        handle = getattr(self, "handle", 0)
+        if handle and _cuda is not None:
+            _cuda.event_destroy(handle)  # released once its last record completes
+            self.handle = 0
+
+
+class _StreamState:
+    """A PagedKVCache's device buffers for the calls issued on one stream - calls on two streams
+    never share metadata, flags or split states - and the event recorded after the latest of them."""
+
+    def __init__(self):
+        self.flag = DeviceArray((1,), np.int32)
+        self.append_meta, self.attend_meta, self.scratch = _Scratch(), _Scratch(), _Scratch()
+        self.done = _Event()
+
+
+def _capturing(stream) -> bool:
+    """Whether the stream is being captured into a CUDA graph (an unreadable state counts as yes:
+    then nothing is recorded or waited on, which is what capture needs)."""
+    rc, capturing = _cuda.stream_capturing(stream)
+    return bool(rc) or capturing
+
+
 _keepalive = []
 
 # ---- standalone store -------------------------------------------------------------
@@ -436,6 +474,7 @@ class AttendPlan:
         self._lengths = np.array(lengths, np.int64)
         self._lengths.flags.writeable = False
         self._checked_epoch = owner._epoch  # the owner's lengths epoch these lengths were last seen at
+        self._scratch = _Scratch()  # split states of attends with this plan (see PagedKVCache.attend)
 
     meta_dev = property(lambda self: self._meta_dev)
     batch = property(lambda self: len(self._slots))
@@ -528,10 +567,7 @@ class PagedKVCache:
         self._tail_k = DeviceArray((L, S, H, G, D), np.float16)
         self._tail_v = DeviceArray((L, S, H, G, D), np.float16)
         self._block_table = DeviceArray((S, self.max_tiles), np.int32)
-        self._flag = DeviceArray((1,), np.int32)
-        self._append_meta = _Scratch()
-        self._attend_meta = _Scratch()
-        self._scratch = _Scratch()
+        self._streams = collections.OrderedDict()  # stream handle -> _StreamState, least recent first
         self._lengths = np.zeros((L, S), np.int64)
         self._epoch = 0  # bumped whenever a length changes: a plan checked at this epoch is still valid
         self._pages = [[] for _ in range(S)]  # pages of each slot, tile order (shared by layers)
@@ -543,6 +579,44 @@ class PagedKVCache:
                           num_pages=self.num_pages, pool=self._pool.ptr, sink_k=self._sink_k.ptr,
                           sink_v=self._sink_v.ptr, tail_k=self._tail_k.ptr, tail_v=self._tail_v.ptr,
                           block_table=self._block_table.ptr)
+
+    # ---- streams -----------------------------------------------------------------
+    # kvarn orders its own work on the cache across the caller's streams; the caller orders the
+    # data it depends on (an attend after the appends it reads, as for any tensor written on
+    # another stream). Each stream gets its own metadata, flag and split-state buffers, so calls
+    # on two streams may run at once. An append waits (on the GPU, no host sync) for kvarn's
+    # earlier calls on every other stream: it may write pages, sink or tail rows that a freed or
+    # truncated sequence's attend, still queued there, reads. Host reads and writes (records,
+    # to_cpu, load_cpu) wait for all of them. Work captured into a CUDA graph is not tracked:
+    # order a graph's replays as its stream requires.
+    _MAX_STREAMS = 16
+
+    def _stream_state(self, stream) -> _StreamState:
+        st = self._streams.get(stream)
+        if st is None:
+            st = self._streams[stream] = _StreamState()
+            if len(self._streams) > self._MAX_STREAMS:  # the least recently used one's work is done first
+                _, old = self._streams.popitem(last=False)
+                if old.done.recorded:
+                    _check_runtime(_cuda.event_sync(old.done.handle), "stream")
+        else:
+            self._streams.move_to_end(stream)
+        return st
+
+    def _wait_for_other_streams(self, stream, what):
+        for other, st in self._streams.items():
+            if other != stream and st.done.recorded:
+                _check_runtime(_cuda.stream_wait_event(stream, st.done.handle), what)
+
+    def _done(self, st, stream, what):
+        _check_runtime(_cuda.event_record(st.done.handle, stream), what)
+        st.done.recorded = True
+
+    def _sync_streams(self, what):
+        """Waits for every call kvarn issued on the cache, whatever its stream."""
+        for st in self._streams.values():
+            if st.done.recorded:
+                _check_runtime(_cuda.event_sync(st.done.handle), what)
 
     # ---- sequences -------------------------------------------------------------
     def add_sequence(self) -> int:
@@ -672,6 +746,10 @@ class PagedKVCache:
         B, T = vk.shape[0], vk.shape[1]
         if T == 0:
             return
+        stream = vk.stream
+        if _capturing(stream):
+            raise RuntimeError("append: cannot be captured in a CUDA graph (it uploads host metadata and takes "
+                               "pages); capture attend(q, plan=...) only")
         lens0 = self._lengths[layer, slots]
         lens1 = lens0 + T
         over = np.nonzero(lens1 > self.max_seq_len)[0]
@@ -706,26 +784,29 @@ class PagedKVCache:
         meta = np.stack([np.asarray(slots), lens0, first_tail], axis=1).astype(np.int32).reshape(-1)
         jobs_arr = np.asarray(jobs, np.int32).reshape(-1)
         host = np.concatenate([meta, jobs_arr])
-        stream = vk.stream
-        base = self._append_meta.get(host.nbytes)
-        meta_bytes = self._append_meta.buf.nbytes
         try:
+            st = self._stream_state(stream)
+            base = st.append_meta.get(host.nbytes)
+            meta_bytes = st.append_meta.buf.nbytes
+            flag = st.flag
+            self._wait_for_other_streams(stream, "append")
             _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
-            _check(_cuda.memset(self._flag.ptr, 0, 4, stream), "append")
+            _check(_cuda.memset(flag.ptr, 0, 4, stream), "append")
             if validate:
-                _check(_cuda.check(vk.spec(), self._flag.ptr, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE, stream),
+                _check(_cuda.check(vk.spec(), flag.ptr, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE, stream),
                        "append")
-                _check(_cuda.check(vv.spec(), self._flag.ptr, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE, stream),
+                _check(_cuda.check(vv.spec(), flag.ptr, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE, stream),
                        "append")
             # Store first: completed tiles read their older rows from the tail, which
             # write_tokens then reuses for the newest tokens (and skips if anything was flagged).
             if jobs:
                 _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, meta_bytes - meta.nbytes,
-                                   len(jobs), self.iters, True, self._flag.ptr, stream), "append")
-            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B, self._flag.ptr,
+                                   len(jobs), self.iters, True, flag.ptr, stream), "append")
+            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B, flag.ptr,
                                       stream), "append")
+            self._done(st, stream, "append")
             if validate:
-                err = _flag_error(int(self._flag.to_numpy(stream)[0]))
+                err = _flag_error(int(flag.to_numpy(stream)[0]))
                 if err is not None:
                     raise err
         except Exception:
@@ -774,11 +855,15 @@ class PagedKVCache:
 
     @_on_own_device
     def plan(self, seq_ids, *, layer: int = 0, stream=0) -> AttendPlan:
-        """Uploads the metadata of an attend() batch into its own device buffer. Valid while those
-        sequences keep their lengths; attend(q, plan=...) then copies nothing from the host and can
-        be captured in a CUDA graph."""
+        """Uploads the metadata of an attend() batch into its own device buffer (on ``stream``, a
+        cudaStream_t handle, and waits for it: the plan is ready for any stream on return). Valid
+        while those sequences keep their lengths; attend(q, plan=...) then copies nothing from the
+        host and can be captured in a CUDA graph: run it once outside the capture first (the plan
+        allocates its split-state buffer then), and keep the plan alive as long as the graph."""
         layer, meta, splits, tps, lens = self._plan_host(seq_ids, layer)
-        return AttendPlan(self, DeviceArray.from_numpy(meta, stream), meta[:, 0].tolist(), splits, tps, layer, lens)
+        meta_dev = DeviceArray.from_numpy(meta, stream)
+        _check(_cuda.stream_sync(stream), "plan")
+        return AttendPlan(self, meta_dev, meta[:, 0].tolist(), splits, tps, layer, lens)
 
     def _check_plan(self, plan):
         if not isinstance(plan, AttendPlan):
@@ -822,13 +907,18 @@ class PagedKVCache:
         _check_device(vq, "q", self.device)
         scale = check_scale(scale, D)
         stream = vq.stream
+        capturing = _capturing(stream)
+        if capturing and (plan is None or validate):
+            raise RuntimeError("attend: only attend(q, plan=..., validate=False) can be captured in a CUDA graph "
+                               "(seq_ids upload host metadata; validate waits for the GPU)")
+        st = None if capturing else self._stream_state(stream)
         if plan is None:
             if seq_ids is None:
                 raise ValueError("seq_ids: required unless a plan is given")
             layer, meta, splits, tps, _ = self._plan_host(seq_ids, layer)
             n_seqs = len(meta)
-            meta_ptr = self._attend_meta.get(meta.nbytes)
-            meta_bytes = self._attend_meta.buf.nbytes
+            meta_ptr = st.attend_meta.get(meta.nbytes)
+            meta_bytes = st.attend_meta.buf.nbytes
             _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "attend")
         else:
             if seq_ids is not None:
@@ -853,9 +943,9 @@ class PagedKVCache:
         if any(st == 0 and n > 1 for n, st in zip(vo.shape, vo.strides)):
             raise ValueError(f"out: a zero stride (strides {vo.strides}) would write several results to one place")
         if validate:
-            _check(_cuda.memset(self._flag.ptr, 0, 4, stream), "attend")
-            _check(_cuda.check(vq.spec(), self._flag.ptr, 1, 2, stream), "attend")  # 2: some |q| > 65504
-            flag = int(self._flag.to_numpy(stream)[0])
+            _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "attend")
+            _check(_cuda.check(vq.spec(), st.flag.ptr, 1, 2, stream), "attend")  # 2: some |q| > 65504
+            flag = int(st.flag.to_numpy(stream)[0])
             if flag & 1:
                 raise ValueError("q: contains NaN or Inf")
             # As check_queries on the CPU: q * scale must not overflow the float32 scores.
@@ -866,10 +956,18 @@ class PagedKVCache:
                     raise ValueError(
                         f"q: max |q| x |scale| = {q_max * abs(scale):.3g} could overflow the float32 attention "
                         f"scores (limit {limit:.3g} at head_dim {D}); scale the queries down")
+        # Split states: the plan's own buffer (a captured graph keeps writing it, so it must not be
+        # shared with, or freed by, other calls), else the stream's.
         scratch_bytes = _cuda.attend_scratch_bytes(B, Hq, D, splits)
-        scratch = self._scratch.get(scratch_bytes)
+        holder = st.scratch if plan is None else plan._scratch
+        if capturing and (holder.buf is None or holder.buf.nbytes < scratch_bytes):
+            raise RuntimeError("attend: this plan has not run with this many query heads outside the capture; "
+                               "run attend(q, plan=...) once before capturing it (it allocates the plan's buffer)")
+        scratch = holder.get(scratch_bytes)
         _check(_cuda.attend(self._desc, layer, meta_ptr, meta_bytes, B, vq.spec(), Hq, scale, vo.spec(), scratch,
-                            self._scratch.buf.nbytes, splits, tps, stream), "attend")
+                            holder.buf.nbytes, splits, tps, stream), "attend")
+        if st is not None:
+            self._done(st, stream, "attend")
         return out
 
     # ---- CPU interop -------------------------------------------------------------
@@ -881,6 +979,7 @@ class PagedKVCache:
         H, R = self.num_kv_heads, self.record_bytes
         out = np.empty((n, H, R), np.uint8)
         page_bytes = H * R
+        self._sync_streams("records")
         for i in range(n):
             src = self._pool.ptr + (layer * self.num_pages + self._pages[slot][i]) * page_bytes
             _check(_cuda.memcpy_dtoh(out[i].reshape(-1), src, 0), "records")
@@ -904,6 +1003,7 @@ class PagedKVCache:
         tiles = int(self._tile_counts(n))
         sink_len = min(n, self.sink_tokens)
         tail_len = n - sink_len - tiles * self.preset.group
+        self._sync_streams("to_cpu")
         return KVCache.from_parts(
             self._dense_host(self._sink_k, layer, slot, sink_len), self._dense_host(self._sink_v, layer, slot, sink_len),
             self.records(slot, layer),
@@ -943,6 +1043,7 @@ class PagedKVCache:
             self._pages[slot].append(page)
             new_pages.append((slot, page))
         try:
+            self._sync_streams("load_cpu")  # queued work may still read the pages and rows written here
             self._load_parts(layer, slot, parts, recs)
         except Exception:
             self._undo_pages(new_pages)
