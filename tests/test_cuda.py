@@ -986,6 +986,7 @@ class FakeCuda:
         self.mem = {}  # base address -> uint8 array
         self.next = 1 << 32
         self.calls = []
+        self.events, self.stream_ops, self.capturing = 0, [], set()
 
     def alloc_host(self, arr):
         """Registers a host array as 'device memory'; returns its address."""
@@ -1008,14 +1009,28 @@ class FakeCuda:
                                                    l2_bytes=60 << 20)))
     free = staticmethod(lambda ptr: 0)
     stream_sync = staticmethod(lambda s: 0)
-    # Events and capture state: no GPU work exists, so there is nothing to order.
-    event_create = staticmethod(lambda: (0, 1))
-    event_destroy = staticmethod(lambda e: 0)
-    event_record = staticmethod(lambda e, s: 0)
-    event_sync = staticmethod(lambda e: 0)
-    stream_wait_event = staticmethod(lambda s, e: 0)
-    stream_capturing = staticmethod(lambda s: (0, False))
+    # Events and capture state: logged in stream_ops, so a test can check the ordering protocol.
     runtime_error = staticmethod(lambda rc: f"error {rc}")
+    event_destroy = staticmethod(lambda e: 0)
+
+    def event_create(self):
+        self.events += 1
+        return 0, self.events
+
+    def event_record(self, e, s):
+        self.stream_ops.append(("record", e, s))
+        return 0
+
+    def event_sync(self, e):
+        self.stream_ops.append(("sync", e))
+        return 0
+
+    def stream_wait_event(self, s, e):
+        self.stream_ops.append(("wait", s, e))
+        return 0
+
+    def stream_capturing(self, s):
+        return 0, s in self.capturing
 
     def malloc(self, n):
         return 0, self.alloc_host(np.zeros(max(n, 1), np.uint8))
@@ -1067,16 +1082,16 @@ class FakeCuda:
 class FakeDevArray:
     """A host array exposed through __cuda_array_interface__ at a FakeCuda address."""
 
-    def __init__(self, fake, arr, readonly=False, ptr=None, strides=None):
+    def __init__(self, fake, arr, readonly=False, ptr=None, strides=None, stream=None):
         self.arr = np.ascontiguousarray(arr)
         self.ptr = fake.alloc_host(self.arr) if ptr is None else ptr
-        self.readonly, self.strides = readonly, strides
+        self.readonly, self.strides, self.stream = readonly, strides, stream
         self.shape = self.arr.shape
 
     @property
     def __cuda_array_interface__(self):
         return {"shape": self.arr.shape, "typestr": self.arr.dtype.str, "data": (self.ptr, self.readonly),
-                "version": 3, "strides": self.strides, "stream": None}
+                "version": 3, "strides": self.strides, "stream": self.stream}
 
 
 @pytest.fixture
@@ -1126,6 +1141,64 @@ def test_pre_hopper_device_is_refused_by_name(fake, monkeypatch):
         kc.PagedKVCache(1, 128, device=1)
     assert not fake.mem  # nothing allocated
     kc.PagedKVCache(1, 128, max_seqs=1, max_seq_len=256, device=0)
+
+
+def test_fake_stream_protocol(fake):
+    """How kvarn orders its own work across streams, checked on the calls it makes (no GPU; the GPU
+    tests above check the effect): each stream has its own buffers and an event recorded after each
+    call; an append waits for the other streams' events, an attend for none; host reads wait for all;
+    nothing is recorded or waited on in a capture, and what cannot be captured is refused there;
+    results made as DeviceArrays carry their stream."""
+    rng = np.random.default_rng(_seed("fake-streams"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=3, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+
+    def kv(stream, n=200, batch=2):
+        return FakeDevArray(fake, kv_like(rng, (batch, n, 2, 128)), stream=stream)
+
+    k = kv(11)
+    cache.append([a, b], k, k)
+    ev = {s: st.done.handle for s, st in cache._streams.items()}
+    assert fake.stream_ops == [("record", ev[11], 11)]
+    fake.stream_ops.clear()
+    out = cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=22), [a, b])
+    ev = {s: st.done.handle for s, st in cache._streams.items()}
+    assert fake.stream_ops == [("record", ev[22], 22)]  # an attend waits for nobody
+    assert out.__cuda_array_interface__["stream"] == 22 and out.stream == 22
+    assert len({st.flag.ptr for st in cache._streams.values()}) == 2
+    assert len({st.attend_meta.buf.ptr for st in cache._streams.values() if st.attend_meta.buf}) == 1
+    fake.stream_ops.clear()
+    k1 = kv(11, n=1)
+    cache.append([a, b], k1, k1)
+    assert fake.stream_ops == [("wait", 11, ev[22]), ("record", ev[11], 11)]
+    fake.stream_ops.clear()
+    cache.records(a)
+    assert sorted(fake.stream_ops) == [("sync", ev[11]), ("sync", ev[22])]
+    # the legacy stream: 0 inside, 1 in the interface
+    assert cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128))), [a, b]).__cuda_array_interface__["stream"] == 1
+    # a capture on stream 33
+    plan = cache.plan([a, b])
+    fake.capturing.add(33)
+    fake.stream_ops.clear()
+    state = (cache.length(a), cache.length(b), cache.free_pages, len(cache._streams))
+    q33 = FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=33)
+    for fn, match in ((lambda: cache.append([a, b], kv(33, n=1), kv(33, n=1)), "^append: cannot be captured"),
+                      (lambda: cache.attend(q33, [a, b], validate=False), "^attend: only attend"),
+                      (lambda: cache.attend(q33, plan=plan), "^attend: only attend"),
+                      (lambda: cache.attend(q33, plan=plan, validate=False), "has not run")):
+        with pytest.raises(RuntimeError, match=match):
+            fn()
+    assert (cache.length(a), cache.length(b), cache.free_pages, len(cache._streams)) == state
+    cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=22), plan=plan, validate=False)  # warm-up
+    fake.stream_ops.clear()
+    fake.calls.clear()
+    cache.attend(q33, plan=plan, validate=False)
+    assert fake.calls == ["attend"] and fake.stream_ops == [] and 33 not in cache._streams
+    # more than 16 streams: the least recently used one is retired after its work is waited for
+    fake.capturing.clear()
+    for s in range(100, 116):
+        cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=s), [a, b])
+    assert len(cache._streams) == 16 and 11 not in cache._streams and ("sync", ev[11]) in fake.stream_ops
 
 
 def test_fake_validation_before_any_kernel(fake):

@@ -96,7 +96,9 @@ def _check(rc, what):
 # ---- device arrays ------------------------------------------------------------------
 class DeviceArray:
     """A cudaMalloc'd buffer owned by kvarn, exported through ``__cuda_array_interface__``
-    (so ``torch.as_tensor(a, device='cuda')`` and ``cupy.asarray(a)`` wrap it without a copy)."""
+    (so ``torch.as_tensor(a, device='cuda')`` and ``cupy.asarray(a)`` wrap it without a copy).
+    ``stream``: the stream kvarn last queued a write to it on (a result of attend or
+    quantize_tiles), exported so that a consumer synchronises with it; None when none is pending."""
 
     _TYPESTR = {np.dtype(np.uint8): "|u1", np.dtype(np.int32): "<i4", np.dtype(np.float32): "<f4",
                 np.dtype(np.float16): "<f2"}
@@ -111,6 +113,7 @@ class DeviceArray:
             raise MemoryError(f"DeviceArray: allocating {self.nbytes} bytes: out of GPU memory")
         _check(rc, f"DeviceArray: allocating {self.nbytes} bytes")
         self.ptr = ptr
+        self.stream = None
 
     def __del__(self):
         ptr = getattr(self, "ptr", 0)
@@ -120,8 +123,10 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self):
+        # The interface's stream 1 is the legacy default stream (its 0 is not allowed).
+        stream = None if self.stream is None else (1 if self.stream == 0 else self.stream)
         return {"shape": self.shape, "typestr": self._TYPESTR[self.dtype], "data": (self.ptr, False),
-                "version": 3, "strides": None, "stream": None}
+                "version": 3, "strides": None, "stream": stream}
 
     @classmethod
     def from_numpy(cls, arr, stream=0):
@@ -267,7 +272,9 @@ def _empty_like(v: _View, shape, dtype_code):
         import cupy
 
         return cupy.empty(shape, dtype={0: cupy.float32, 1: cupy.float16}[dtype_code])
-    return DeviceArray(shape, {0: np.float32, 1: np.float16}[dtype_code])
+    out = DeviceArray(shape, {0: np.float32, 1: np.float16}[dtype_code])
+    out.stream = v.stream  # written there: a consumer must order after it
+    return out
 
 
 def _uint8_like(v: _View, shape):
@@ -279,7 +286,9 @@ def _uint8_like(v: _View, shape):
         import cupy
 
         return cupy.empty(shape, dtype=cupy.uint8)
-    return DeviceArray(shape, np.uint8)
+    out = DeviceArray(shape, np.uint8)
+    out.stream = v.stream
+    return out
 
 
 def _ptr(x):
@@ -968,6 +977,8 @@ class PagedKVCache:
                             holder.buf.nbytes, splits, tps, stream), "attend")
         if st is not None:
             self._done(st, stream, "attend")
+        if isinstance(out, DeviceArray):
+            out.stream = stream
         return out
 
     # ---- CPU interop -------------------------------------------------------------
