@@ -494,6 +494,23 @@ class AttendPlan:
     lengths = property(lambda self: self._lengths, doc="The sequences' lengths when the plan was made.")
 
 
+def _choose_splits(tiles, programs_per_seq, num_sms):
+    """(splits, tiles per split) for sequences of `tiles` tiles: of the distinct splittings of the
+    longest one, the fewest waves of ~1 program per SM, then the fewest splits (first minimum)."""
+    nmax = int(tiles.max()) if len(tiles) else 0
+    if nmax == 0:
+        return 1, 1
+    s = np.arange(1, min(nmax, 256) + 1, dtype=np.int64)
+    tps = -(-nmax // s)
+    s = s[(s == 1) | (-(-nmax // tps) >= s)]  # the others split like a smaller s
+    tps = -(-nmax // s)
+    programs = programs_per_seq * (-(-np.asarray(tiles, np.int64)[None, :] // tps[:, None])).sum(axis=1)
+    waves = -(-programs // num_sms)
+    cost = waves * (-(-tps // 8) + 1)  # 8 warps per program, ~1 tile of latency per program
+    best = int(np.argmin(cost))
+    return int(s[best]), int(tps[best])
+
+
 class PagedKVCache:
     """KVarN KV cache for many sequences on one GPU, for ``num_layers`` layers.
 
@@ -577,6 +594,7 @@ class PagedKVCache:
         self._tail_v = DeviceArray((L, S, H, G, D), np.float16)
         self._block_table = DeviceArray((S, self.max_tiles), np.int32)
         self._streams = collections.OrderedDict()  # stream handle -> _StreamState, least recent first
+        self._split_choices = {}  # (tiles bytes, programs per sequence) -> (splits, tiles per split)
         self._lengths = np.zeros((L, S), np.int64)
         self._epoch = 0  # bumped whenever a length changes: a plan checked at this epoch is still valid
         self._pages = [[] for _ in range(S)]  # pages of each slot, tile order (shared by layers)
@@ -710,7 +728,12 @@ class PagedKVCache:
             seq_ids = [seq_ids]
         if isinstance(seq_ids, (str, bytes)) or not hasattr(seq_ids, "__iter__"):
             raise TypeError(f"seq_ids: expected a list of int sequence ids, got {type(seq_ids).__name__}")
-        slots = [self._slot(s, f"seq_ids[{i}]") for i, s in enumerate(seq_ids)]
+        seq_ids = list(seq_ids)
+        # Fast path (every decode step, every layer): plain live ints; the loop names a bad one.
+        if all(type(s) is int for s in seq_ids) and self._live.issuperset(seq_ids):
+            slots = seq_ids
+        else:
+            slots = [self._slot(s, f"seq_ids[{i}]") for i, s in enumerate(seq_ids)]
         if not slots:
             raise ValueError("seq_ids: expected at least one sequence")
         if len(set(slots)) != len(slots):
@@ -832,21 +855,16 @@ class PagedKVCache:
     # ---- attention ----------------------------------------------------------------
     def _choose_splits(self, tiles, programs_per_seq):
         """Splits of each sequence's tiles over programs: fewest waves of ~1 program per SM,
-        then the fewest splits (each costs merge work)."""
-        nmax = int(tiles.max()) if len(tiles) else 0
-        if nmax == 0:
-            return 1, 1
-        best = None
-        for s in range(1, min(nmax, 256) + 1):
-            tps = -(-nmax // s)
-            if s > 1 and -(-nmax // tps) < s:
-                continue  # same as a smaller s
-            programs = programs_per_seq * int(np.sum(-(-tiles // tps)))
-            waves = -(-programs // self.num_sms)
-            cost = waves * (-(-tps // 8) + 1)  # 8 warps per program, ~1 tile of latency per program
-            if best is None or cost < best[0]:
-                best = (cost, s, tps)
-        return best[1], best[2]
+        then the fewest splits (each costs merge work). Remembered for the last few batches: every
+        layer of a decode step asks with the same lengths."""
+        key = (tiles.tobytes(), int(programs_per_seq))
+        choice = self._split_choices.get(key)
+        if choice is None:
+            choice = _choose_splits(tiles, programs_per_seq, self.num_sms)
+            if len(self._split_choices) >= 64:
+                self._split_choices.pop(next(iter(self._split_choices)))
+            self._split_choices[key] = choice
+        return choice
 
     def _plan_host(self, seq_ids, layer):
         layer = self._layer(layer)
@@ -858,7 +876,8 @@ class PagedKVCache:
         tiles = self._tile_counts(lens)
         sink_len = np.minimum(lens, self.sink_tokens)
         tail_len = lens - sink_len - tiles * self.preset.group
-        meta = np.stack([np.asarray(slots), tiles, sink_len, tail_len], axis=1).astype(np.int32)
+        meta = np.empty((len(slots), 4), np.int32)
+        meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] = slots, tiles, sink_len, tail_len
         splits, tps = self._choose_splits(tiles, self.num_kv_heads)
         return layer, meta, splits, tps, lens.copy()
 
