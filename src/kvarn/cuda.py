@@ -795,7 +795,8 @@ class PagedKVCache:
         new_pages = []
         jobs = []
         try:
-            for b, slot in enumerate(slots):
+            for b in np.flatnonzero(tiles1 > tiles0).tolist():  # the sequences that complete tiles
+                slot = slots[b]
                 for ti in range(int(tiles0[b]), int(tiles1[b])):
                     if ti == len(self._pages[slot]):  # no layer has this tile yet
                         if not self._free_pages:
@@ -812,10 +813,12 @@ class PagedKVCache:
         except Exception:
             self._undo_pages(new_pages)
             raise
-        first_tail = self.sink_tokens + tiles1 * G
-        meta = np.stack([np.asarray(slots), lens0, first_tail], axis=1).astype(np.int32).reshape(-1)
-        jobs_arr = np.asarray(jobs, np.int32).reshape(-1)
-        host = np.concatenate([meta, jobs_arr])
+        # One host buffer: meta int32 [B][3] (slot, length before, first tail position), then the jobs [n][7].
+        host = np.empty(3 * B + 7 * len(jobs), np.int32)
+        meta = host[: 3 * B].reshape(B, 3)
+        meta[:, 0], meta[:, 1], meta[:, 2] = slots, lens0, self.sink_tokens + tiles1 * G
+        if jobs:
+            host[3 * B :] = np.asarray(jobs, np.int32).reshape(-1)
         try:
             st = self._stream_state(stream)
             base = st.append_meta.get(host.nbytes)
