@@ -593,6 +593,14 @@ def _fp16(rng, *shape):
     return dev(kv_like(rng, shape), torch.float16)
 
 
+def _assert_same_content(cache, seq, ref, ref_seq):
+    """Records, sink and tail of cache's seq equal ref's ref_seq, byte for byte."""
+    np.testing.assert_array_equal(cache.records(seq), ref.records(ref_seq))
+    got, want = cache.to_cpu(seq).to_parts(), ref.to_cpu(ref_seq).to_parts()
+    for name in ("sink_k", "sink_v", "tail_k", "tail_v"):
+        np.testing.assert_array_equal(got[name], want[name])
+
+
 @gpu
 @need_torch
 def test_streams_host_reads_wait_for_a_side_stream_append():
@@ -608,12 +616,7 @@ def test_streams_host_reads_wait_for_a_side_stream_append():
     with torch.cuda.stream(side):
         torch.cuda._sleep(SLEEP_CYCLES)
         cache.append([a], k, v, validate=False)
-    got = cache.records(a)
-    parts = cache.to_cpu(a).to_parts()
-    want = ref.to_cpu(r).to_parts()
-    np.testing.assert_array_equal(got, ref.records(r))
-    for name in ("sink_k", "tail_k", "tail_v"):
-        np.testing.assert_array_equal(parts[name], want[name])
+    _assert_same_content(cache, a, ref, r)  # records() and to_cpu() right after the queued append
 
 
 @gpu
@@ -724,11 +727,8 @@ def test_streams_appends_on_two_streams_land_in_their_own_sequences():
         cache.append([b], kb, vb, validate=False)
     torch.cuda.synchronize()
     del busy
-    for s, r in ((a, ra), (b, rb)):
-        np.testing.assert_array_equal(cache.records(s), ref.records(r))
-        got, want = cache.to_cpu(s).to_parts(), ref.to_cpu(r).to_parts()
-        for name in ("sink_k", "sink_v", "tail_k", "tail_v"):
-            np.testing.assert_array_equal(got[name], want[name])
+    _assert_same_content(cache, a, ref, ra)
+    _assert_same_content(cache, b, ref, rb)
 
 
 @gpu
