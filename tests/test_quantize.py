@@ -127,8 +127,18 @@ def test_balance_matches_oracle_when_means_dominate(axis, rng):
     offset = rng.uniform(-300, 300, (1, 128) if axis == 0 else (64, 1))
     x = (offset * (1 + 0.003 * rng.standard_normal(shape)) + 0.03 * rng.standard_normal(shape)).astype(np.float32)
     r, c = kvarn._ops.balance_scales(x)
-    r_ref, c_ref, _, _ = oracle.balance(x)
-    np.testing.assert_allclose(np.outer(r, c), np.outer(r_ref, c_ref), rtol=1e-4)
+    r_ref, c_ref, imb_ref, _ = oracle.balance(x)
+    # r (x) c is fixed only up to one factor: the imbalance is unchanged by scaling the whole tile, so
+    # converged candidates alpha * r (x) c tie exactly and float32 vs float64 rounding picks one (and
+    # quantisation is the same for any alpha). Measured over 300 seeds: axis 0 alpha = 1 always; axis 1
+    # alpha = e^-0.3 / 1 / e^0.3 in 83 / 159 / 58 seeds (the one-factor check here held only for its
+    # seed). With alpha removed, r (x) c matches to 6.8e-7 (max), the imbalance to 2.4e-5 (max).
+    ratio = np.outer(r, c) / np.outer(r_ref, c_ref)
+    alpha = np.median(ratio)
+    assert np.min(np.abs(np.log(alpha) - np.array([-0.3, 0.0, 0.3]))) < 1e-4, alpha
+    np.testing.assert_allclose(ratio, alpha, rtol=1e-4)
+    imb = oracle._imbalance(x.astype(np.float64) / c[None, :] / r[:, None])
+    assert abs(imb / imb_ref - 1) < 1e-4, (imb, imb_ref)
 
 
 @pytest.mark.parametrize("rows, cols", [(2, 2), (2, 5), (3, 2)])

@@ -332,10 +332,16 @@ def _check_attend(cache, q, tol_floor=2e-5, modes=("float",), int8_limit=None):
     _native.set_score_mode("float")
 
 
-# int8's max-abs relative error on test_attend_odd_lengths' fixed seeds (avx512 VNNI, any thread
-# count), at the lengths with a quantised tile; a query rounded to 7 bits instead of 8 gives 2.5x
-# and 3x at 257 and 300.
-INT8_ODD_ERR = {257: 0.0149, 300: 0.0080, 385: 0.0474}
+# int8 (avx512 VNNI) at the lengths with a quantised tile. One draw's error varies too much to bound
+# tightly (the bounds here were once 1.3x one fixed seed's error; the median over seeds was above them),
+# so it is judged as the mean relative L2 error over INT8_DRAWS draws. Measured over 100 such means
+# (1,600 draws) per length, honest: median 0.0179 / 0.0175 / 0.0244, max 0.0234 / 0.0223 / 0.0310 at
+# 257 / 300 / 385 tokens; with the error 2.5x (what a query rounded to 7 bits instead of 8 gave) the
+# smallest mean is 0.0359 / 0.0359 / 0.0495. One draw's max-abs error: median 0.020 / 0.020 / 0.026,
+# max 0.102 / 0.106 / 0.174 over 1,600 draws, capped loosely (a gross bug) at INT8_ODD_DRAW_MAX.
+INT8_DRAWS = 16
+INT8_ODD_MEAN_L2 = {257: 0.03, 300: 0.03, 385: 0.042}
+INT8_ODD_DRAW_MAX = 0.25
 
 
 @pytest.mark.parametrize("n", ODD_LENGTHS)
@@ -343,8 +349,23 @@ def test_attend_odd_lengths(n, rng):
     c = _cache(rng, "k4v2_g128", 2, 128, n)
     q = rng.standard_normal((8, 128)).astype(np.float32)
     # Below 257 tokens all lies in the fp16 sink and tail, where int8 computes as float does.
-    assert (c.num_tiles > 0) == (n in INT8_ODD_ERR)
-    _check_attend(c, q, modes=("float", "int16", "int8"), int8_limit=1.3 * INT8_ODD_ERR[n] if c.num_tiles else None)
+    assert (c.num_tiles > 0) == (n in INT8_ODD_MEAN_L2)
+    _check_attend(c, q, modes=("float", "int16", "int8"), int8_limit=INT8_ODD_DRAW_MAX if c.num_tiles else None)
+    if not c.num_tiles or not MODE_ISAS["int8"]:
+        return
+    errors = []
+    for i in range(INT8_DRAWS):
+        if i:
+            c = _cache(rng, "k4v2_g128", 2, 128, n)
+            q = rng.standard_normal((8, 128)).astype(np.float32)
+        K, V = c.dequantize()
+        ref = reference(q, K, V, 1.0 / np.sqrt(128))
+        _native.set_score_mode("int8")
+        out = run_isa("avx512", kvarn.attend, q, c)
+        _native.set_score_mode("float")
+        assert rel_err(out, ref) <= INT8_ODD_DRAW_MAX, (i, rel_err(out, ref))
+        errors.append(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    assert np.mean(errors) < INT8_ODD_MEAN_L2[n], errors
 
 
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k2v2_g128", "k8v8_g128"])
@@ -377,9 +398,15 @@ def test_attend_threads_and_splits(threads, rng):
     q = rng.standard_normal((9, 64)).astype(np.float32)
     K, V = c.dequantize()
     ref = reference(q, K, V, 1 / 8)
-    for isa in ISAS:
-        out = run_isa(isa, kvarn.attend, q, c, num_threads=threads)
-        assert rel_err(out, ref) < 5e-4, isa
+    # Each score mode at its own bound (one 5e-4 bound for the default mode, int16 wherever AVX2 runs,
+    # held only for this test's seeds). Max-abs relative error measured over 200 seeds, every ISA, 1 and
+    # 3 threads: float median 1.9e-6, max 8.9e-6; int16 median 2.0e-4, p99 6.3e-4, max 7.3e-4.
+    limit = {"float": 2e-5, "int16": 1.5e-3}
+    for mode in ("float", "int16") if MODE_ISAS["int16"] else ("float",):
+        _native.set_score_mode(mode)
+        for isa in ISAS:
+            out = run_isa(isa, kvarn.attend, q, c, num_threads=threads)
+            assert rel_err(out, ref) < limit[mode], (isa, mode, rel_err(out, ref))
 
 
 def test_attend_batch_matches_single(rng):
@@ -396,7 +423,9 @@ def test_attend_concurrent_python_threads(rng):
     # The GIL is released; concurrent calls must not share scratch state.
     caches = [_cache(rng, "k4v2_g128", 2, 128, 900 + 128 * i) for i in range(4)]
     qs = [rng.standard_normal((8, 128)).astype(np.float32) for _ in caches]
-    want = [kvarn.attend(q, c, num_threads=1) for q, c in zip(qs, caches)]
+    # Sequential calls at the same thread count (so the same splits): 1 vs 2 threads alone differ by
+    # up to 1.3e-5 of max|out| (int16; 150 seeds, median 3.2e-6), above the 1e-5 here in 4 % of seeds.
+    want = [kvarn.attend(q, c, num_threads=2) for q, c in zip(qs, caches)]
     got = [None] * 4
 
     def work(i):
@@ -473,6 +502,9 @@ def test_fp16_cache_batch_and_errors(rng):
         fs[0].append(np.zeros((3, 1, 64)), np.zeros((3, 1, 64)))
 
 
+INT_SCORE_DRAWS = 8
+
+
 def test_int_score_error_measured(rng):
     """Reports (and bounds) the extra error of the integer score modes vs the float path, on
     every ISA that runs them; avx2's int16 (vpmaddwd) and avx512's (VNNI) do the same integer
@@ -492,14 +524,32 @@ def test_int_score_error_measured(rng):
     ref = reference(q, K, V, 1 / np.sqrt(128))
     e = {k: np.linalg.norm(o - ref) / np.linalg.norm(ref) for k, o in outs.items()}
     print("relative L2 error vs float64 on the dequantised cache:", e)
-    # int8: measured 0.0386 on this fixed seed (any thread count); bounded at 1.3x, so a query
-    # rounded to 7 bits instead of 8 (0.068) fails.
-    limit = {"float": 1e-5, "int16": 1e-3, "int8": 0.05}
+    # Measured over 320 seeds (relative L2, avx512): float median 2.0e-6, max 4.3e-6; int16 median
+    # 1.8e-4, max 3.4e-4; int8 median 0.041, p90 0.053, max 0.082 - one draw's int8 error varies too
+    # much for a tight bound (0.05 on one draw held only for this test's seed). So one draw's int8
+    # error is capped loosely (a gross bug), and the mean over INT_SCORE_DRAWS draws is bounded: a
+    # query rounded to 7 bits instead of 8 gave 1.76x one draw's error (0.068 vs 0.0386). Means of 8
+    # draws resampled from the 320: honest >= 0.056 in 0.02 %, 1.76x the error >= 0.056 in 99.85 %.
+    limit = {"float": 1e-5, "int16": 1e-3, "int8": 0.12}
     for (isa, mode), err in e.items():
         assert err < limit[mode], (isa, mode, err)
+    if MODE_ISAS["int8"]:
+        int8 = [e["avx512", "int8"]]
+        for _ in range(INT_SCORE_DRAWS - 1):
+            c_i = _cache(rng, "k4v2_g128", 8, 128, 4096 + 77)
+            q_i = rng.standard_normal((32, 128)).astype(np.float32)
+            ref_i = reference(q_i, *c_i.dequantize(), 1 / np.sqrt(128))
+            _native.set_score_mode("int8")
+            out = run_isa("avx512", kvarn.attend, q_i, c_i)
+            _native.set_score_mode("float")
+            int8.append(np.linalg.norm(out - ref_i) / np.linalg.norm(ref_i))
+            assert int8[-1] < limit["int8"], int8
+        assert np.mean(int8) < 0.056, int8
     if ("avx2", "int16") in outs and ("avx512", "int16") in outs:
+        # Measured over 200 seeds: median 3.2e-6, p99 1.6e-5, max 2.7e-5 (2e-5 held only for this
+        # test's seed); avx2 computing in float instead of int16: min 7.2e-5, median 2.0e-4 (40 seeds).
         d = np.abs(outs["avx2", "int16"] - outs["avx512", "int16"]).max() / np.abs(ref).max()
-        assert d < 2e-5, d
+        assert d < 5e-5, d
 
 
 def test_public_score_mode_api():
