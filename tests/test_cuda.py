@@ -1366,6 +1366,11 @@ def sanitizer_workload():
     for splits in (1, 2):
         force_splits(cache, splits)
         assert np.isfinite(cache.attend(q, ids).to_numpy()).all()
+    # a plan's own split-state buffer on the merge kernel's path (12 splits), beside an eager call's
+    force_splits(cache, 12)
+    plan = cache.plan(ids)
+    eager = cache.attend(q, ids).to_numpy()
+    np.testing.assert_array_equal(cache.attend(q, plan=plan, validate=False).to_numpy(), eager)
     print("sanitizer workload: ok")
 
 
