@@ -1233,11 +1233,35 @@ def test_fake_stream_protocol(fake):
     fake.calls.clear()
     cache.attend(q33, plan=plan, validate=False)
     assert fake.calls == ["attend"] and fake.stream_ops == [] and 33 not in cache._streams
-    # more than 16 streams: the least recently used one is retired after its work is waited for
+    with pytest.raises(RuntimeError, match="^plan: cannot be captured"):
+        cache.plan([a, b], stream=33)
+    # a capture's refusal of the query counts as capturing; any other error is raised as itself
     fake.capturing.clear()
-    for s in range(100, 116):
+    query = fake.stream_capturing
+    fake.stream_capturing = lambda s: (906, False)  # cudaErrorStreamCaptureImplicit
+    with pytest.raises(RuntimeError, match="^append: cannot be captured"):
+        cache.append([a, b], kv(44, n=1), kv(44, n=1))
+    fake.stream_capturing = lambda s: (700, False)  # cudaErrorIllegalAddress, sticky
+    with pytest.raises(RuntimeError, match="^append: CUDA error: error 700"):
+        cache.append([a, b], kv(44, n=1), kv(44, n=1))
+    fake.stream_capturing = query
+    assert (cache.length(a), cache.length(b), cache.free_pages) == state[:3]
+    # one plan on two streams shares its split states: the second stream waits for the first
+    fake.stream_ops.clear()
+    cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=44), plan=plan, validate=False)
+    ev44, plan_ev = cache._streams[44].done.handle, plan._done.handle
+    assert fake.stream_ops == [("wait", 44, plan_ev), ("record", ev44, 44), ("record", plan_ev, 44)]
+    # a plan's buffer outgrown by a later call stays allocated (a captured graph may still write it)
+    first = plan._scratch.buf
+    cache.attend(FakeDevArray(fake, kv_like(rng, (2, 32, 128)), stream=44), plan=plan, validate=False)
+    assert plan._scratch.buf is not first and plan._scratch.old == [first] and first.ptr
+    # beyond 32 streams the least recently used one's buffers move to the new stream once its work is done
+    fake.stream_ops.clear()
+    states = {id(st) for st in cache._streams.values()}
+    for s in range(100, 140):
         cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=s), [a, b])
-    assert len(cache._streams) == 16 and 11 not in cache._streams and ("sync", ev[11]) in fake.stream_ops
+    assert len(cache._streams) == 32 and 11 not in cache._streams and ("sync", ev[11]) in fake.stream_ops
+    assert len(states | {id(st) for st in cache._streams.values()}) == 32  # reused, none made past the cap
 
 
 def test_fake_validation_before_any_kernel(fake):

@@ -97,8 +97,9 @@ def _check(rc, what):
 class DeviceArray:
     """A cudaMalloc'd buffer owned by kvarn, exported through ``__cuda_array_interface__``
     (so ``torch.as_tensor(a, device='cuda')`` and ``cupy.asarray(a)`` wrap it without a copy).
-    ``stream``: the stream kvarn last queued a write to it on (a result of attend or
-    quantize_tiles), exported so that a consumer synchronises with it; None when none is pending."""
+    ``stream``: the stream of kvarn's last write to it (from_numpy, zero_, a result of attend or
+    quantize_tiles), exported so that a consumer orders itself after it; not cleared when the write
+    completes (ordering after finished work costs nothing). None: kvarn never wrote it."""
 
     _TYPESTR = {np.dtype(np.uint8): "|u1", np.dtype(np.int32): "<i4", np.dtype(np.float32): "<f4",
                 np.dtype(np.float16): "<f2"}
@@ -133,6 +134,7 @@ class DeviceArray:
         arr = np.ascontiguousarray(arr)
         out = cls(arr.shape, arr.dtype)
         _check(_cuda.memcpy_htod(out.ptr, arr.reshape(-1).view(np.uint8), stream), "DeviceArray.from_numpy")
+        out.stream = stream
         return out
 
     def to_numpy(self, stream=0):
@@ -142,6 +144,7 @@ class DeviceArray:
 
     def zero_(self, stream=0):
         _check(_cuda.memset(self.ptr, 0, self.nbytes, stream), "DeviceArray.zero_")
+        self.stream = stream
         return self
 
 
@@ -363,13 +366,17 @@ def _flag_error(flag):
 
 
 class _Scratch:
-    """A grow-only device buffer."""
+    """A grow-only device buffer. keep_old: superseded buffers stay allocated (a captured CUDA graph
+    may still write them)."""
 
-    def __init__(self):
+    def __init__(self, keep_old=False):
         self.buf = None
+        self.old = [] if keep_old else None
 
     def get(self, nbytes):
         if self.buf is None or self.buf.nbytes < nbytes:
+            if self.old is not None and self.buf is not None:
+                self.old.append(self.buf)
             self.buf = DeviceArray((max(int(nbytes), 256),), np.uint8)
         return self.buf.ptr
 
@@ -404,11 +411,18 @@ class _StreamState:
         self.done = _Event()
 
 
-def _capturing(stream) -> bool:
-    """Whether the stream is being captured into a CUDA graph (an unreadable state counts as yes:
-    then nothing is recorded or waited on, which is what capture needs)."""
+_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCapture*: the query itself is refused by a capture
+
+
+def _capturing(stream, what) -> bool:
+    """Whether the stream is being captured into a CUDA graph. A query refused because of a capture
+    counts as yes (then nothing is recorded or waited on); any other error is raised (a stale stream
+    handle, a sticky error from an earlier kernel) rather than reported as a capture."""
     rc, capturing = _cuda.stream_capturing(stream)
-    return bool(rc) or capturing
+    if rc in _CAPTURE_ERRORS:
+        return True
+    _check_runtime(rc, what)
+    return capturing
 
 
 _keepalive = []
@@ -483,7 +497,10 @@ class AttendPlan:
         self._lengths = np.array(lengths, np.int64)
         self._lengths.flags.writeable = False
         self._checked_epoch = owner._epoch  # the owner's lengths epoch these lengths were last seen at
-        self._scratch = _Scratch()  # split states of attends with this plan (see PagedKVCache.attend)
+        # Split states of attends with this plan (see PagedKVCache.attend); the event and stream of the
+        # last one not captured, so that an attend with this plan on another stream waits for it.
+        self._scratch = _Scratch(keep_old=True)
+        self._done, self._stream = None, None
 
     meta_dev = property(lambda self: self._meta_dev)
     batch = property(lambda self: len(self._slots))
@@ -616,18 +633,21 @@ class PagedKVCache:
     # truncated sequence's attend, still queued there, reads. Host reads and writes (records,
     # to_cpu, load_cpu) wait for all of them. Work captured into a CUDA graph is not tracked:
     # order a graph's replays as its stream requires.
-    _MAX_STREAMS = 16
+    _MAX_STREAMS = 32  # torch's pool cycles through 32 streams per priority
 
     def _stream_state(self, stream) -> _StreamState:
         st = self._streams.get(stream)
-        if st is None:
-            st = self._streams[stream] = _StreamState()
-            if len(self._streams) > self._MAX_STREAMS:  # the least recently used one's work is done first
-                _, old = self._streams.popitem(last=False)
-                if old.done.recorded:
-                    _check_runtime(_cuda.event_sync(old.done.handle), "stream")
-        else:
+        if st is not None:
             self._streams.move_to_end(stream)
+            return st
+        if len(self._streams) < self._MAX_STREAMS:
+            st = _StreamState()
+        else:  # the least recently used stream's buffers move here, once its work is done (a host sync)
+            _, st = self._streams.popitem(last=False)
+            if st.done.recorded:
+                _check_runtime(_cuda.event_sync(st.done.handle), "stream")
+            st.done.recorded = False
+        self._streams[stream] = st
         return st
 
     def _wait_for_other_streams(self, stream, what):
@@ -779,7 +799,7 @@ class PagedKVCache:
         if T == 0:
             return
         stream = vk.stream
-        if _capturing(stream):
+        if _capturing(stream, "append"):
             raise RuntimeError("append: cannot be captured in a CUDA graph (it uploads host metadata and takes "
                                "pages); capture attend(q, plan=...) only")
         lens0 = self._lengths[layer, slots]
@@ -839,7 +859,6 @@ class PagedKVCache:
                                    len(jobs), self.iters, True, flag.ptr, stream), "append")
             _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B, flag.ptr,
                                       stream), "append")
-            self._done(st, stream, "append")
             if validate:
                 err = _flag_error(int(flag.to_numpy(stream)[0]))
                 if err is not None:
@@ -849,6 +868,8 @@ class PagedKVCache:
             raise
         self._lengths[layer, slots] = lens1
         self._epoch += 1
+        # After the commit: the kernels are queued, so the host state must say so whatever this raises.
+        self._done(st, stream, "append")
 
     def _undo_pages(self, new_pages):
         for slot, page in reversed(new_pages):
@@ -891,6 +912,9 @@ class PagedKVCache:
         while those sequences keep their lengths; attend(q, plan=...) then copies nothing from the
         host and can be captured in a CUDA graph: run it once outside the capture first (the plan
         allocates its split-state buffer then), and keep the plan alive as long as the graph."""
+        if _capturing(stream, "plan"):
+            raise RuntimeError("plan: cannot be captured in a CUDA graph (it allocates and uploads); make the "
+                               "plan before capturing")
         layer, meta, splits, tps, lens = self._plan_host(seq_ids, layer)
         meta_dev = DeviceArray.from_numpy(meta, stream)
         _check(_cuda.stream_sync(stream), "plan")
@@ -938,7 +962,7 @@ class PagedKVCache:
         _check_device(vq, "q", self.device)
         scale = check_scale(scale, D)
         stream = vq.stream
-        capturing = _capturing(stream)
+        capturing = _capturing(stream, "attend")
         if capturing and (plan is None or validate):
             raise RuntimeError("attend: only attend(q, plan=..., validate=False) can be captured in a CUDA graph "
                                "(seq_ids upload host metadata; validate waits for the GPU)")
@@ -995,10 +1019,17 @@ class PagedKVCache:
             raise RuntimeError("attend: this plan has not run with this many query heads outside the capture; "
                                "run attend(q, plan=...) once before capturing it (it allocates the plan's buffer)")
         scratch = holder.get(scratch_bytes)
+        if plan is not None and not capturing and plan._stream not in (None, stream):
+            _check_runtime(_cuda.stream_wait_event(stream, plan._done.handle), "attend")  # shared split states
         _check(_cuda.attend(self._desc, layer, meta_ptr, meta_bytes, B, vq.spec(), Hq, scale, vo.spec(), scratch,
                             holder.buf.nbytes, splits, tps, stream), "attend")
         if st is not None:
             self._done(st, stream, "attend")
+            if plan is not None:
+                if plan._done is None:
+                    plan._done = _Event()
+                _check_runtime(_cuda.event_record(plan._done.handle, stream), "attend")
+                plan._stream = stream
         if isinstance(out, DeviceArray):
             out.stream = stream
         return out
