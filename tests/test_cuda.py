@@ -675,10 +675,11 @@ def test_streams_append_on_another_stream_waits_for_queued_reads_of_freed_pages(
 
 @gpu
 @need_torch
-@pytest.mark.parametrize("use_plans", [False, True])
+@pytest.mark.parametrize("use_plans", [False, True, "one plan"])
 def test_streams_attends_on_two_streams_use_their_own_buffers(use_plans):
     """Two attends issued on two streams before either runs: each reads its own metadata and split
-    states (9 splits: the merge kernel's path, as at head_dim 256 or long contexts)."""
+    states (9 splits: the merge kernel's path, as at head_dim 256 or long contexts). With one plan
+    for both, they share its split states: the second waits for the first."""
     rng = np.random.default_rng(_seed("streams-attend", use_plans))
     cache = kc.PagedKVCache(8, 128, max_seqs=2, max_seq_len=2048)
     force_splits(cache, 12)
@@ -687,6 +688,8 @@ def test_streams_attends_on_two_streams_use_their_own_buffers(use_plans):
     cache.append([b], _fp16(rng, 1, 1500, 8, 128), _fp16(rng, 1, 1500, 8, 128))
     qa, qb = _fp16(rng, 1, 32, 128), _fp16(rng, 1, 32, 128)
     pa, pb = (cache.plan([a]), cache.plan([b])) if use_plans else (None, None)
+    if use_plans == "one plan":
+        b, pb = a, pa
     call = (lambda q, s, p, out: cache.attend(q, plan=p, out=out, validate=False)) if use_plans else \
            (lambda q, s, p, out: cache.attend(q, [s], out=out, validate=False))
     want_a, want_b = call(qa, a, pa, None), call(qb, b, pb, None)
