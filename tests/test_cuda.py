@@ -160,6 +160,32 @@ def test_keys_decoding_beyond_the_q_bound_are_refused_by_the_gpu_cache():
 
 @gpu
 @need_torch
+def test_unvalidated_append_of_a_flagged_tile_stores_every_token():
+    """validate=False: a tile the store kernel flags (keys beyond the norm bound) is stored like any
+    other, and every sequence of the batch gets its tokens and length - the others exactly as a
+    validated append of their own tokens gives (it used to drop the whole batch's new tokens while
+    the lengths advanced)."""
+    bad, fine = _spiky_keys(12), _spiky_keys(0)
+    cache = kc.PagedKVCache(1, 64, max_seqs=2, max_seq_len=512, sink_tokens=0)
+    ref = kc.PagedKVCache(1, 64, max_seqs=2, max_seq_len=512, sink_tokens=0)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    r = ref.add_sequence()
+    rng = np.random.default_rng(_seed("unvalidated"))
+    extra = kv_like(rng, (2, 3, 1, 64))  # three tokens past the tile, into the tail
+    k = np.concatenate([np.stack([bad, fine])[:, 0, :, None], extra], axis=1)  # [2, 131, 1, 64]
+    v = np.concatenate([np.ones((2, 128, 1, 64), np.float32), extra], axis=1)
+    cache.append([a, b], dev(k), dev(v), validate=False)
+    ref.append([r], dev(k[1:]), dev(v[1:]))
+    assert cache.length(a) == cache.length(b) == 131
+    _assert_same_content(cache, b, ref, r)
+    tail = cache.to_cpu(a).to_parts()["tail_k"]
+    np.testing.assert_array_equal(tail, extra[0].transpose(1, 0, 2).astype(np.float16))
+    q = dev(kv_like(rng, (1, 4, 64)))
+    torch.testing.assert_close(cache.attend(q, [b]), ref.attend(q, [r]), rtol=0, atol=0)
+
+
+@gpu
+@need_torch
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128"])
 def test_gpu_key_norm_refusal_agrees_with_the_cpu_check(preset):
     """Every GPU preset (2-, 4-bit keys; G 64, 128), 16 spiky tiles each: the store kernel refuses

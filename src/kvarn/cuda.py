@@ -611,6 +611,11 @@ class PagedKVCache:
         self._tail_v = DeviceArray((L, S, H, G, D), np.float16)
         self._block_table = DeviceArray((S, self.max_tiles), np.int32)
         self._streams = collections.OrderedDict()  # stream handle -> _StreamState, least recent first
+        # A flag no kernel sets: write_tokens reads it when validate=False, so that a tile the store
+        # kernel flags (keys beyond the norm bound, fp16 scale overflow) cannot stop the batch's tokens
+        # from landing while the lengths advance.
+        self._never_set = DeviceArray((1,), np.int32).zero_(0)
+        _check(_cuda.stream_sync(0), "PagedKVCache")
         self._split_choices = {}  # (tiles bytes, programs per sequence) -> (splits, tiles per split)
         self._lengths = np.zeros((L, S), np.int64)
         self._epoch = 0  # bumped whenever a length changes: a plan checked at this epoch is still valid
@@ -857,8 +862,8 @@ class PagedKVCache:
             if jobs:
                 _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, meta_bytes - meta.nbytes,
                                    len(jobs), self.iters, True, flag.ptr, stream), "append")
-            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B, flag.ptr,
-                                      stream), "append")
+            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B,
+                                      flag.ptr if validate else self._never_set.ptr, stream), "append")
             if validate:
                 err = _flag_error(int(flag.to_numpy(stream)[0]))
                 if err is not None:
