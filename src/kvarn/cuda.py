@@ -633,11 +633,11 @@ class PagedKVCache:
     # kvarn orders its own work on the cache across the caller's streams; the caller orders the
     # data it depends on (an attend after the appends it reads, as for any tensor written on
     # another stream). Each stream gets its own metadata, flag and split-state buffers, so calls
-    # on two streams may run at once. An append waits (on the GPU, no host sync) for kvarn's
-    # earlier calls on every other stream: it may write pages, sink or tail rows that a freed or
-    # truncated sequence's attend, still queued there, reads. Host reads and writes (records,
-    # to_cpu, load_cpu) wait for all of them. Work captured into a CUDA graph is not tracked:
-    # order a graph's replays as its stream requires.
+    # on two streams may run at once (attends with one plan share its buffer: the later waits).
+    # An append waits (on the GPU, no host sync) for kvarn's earlier calls on every other stream:
+    # it may write pages, sink or tail rows that a freed or truncated sequence's attend, still
+    # queued there, reads. Host reads and writes (records, to_cpu, load_cpu) wait for all of them.
+    # Work captured into a CUDA graph is not tracked: order a graph's replays as its stream requires.
     _MAX_STREAMS = 32  # torch's pool cycles through 32 streams per priority
 
     def _stream_state(self, stream) -> _StreamState:
@@ -857,8 +857,8 @@ class PagedKVCache:
                        "append")
                 _check(_cuda.check(vv.spec(), flag.ptr, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE, stream),
                        "append")
-            # Store first: completed tiles read their older rows from the tail, which
-            # write_tokens then reuses for the newest tokens (and skips if anything was flagged).
+            # Store first: completed tiles read their older rows from the tail, which write_tokens
+            # then reuses for the newest tokens (and skips if validation flagged anything).
             if jobs:
                 _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, meta_bytes - meta.nbytes,
                                    len(jobs), self.iters, True, flag.ptr, stream), "append")
