@@ -629,6 +629,18 @@ def _assert_same_content(cache, seq, ref, ref_seq):
 
 @gpu
 @need_torch
+def test_torch_stream_is_the_current_one():
+    """The fast accessor of torch's current stream agrees with the public one, on a side stream too."""
+    dev_index = torch.cuda.current_device()
+    assert kc._torch_stream(torch, dev_index) == torch.cuda.current_stream().cuda_stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert kc._torch_stream(torch, dev_index) == side.cuda_stream != 0
+        assert kc._view(torch.zeros(2, device="cuda"), "x").stream == side.cuda_stream
+
+
+@gpu
+@need_torch
 def test_streams_host_reads_wait_for_a_side_stream_append():
     """records() / to_cpu() after append(validate=False) on a side stream see what it wrote."""
     rng = np.random.default_rng(_seed("streams-records"))
