@@ -1226,9 +1226,9 @@ def test_split_choice_equals_the_loop_and_is_remembered(fake, monkeypatch):
 def test_fake_stream_protocol(fake):
     """How kvarn orders its own work across streams, checked on the calls it makes (no GPU; the GPU
     tests above check the effect): each stream has its own buffers and an event recorded after each
-    call; an append waits for the other streams' events, an attend for none; host reads wait for all;
-    nothing is recorded or waited on in a capture, and what cannot be captured is refused there;
-    results made as DeviceArrays carry their stream."""
+    call; an append waits for the other streams' events (recorded since it last waited), an attend for
+    none; host reads wait for all; nothing is recorded or waited on in a capture, and what cannot be
+    captured is refused there; results made as DeviceArrays carry their stream."""
     rng = np.random.default_rng(_seed("fake-streams"))
     cache = kc.PagedKVCache(2, 128, max_seqs=3, max_seq_len=1024)
     a, b = cache.add_sequence(), cache.add_sequence()
@@ -1251,6 +1251,13 @@ def test_fake_stream_protocol(fake):
     k1 = kv(11, n=1)
     cache.append([a, b], k1, k1)
     assert fake.stream_ops == [("wait", 11, ev[22]), ("record", ev[11], 11)]
+    fake.stream_ops.clear()
+    cache.append([a, b], k1, k1)  # nothing new on 22 since: no wait
+    assert fake.stream_ops == [("record", ev[11], 11)]
+    fake.stream_ops.clear()
+    cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=22), [a, b])
+    cache.append([a, b], k1, k1)
+    assert fake.stream_ops == [("record", ev[22], 22), ("wait", 11, ev[22]), ("record", ev[11], 11)]
     fake.stream_ops.clear()
     cache.records(a)
     assert sorted(fake.stream_ops) == [("sync", ev[11]), ("sync", ev[22])]

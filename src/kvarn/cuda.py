@@ -419,6 +419,8 @@ class _StreamState:
         self.flag = DeviceArray((1,), np.int32)
         self.append_meta, self.attend_meta, self.scratch = _Scratch(), _Scratch(), _Scratch()
         self.done = _Event()
+        self.records = 0  # how many times `done` was recorded
+        self.waited = {}  # id(other state) -> its `records` when this stream last waited for it
 
 
 _CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCapture*: the query itself is refused by a capture
@@ -662,17 +664,21 @@ class PagedKVCache:
             if st.done.recorded:
                 _check_runtime(_cuda.event_sync(st.done.handle), "stream")
             st.done.recorded = False
+            st.waited = {}  # the new stream has waited for nothing yet
         self._streams[stream] = st
         return st
 
-    def _wait_for_other_streams(self, stream, what):
+    def _wait_for_other_streams(self, stream, mine, what):
+        # Only for work recorded since this stream last waited: what it waited for before is ordered.
         for other, st in self._streams.items():
-            if other != stream and st.done.recorded:
+            if other != stream and st.done.recorded and mine.waited.get(id(st)) != st.records:
                 _check_runtime(_cuda.stream_wait_event(stream, st.done.handle), what)
+                mine.waited[id(st)] = st.records
 
     def _done(self, st, stream, what):
         _check_runtime(_cuda.event_record(st.done.handle, stream), what)
         st.done.recorded = True
+        st.records += 1
 
     def _sync_streams(self, what):
         """Waits for every call kvarn issued on the cache, whatever its stream."""
@@ -859,7 +865,7 @@ class PagedKVCache:
             base = st.append_meta.get(host.nbytes)
             meta_bytes = st.append_meta.buf.nbytes
             flag = st.flag
-            self._wait_for_other_streams(stream, "append")
+            self._wait_for_other_streams(stream, st, "append")
             _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
             _check(_cuda.memset(flag.ptr, 0, 4, stream), "append")
             if validate:
