@@ -1,6 +1,7 @@
 # In-process A/B of PagedKVCache's host cost per call: the previous cuda.py (loaded as kvarn.cuda_old,
 # same _cuda) against the new one, alternating 10 rounds; plus the two runtime calls the new one adds.
-# OLD_CUDA=.s15/prev_cuda.py (s41: this session's cuda.py before the torch-stream accessor) or .s15/old_cuda.py (s42: f88d397); run from the repository root.
+# OLD_CUDA=.s15/prev_cuda.py (s41: this session's cuda.py before the torch-stream accessor); unset, .s15/old_cuda.py
+# (s36, s42: git show f88d397:src/kvarn/cuda.py). Run from the repository root.
 import importlib.util, sys, time, numpy as np, torch
 import kvarn, kvarn.cuda as new
 import os; spec = importlib.util.spec_from_file_location("kvarn.cuda_old", os.environ.get("OLD_CUDA", ".s15/old_cuda.py"))
