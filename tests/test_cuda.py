@@ -436,6 +436,28 @@ def test_cpu_records_decode_on_gpu():
 
 @gpu
 @need_torch
+def test_cpu_cache_with_a_full_tail_attends_on_gpu():
+    """A KVCache(quantize_on="next") whose tail holds a whole tile, loaded and attended on the GPU:
+    the tile is stored as the record the CPU cache writes next, and attention matches the oracle."""
+    rng = np.random.default_rng(4)
+    cpu = kvarn.KVCache(4, 128, quantize_on="next")
+    k, v = kv_like(rng, (4, 641, 128)), kv_like(rng, (4, 641, 128))
+    cpu.append(k[:, :640], v[:, :640])
+    assert cpu.tail_len == 128
+    cache = kc.PagedKVCache(4, 128, max_seqs=2, max_seq_len=1024)
+    sid = cache.add_sequence()
+    cache.load_cpu(sid, cpu)
+    q = kv_like(rng, (1, 16, 128))
+    out = cache.attend(dev(q), [sid]).cpu().numpy()[0]
+    cpu.append(k[:, 640:], v[:, 640:])
+    np.testing.assert_array_equal(cache.records(sid), cpu.records)
+    K, V = cpu.dequantize()
+    ref = oracle_attention(q[0], K[:, :640], V[:, :640], 1 / np.sqrt(128))
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < REL_TOL
+
+
+@gpu
+@need_torch
 def test_gpu_cache_records_match_cpu_cache():
     """Same tokens through both caches: same records up to rounding near-ties."""
     rng = np.random.default_rng(5)
@@ -1221,6 +1243,29 @@ def test_split_choice_equals_the_loop_and_is_remembered(fake, monkeypatch):
     for layer in (0, 1, 0, 1):
         cache.attend(q, ids, layer=layer)
     assert len(asked) == 1
+
+
+def test_load_cpu_takes_a_full_tail_as_a_tile(fake):
+    """A KVCache(quantize_on="next") holds a complete tile in its tail until the next token; this
+    cache quantises a tile as it fills, so load_cpu stores that tile as a record (the one the CPU
+    cache writes at its next append) and an empty tail. It used to count the tail as a tile with no
+    page: records() and to_cpu() failed and attend would read an unset block-table entry."""
+    rng = np.random.default_rng(_seed("load_cpu_next"))
+    for tokens in (256, 384):  # the full tail right after the sink, and after one tile
+        k, v = kv_like(rng, (2, tokens + 1, 64)), kv_like(rng, (2, tokens + 1, 64))
+        cpu = kvarn.KVCache(2, 64, quantize_on="next", iters=5)
+        cpu.append(k[:, :tokens], v[:, :tokens])
+        assert cpu.tail_len == cpu.preset.group
+        cache = kc.PagedKVCache(2, 64, max_seqs=2, max_seq_len=1024)
+        s = cache.add_sequence()
+        cache.load_cpu(s, cpu)
+        tiles = (tokens - 128) // 128
+        assert (cache.length(s), len(cache._pages[s])) == (tokens, tiles)
+        cpu.append(k[:, tokens:], v[:, tokens:])  # the CPU cache quantises its tile now
+        np.testing.assert_array_equal(cache.records(s), cpu.records)
+        back = cache.to_cpu(s)
+        assert (len(back), back.num_tiles, back.tail_len) == (tokens, tiles, 0)
+        np.testing.assert_array_equal(back.records, cpu.records)
 
 
 def test_fake_stream_protocol(fake):

@@ -23,7 +23,7 @@ import functools
 import numpy as np
 
 from ._ops import (DEFAULT_PRESET, FLOAT32_MAX, SINKHORN_ITERS, check_iters, check_positive_int, check_scale, get_preset,
-                   tile_cut_point)
+                   quantize_tiles_native, tile_cut_point)
 
 try:  # the CUDA module is optional at build time
     from . import _cuda
@@ -1112,6 +1112,16 @@ class PagedKVCache:
             raise ValueError("cpu_cache: kv heads, head_dim, preset or sink_tokens differ from this cache's")
         parts = c.to_parts()  # one snapshot of the CPU cache
         recs = parts["records"]
+        G = self.preset.group
+        if parts["tail_k"].shape[1] == G:
+            # A KVCache(quantize_on="next") keeps a full tile in its tail until the next token; this
+            # cache quantises a tile as it fills, so that tile becomes a record here: the one the CPU
+            # cache writes at its next append (same quantiser, its iters, from its fp16 tail).
+            tile = quantize_tiles_native(np.ascontiguousarray(parts["tail_k"], np.float16),
+                                         np.ascontiguousarray(parts["tail_v"], np.float16), self.preset, c.iters, None)
+            recs = np.concatenate([recs, tile[None]])
+            for name in ("tail_k", "tail_v"):
+                parts[name] = parts[name][:, :0]
         if len(recs):  # attend's q check assumes these norms, and the kernels cannot report an overflow
             check_key_norms(recs.reshape(-1, recs.shape[-1]), self.preset, self.head_dim, self.num_kv_heads,
                             "cpu_cache")
