@@ -247,9 +247,10 @@ def set_score_mode(mode: str) -> None:
     """How the SIMD kernels compute 4-bit key scores and 2-bit value sums: "int16" (the default:
     int16-rounded weights, exact int32 sums; ~1e-4 relative from the float path, 1.3-1.8x
     faster; any AVX2 or AVX-512 CPU, vpdpwssd where it has VNNI), "float" (fp32, equal to
-    float64 up to reassociation) or "int8" (~4e-2; AVX-512 VNNI only, elsewhere it runs as
-    int16). The scalar kernels always run float; score_mode() says what the active kernels
-    run. Also: KVARN_SCORES."""
+    float64 up to reassociation) or "int8" (~4e-2; refused with ValueError on a CPU without
+    AVX-512 VNNI; set, it runs as int16 while an avx2 ISA is selected). The scalar kernels always
+    run float; score_mode() says what the active kernels run. Also: KVARN_SCORES (which, on a CPU
+    without AVX-512 VNNI, runs an int8 request as int16)."""
     check_choice(mode, "mode", SCORE_MODES, "score mode")
     if _native.set_score_mode(mode) != _native.OK:
         need = "AVX-512 VNNI" if mode == "int8" else "AVX2"

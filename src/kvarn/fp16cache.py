@@ -7,7 +7,7 @@ attention over an uncompressed cache" is measured against this, an equally
 optimised kernel reading fp16 K/V, not against numpy.
 
     cache = kvarn.fp16cache.FP16Cache(num_kv_heads=8, head_dim=128)
-    cache.append(k, v)                  # [Hk, n, D] float16/float32
+    cache.append(k, v)                  # [Hk, n, D] float16/bfloat16/float32/float64
     out = cache.attend(q)               # q [Hq, D] -> float32 [Hq, D]
 
 Natively it is a cache whose every token is "sink" (kept in full precision),
@@ -46,7 +46,8 @@ class FP16Cache:
         return 2 * 2 * self.num_kv_heads * self.head_dim * len(self)
 
     def append(self, k, v) -> None:
-        """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16 or float32."""
+        """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16, bfloat16, float32 or
+        float64, stored as their fp16 rounding."""
         H, D = self.num_kv_heads, self.head_dim
         k, v = check_kv(k, v, H, D)
         n = k.shape[1]

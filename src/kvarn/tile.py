@@ -213,7 +213,7 @@ class Tile:
 def quantize_tile(k, v, preset="k4v2_g128", *, iters: int = SINKHORN_ITERS, num_threads=None) -> Tile:
     """Quantises one tile of keys and values.
 
-    k, v: [G, D] or [H, G, D], float16 or float32, G the preset's group size.
+    k, v: [G, D] or [H, G, D], float16, bfloat16, float32 or float64, G the preset's group size.
     Returns a Tile holding one SPEC §6 record per head.
     """
     p = get_preset(preset)
