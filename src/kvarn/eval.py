@@ -298,6 +298,28 @@ def decode_path_logits(model, ids, prefix, steps, preset, sink, quantize_on="fil
 
 
 # ---- the command --------------------------------------------------------------------------
+def story_ids(tok, text: str, tokens: int, offset: int, n_prompts: int, prompt_tokens: int, gen_tokens: int):
+    """(window, prompts) for `kvarn eval`, tokenising the story ``text`` once.
+
+    window: ``assets.verne_token_ids(tok, tokens, offset)``.
+    prompts: up to ``n_prompts`` (as many as fit), each BOS where the tokenizer adds one and then
+    ``prompt_tokens`` story tokens; the first starts right after the window, each next one
+    ``prompt_tokens + gen_tokens`` tokens later."""
+    from .integrations import assets  # needs no torch or transformers
+
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    text_ids = assets.verne_token_ids(tok, tokens, offset, story_ids=ids)
+    all_ids = assets.verne_token_ids(tok, len(ids), story_ids=ids)  # positions count the BOS
+    bos = assets.bos_ids(tok)
+    prompts = []
+    for i in range(n_prompts):  # prompts from the text after the scored window
+        start = offset + tokens + i * (prompt_tokens + gen_tokens)
+        if start + prompt_tokens > len(all_ids):
+            break
+        prompts.append(bos + all_ids[start : start + prompt_tokens])
+    return text_ids, prompts
+
+
 def add_eval_parser(subparsers):
     p = subparsers.add_parser(
         "eval",
@@ -379,16 +401,8 @@ def run_eval(args) -> int:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     methods = build_methods(head_dim, presets, baselines=not args.no_baselines, reference=args.reference)
     gen_families = set(m.family for m in methods) if args.gen_methods == "all" else set(args.gen_methods.split(","))
-    text_ids = assets.verne_token_ids(tok, args.tokens, args.offset)
-    n_prompts = args.gen_prompts
-    all_ids = assets.verne_token_ids(tok, len(tok(assets.verne_text(), add_special_tokens=False)["input_ids"]))
-    prompts = []
-    for i in range(n_prompts):  # prompts from the text after the scored window
-        start = args.offset + args.tokens + i * (args.gen_prompt_tokens + args.gen_tokens)
-        if start + args.gen_prompt_tokens > len(all_ids):
-            break
-        bos = all_ids[:1] if getattr(tok, "add_bos_token", False) else []
-        prompts.append(bos + all_ids[start : start + args.gen_prompt_tokens])
+    text_ids, prompts = story_ids(tok, assets.verne_text(), args.tokens, args.offset, args.gen_prompts,
+                                  args.gen_prompt_tokens, args.gen_tokens)
 
     gen_methods = [m for m in methods if m.family in gen_families]
     dec_presets = [m for m in methods if m.family == "kvarn"] if args.decode_steps else []

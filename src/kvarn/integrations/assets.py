@@ -119,11 +119,17 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32"):
     return m, tok
 
 
-def verne_token_ids(tokenizer, n_tokens: int, offset: int = 0):
-    """n_tokens token ids: BOS where the tokenizer adds one (Gemma does; SmolLM2's does not),
-    then the story's tokens from token ``offset`` on (0: its start)."""
-    ids = tokenizer(verne_text(), add_special_tokens=False)["input_ids"]
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None else []
+def bos_ids(tokenizer) -> list:
+    """[BOS] where the tokenizer adds one (Gemma does; SmolLM2's does not), else []."""
+    return [tokenizer.bos_token_id] if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None else []
+
+
+def verne_token_ids(tokenizer, n_tokens: int, offset: int = 0, *, story_ids=None):
+    """n_tokens token ids: BOS where the tokenizer adds one (see bos_ids), then the story's tokens
+    from token ``offset`` on (0: its start). story_ids: the story already tokenised (no special
+    tokens), to tokenise it once for several calls."""
+    ids = tokenizer(verne_text(), add_special_tokens=False)["input_ids"] if story_ids is None else story_ids
+    bos = bos_ids(tokenizer)
     if offset < 0 or offset + n_tokens - len(bos) > len(ids):
         raise ValueError(f"n_tokens, offset: the story has {len(ids)} tokens; {n_tokens} from token {offset} "
                          f"do not fit")
