@@ -945,6 +945,69 @@ def test_quantize_on_next_keeps_a_full_tail_exact(n, rng):
         np.testing.assert_array_equal(nxt.records, fill.records)
 
 
+@pytest.mark.parametrize("chunks", [[64], [40, 24], [1] * 64, [63, 1]])
+def test_quantize_on_next_refuses_the_append_that_fills_an_unquantisable_tile(chunks, rng):
+    """quantize_on="next" quantises a tile when its last token arrives too (and publishes the records at
+    the next append): a tile whose scales overflow fp16 is refused by the append that fills it, as with
+    "fill", leaving the cache as it was. It used to be accepted, and every later append then failed on
+    tokens already stored (a KVarNCache could not decode another token)."""
+    k = kv_like(rng, (2, 64, 64))
+    v = kv_like(rng, (2, 64, 64))
+    v[1] = 30000.0  # in fp16 range; the tile's value scales overflow fp16
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0, quantize_on="next")
+    start = 0
+    for n in chunks[:-1]:
+        cache.append(k[:, start : start + n], v[:, start : start + n])
+        start += n
+    snap = snapshot(cache)
+    with pytest.raises(ValueError, match=r"^v: head 1 of the tile of tokens 0\.\.63 has values too large"):
+        cache.append(k[:, start:], v[:, start:])
+    assert_unchanged(cache, snap)
+    good = kv_like(rng, (2, 70, 64))
+    cache.append(good[:, : 64 - start], good[:, : 64 - start])  # the cache goes on with other tokens
+    cache.append(good[:, 64 - start :], good[:, 64 - start :])
+    ref = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0)
+    ref.append(np.concatenate([k[:, :start], good], axis=1), np.concatenate([v[:, :start], good], axis=1))
+    assert len(cache) == start + 70 and cache.num_tiles >= 1
+    np.testing.assert_array_equal(cache.records, ref.records[: cache.num_tiles])
+    # from_parts refuses such a tail too (pickle goes through it)
+    parts = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0, quantize_on="next").to_parts()
+    parts.update(tail_k=k, tail_v=v)
+    with pytest.raises(ValueError, match=r"^tail_k, tail_v: v: head 1 of the tile of tokens 0\.\.63"):
+        kvarn.KVCache.from_parts(**parts)
+
+
+def test_quantize_on_next_quantises_each_tile_once(rng, monkeypatch):
+    """The records quantised when a tile fills are the ones the next append publishes (no second
+    quantisation), unless another state came in between (a rollback, a copy), which quantises again; the
+    records equal "fill"'s either way."""
+    from kvarn import cache as cache_mod
+
+    counted = []
+    real = cache_mod.quantize_tiles_native
+    monkeypatch.setattr(cache_mod, "quantize_tiles_native", lambda k3, *a, **kw: counted.append(len(k3)) or real(k3, *a, **kw))
+    k = kv_like(rng, (2, 64 * 3 + 1, 64))
+    nxt = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0, quantize_on="next")
+    for t in range(k.shape[1]):
+        nxt.append(k[:, t : t + 1], k[:, t : t + 1])
+    assert sum(counted) == 3 * 2  # three tiles of two heads, each quantised once
+    fill = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0)
+    fill.append(k, k)
+    np.testing.assert_array_equal(nxt.records, fill.records)
+    # A full tail reached by a rollback (another state) is quantised again at the next append: same records.
+    nxt2 = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0, quantize_on="next")
+    nxt2.append(k[:, :64], k[:, :64])
+    point = nxt2.checkpoint()
+    nxt2.append(k[:, 64:100], k[:, 64:100])
+    nxt2.rollback(point)
+    twin = nxt2.copy()
+    counted.clear()
+    for c in (nxt2, twin):
+        c.append(k[:, 64:], k[:, 64:])
+        np.testing.assert_array_equal(c.records, fill.records)
+    assert sum(counted) == 2 * (2 + 2 * 2)  # each: the tile again, then the two later tiles (one filled by this append)
+
+
 def test_quantize_on_rejects_unknown_policy():
     with pytest.raises(ValueError, match="quantize_on"):
         kvarn.KVCache(2, 64, quantize_on="later")

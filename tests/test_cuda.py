@@ -1268,6 +1268,29 @@ def test_load_cpu_takes_a_full_tail_as_a_tile(fake):
         np.testing.assert_array_equal(back.records, cpu.records)
 
 
+def test_load_cpu_and_to_cpu_with_custom_presets(fake):
+    """Presets are compared by format, not name: a CPU cache of another format is refused before any
+    copy (one with the same name used to be copied into pages of another size), one of the same format
+    under another name is loaded; to_cpu keeps a custom preset (it passed the name, which failed)."""
+    rng = np.random.default_rng(_seed("custom_preset"))
+    k = kv_like(rng, (2, 300, 64))
+    mine, other = kvarn.Preset("mine", 4, 2, 64), kvarn.Preset("mine", 4, 4, 64)
+    cache = kc.PagedKVCache(2, 64, mine, max_seqs=2, max_seq_len=1024)
+    s = cache.add_sequence()
+    wrong = kvarn.KVCache(2, 64, other)
+    wrong.append(k, k)
+    free = cache.free_pages
+    with pytest.raises(ValueError, match="^cpu_cache: kv heads, head_dim, preset format"):
+        cache.load_cpu(s, wrong)
+    assert (cache.free_pages, cache.length(s)) == (free, 0)
+    same = kvarn.KVCache(2, 64, kvarn.Preset("same format", 4, 2, 64))
+    same.append(k, k)
+    cache.load_cpu(s, same)
+    back = cache.to_cpu(s)
+    assert back.preset == mine and len(back) == 300
+    np.testing.assert_array_equal(back.records, same.records)
+
+
 def test_fake_stream_protocol(fake):
     """How kvarn orders its own work across streams, checked on the calls it makes (no GPU; the GPU
     tests above check the effect): each stream has its own buffers and an event recorded after each

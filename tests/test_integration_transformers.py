@@ -446,6 +446,18 @@ def test_decode_after_a_restored_step_equals_a_cache_that_never_saw_it():
     _assert_same(_snapshot(a), _snapshot(b))
 
 
+def test_custom_preset_is_kept_by_the_cache_and_its_layers():
+    # A kvarn.Preset used to be kept by name only: a custom one failed at the first forward ("unknown
+    # preset"), and one carrying a built-in name silently ran the built-in format (and its sink size).
+    for preset in (kvarn.Preset("mine", 4, 4, 64), kvarn.Preset("k4v2_g128", 4, 4, 64)):
+        cache = _tiny_cache(layers=1, preset=preset)
+        layer = cache.kvarn_layers[0]
+        _prefill(layer, *_kv(1, 150, 0))
+        _decode(layer, *_kv(1, 1, 1), torch.randn(1, 4, 1, 16))
+        (row,) = layer.caches
+        assert row.preset == preset and row.sink_tokens == 64 and (row.num_tiles, row.tail_len) == (1, 23)
+
+
 def test_decode_uses_the_models_attention_scaling():
     # Every other model here scales by 1/sqrt(head_dim), the default a dropped `scaling` would fall back to.
     cache = _tiny_cache(layers=1, preset="k8v8_g128")

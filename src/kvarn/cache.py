@@ -40,7 +40,9 @@ class KVCache:
     quantize_on="fill" (default, SPEC §7) quantises a tile the moment its last token is appended,
     so that token already attends to its own tile quantised. quantize_on="next" keeps a full tail
     exact until the next append, so every token attends to its whole own tile exact (the rule the
-    accuracy evaluation's pseudo-decode uses); it costs no memory beyond the tail buffer.
+    accuracy evaluation's pseudo-decode uses). It quantises the tile when it fills all the same (so
+    the append that fills a tile that cannot be quantised is refused, as with "fill") and keeps
+    those records aside until the next append publishes them: one tile's records of memory.
     """
 
     def __init__(
@@ -168,7 +170,8 @@ class KVCache:
         n = k.shape[1]
         if n == 0:
             return
-        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state
+        state = self._state
+        sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = state
         to_sink = min(n, self.sink_tokens - sink_k.shape[1])
         rest = tail_len + n - to_sink
         # "next": a complete tile waits in the tail until a later token arrives.
@@ -180,10 +183,12 @@ class KVCache:
             # Tail buffers are never shared between caches (copy() - also behind copy.copy/deepcopy -,
             # truncate and from_parts make fresh ones).
             tail_k, tail_v = self._writable_tail(tail_k, tail_v)
-            self._frozen_tail = None
             tail_k[:, tail_len:rest] = k
             tail_v[:, tail_len:rest] = v
+            staged = self._stage_full_tail(tail_k, tail_v, rest, num_tiles, threads)  # may raise: nothing published
+            self._frozen_tail = None
             self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
+            self._set_staged(staged)
             return
         # 1. What goes to the sink.
         new_sink_k = new_sink_v = None
@@ -205,7 +210,8 @@ class KVCache:
             grown[:num_tiles] = records[:num_tiles]
             records = grown
         if n_full:
-            self._quantize_rest(records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads)
+            staged = self._staged[1] if self._staged is not None and self._staged[0] is state else None
+            self._quantize_rest(records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads, staged)
         # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
         left = rest - n_full * G
         new_tail_k, new_tail_v = np.zeros_like(tail_k), np.zeros_like(tail_v)
@@ -215,6 +221,7 @@ class KVCache:
         new_tail_k[:, from_tail:left] = k[:, n - (left - from_tail) :]  # fp16 rounding as astype
         new_tail_v[:, from_tail:left] = v[:, n - (left - from_tail) :]
         tail_k, tail_v = new_tail_k, new_tail_v
+        staged = self._stage_full_tail(tail_k, tail_v, left, num_tiles + n_full, threads)  # may raise
 
         # 3. Commit (no exceptions past this point).
         if n_full:
@@ -226,6 +233,23 @@ class KVCache:
             new_sink_v if new_sink_v is not None else sink_v,
             records, num_tiles + n_full, tail_k, tail_v, left,
         )
+        self._set_staged(staged)
+
+    def _stage_full_tail(self, tail_k, tail_v, tail_len, num_tiles, threads):
+        """quantize_on="next": the records of a tail that this append fills (None otherwise), quantised now
+        so that a tile that cannot be quantised is refused by the append that fills it (it would make
+        every later append fail); the next append publishes them instead of quantising again."""
+        G = self.preset.group
+        if self.quantize_on != "next" or tail_len != G:
+            return None
+        start = self.sink_tokens + num_tiles * G
+        return quantize_tiles_native(tail_k, tail_v, self.preset, self.iters, threads,
+                                     lambda i: f"head {i} of the tile of tokens {start}..{start + G - 1}")
+
+    def _set_staged(self, records) -> None:
+        # Tied to the state just published (by identity): any other state (a rollback, a truncate, a
+        # copy) quantises its full tail again at its next append.
+        self._staged = None if records is None else (self._state, records)
 
     def _writable_tail(self, tail_k, tail_v):
         """The tail buffers to write past tail_len: copies of a frozen pair (see rollback), whose slots
@@ -236,7 +260,7 @@ class KVCache:
     # copies to a few MB whatever the prompt's length.
     _QUANTIZE_CHUNK_RECORDS = 128
 
-    def _quantize_rest(self, records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads):
+    def _quantize_rest(self, records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads, staged=None):
         """Quantises tiles 0..n_full-1 of tail[:, :tail_len] ++ k[:, to_sink:] (same for v) into
         records[num_tiles : num_tiles + n_full]. Tiles are quantised from the values rounded to
         fp16, as they would be from the fp16 tail, so how tokens are split into appends never
@@ -256,7 +280,10 @@ class KVCache:
                                   round_to_f16=round_to_f16)
 
         first = 0
-        if tail_len:
+        if staged is not None:  # tile 0 is the full tail, quantised when it filled (quantize_on="next")
+            out[:H] = staged
+            first = 1
+        elif tail_len:
             # Tile 0 starts in the tail: completed in the tail buffer itself ([H, G, D], one tile per
             # head), past tail_len where no published state reads - as the decode path writes - so
             # that no copy of the tile is assembled.
@@ -375,6 +402,7 @@ class KVCache:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
         # from self._state and never see new records with an old count or the reverse.
         self._state = (sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len)
+        self._staged = None  # see _set_staged
         if records is self._frozen_records:
             self._records_seen = None  # restored by a rollback: what other states hold in it is unknown
         elif records is self._records_seen:
@@ -456,8 +484,13 @@ class KVCache:
         tail_v16 = np.zeros((H, G, D), np.float16)
         tail_k16[:, :tail_len] = parts["tail_k"]
         tail_v16[:, :tail_len] = parts["tail_v"]
+        try:  # a full tail under quantize_on="next": refused here if it cannot be quantised (as append refuses it)
+            staged = cache._stage_full_tail(tail_k16, tail_v16, tail_len, tiles, None)
+        except ValueError as e:
+            raise ValueError(f"tail_k, tail_v: {e}") from None
         cache._publish(np.array(parts["sink_k"], np.float16), np.array(parts["sink_v"], np.float16),
                        np.array(records, np.uint8), tiles, tail_k16, tail_v16, tail_len)
+        cache._set_staged(staged)
         return cache
 
     # ---- reading -------------------------------------------------------------

@@ -1093,7 +1093,7 @@ class PagedKVCache:
             self._dense_host(self._sink_k, layer, slot, sink_len), self._dense_host(self._sink_v, layer, slot, sink_len),
             self.records(slot, layer),
             self._dense_host(self._tail_k, layer, slot, tail_len), self._dense_host(self._tail_v, layer, slot, tail_len),
-            preset=self.preset.name, sink_tokens=self.sink_tokens, iters=self.iters)
+            preset=self.preset, sink_tokens=self.sink_tokens, iters=self.iters)  # a custom Preset has no name to look up
 
     @_on_own_device
     def load_cpu(self, seq_id, cpu_cache, layer: int = 0) -> None:
@@ -1107,9 +1107,11 @@ class PagedKVCache:
         if not isinstance(cpu_cache, KVCache):
             raise TypeError(f"cpu_cache: expected a kvarn.KVCache, got {type(cpu_cache).__name__}")
         c = cpu_cache
-        if (c.num_kv_heads, c.head_dim, c.preset.name, c.sink_tokens) != (
-                self.num_kv_heads, self.head_dim, self.preset.name, self.sink_tokens):
-            raise ValueError("cpu_cache: kv heads, head_dim, preset or sink_tokens differ from this cache's")
+        fmt = lambda p: (p.kbits, p.vbits, p.group)  # noqa: E731  (names may differ; the format may not)
+        if (c.num_kv_heads, c.head_dim, fmt(c.preset), c.sink_tokens) != (
+                self.num_kv_heads, self.head_dim, fmt(self.preset), self.sink_tokens):
+            raise ValueError("cpu_cache: kv heads, head_dim, preset format (bits, group) or sink_tokens differ from "
+                             "this cache's")
         parts = c.to_parts()  # one snapshot of the CPU cache
         recs = parts["records"]
         G = self.preset.group
@@ -1117,8 +1119,13 @@ class PagedKVCache:
             # A KVCache(quantize_on="next") keeps a full tile in its tail until the next token; this
             # cache quantises a tile as it fills, so that tile becomes a record here: the one the CPU
             # cache writes at its next append (same quantiser, its iters, from its fp16 tail).
-            tile = quantize_tiles_native(np.ascontiguousarray(parts["tail_k"], np.float16),
-                                         np.ascontiguousarray(parts["tail_v"], np.float16), self.preset, c.iters, None)
+            start = self.sink_tokens + len(recs) * G
+            try:
+                tile = quantize_tiles_native(np.ascontiguousarray(parts["tail_k"], np.float16),
+                                             np.ascontiguousarray(parts["tail_v"], np.float16), self.preset, c.iters, None,
+                                             lambda i: f"head {i} of the tile of tokens {start}..{start + G - 1}")
+            except ValueError as e:
+                raise ValueError(f"cpu_cache: {e}") from None
             recs = np.concatenate([recs, tile[None]])
             for name in ("tail_k", "tail_v"):
                 parts[name] = parts[name][:, :0]

@@ -211,7 +211,8 @@ class KVarNLayer(CacheLayerMixin):
                  crop_window: int = 0):
         super().__init__()
         # Validates preset, sink_tokens and quantize_on now rather than at the first forward.
-        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset.name
+        # The Preset itself: a custom one's name alone could not be resolved again.
+        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset
         self.sink_tokens = sink_tokens
         self.quantize_on = quantize_on
         self.crop_window = check_positive_int(crop_window, "crop_window", 0)
@@ -546,7 +547,8 @@ class KVarNCache(Cache):
             if isinstance(layer, KVarNLayer):
                 layer._failure = self._failure
                 last = i
-        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset.name
+        # The Preset itself: a custom one's name alone could not be resolved again.
+        self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset
         self.quantize_on = quantize_on
         self.config = config
         use_kvarn_attention(config)
