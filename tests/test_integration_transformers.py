@@ -685,8 +685,8 @@ def test_gemma3_second_head_dim_decode_path_agrees():
 
 def _tiny(config_cls, **kw):
     torch.manual_seed(0)
-    cfg = config_cls(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_hidden_layers=2,
-                     vocab_size=256, intermediate_size=128, **kw)
+    cfg = config_cls(**{**dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                num_hidden_layers=2, vocab_size=256, intermediate_size=128), **kw})
     import transformers
 
     model_cls = getattr(transformers, config_cls.__name__.replace("Config", "ForCausalLM"))
@@ -711,6 +711,50 @@ def test_window_and_softcap_configs():
     softcapped = _tiny(transformers.Gemma2Config, attn_logit_softcapping=50.0)
     with pytest.raises(NotImplementedError, match="soft-capping"):
         KVarNCache(softcapped.config)
+
+
+def test_models_kvarn_cannot_serve_are_refused_by_name_and_left_unchanged():
+    """From a review over 54 model families: each of these used to be served wrongly or to fail obscurely."""
+    import transformers
+
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(3))
+    # Attention computed in the model's own code (no attention interface): building the cache switched the
+    # config, so even plain forwards got sdpa-style masks (logits off by ~2.5). Refused; the config untouched.
+    falcon = transformers.FalconConfig(hidden_size=128, num_attention_heads=4, num_hidden_layers=2, vocab_size=256)
+    before = falcon._attn_implementation
+    with pytest.raises(NotImplementedError, match="^config: FalconForCausalLM computes attention in its own code"):
+        KVarNCache(falcon)
+    assert falcon._attn_implementation == before
+    # Learned attention sinks (s_aux): sdpa's **kwargs swallowed them (greedy tokens 0 of 20 right). Refused at
+    # the prompt's first layer, which is left empty.
+    oss = _tiny(transformers.GptOssConfig, num_local_experts=4, num_experts_per_tok=2,
+                layer_types=["full_attention", "full_attention"])
+    cache = KVarNCache(oss.config)
+    with pytest.raises(NotImplementedError, match="learned attention sinks"), torch.no_grad():
+        oss(ids, **cache_kwargs(oss, cache))
+    assert cache.get_seq_length() == 0
+    # Attention run twice over one cache update (differential attention): was a bare TypeError.
+    diff = _tiny(transformers.DiffLlamaConfig)
+    with pytest.raises(NotImplementedError, match="ran attention twice over one layer's cache update"), torch.no_grad():
+        diff(ids, **cache_kwargs(diff, KVarNCache(diff.config)))
+    # Layers sharing another layer's K/V: refused at construction.
+    shared = transformers.Gemma3nTextConfig(num_hidden_layers=4, num_kv_shared_layers=2)
+    with pytest.raises(NotImplementedError, match="num_kv_shared_layers=2"):
+        KVarNCache(shared)
+
+
+def test_hybrid_model_whose_full_layers_carry_a_window_attribute():
+    """EXAONE 4's full-attention modules keep the model's sliding_window as an attribute and pass
+    sliding_window=None: the passed value decides (it used to be refused at the first decode step)."""
+    import transformers
+
+    model = _tiny(transformers.Exaone4Config, sliding_window=16, num_hidden_layers=4)
+    assert model.config.layer_types.count("full_attention") == 1
+    ids = torch.randint(1, 256, (1, 300), generator=torch.Generator().manual_seed(4))  # sink + a quantised tile
+    ref = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    got = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                         **cache_kwargs(model, KVarNCache(model.config, preset="k8v8_g128")))
+    assert torch.equal(got, ref)
 
 
 def test_restore_attention():

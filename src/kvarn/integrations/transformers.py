@@ -63,6 +63,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import inspect
+import sys
 
 import numpy as np
 import torch
@@ -90,12 +93,22 @@ def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     query [B, Hq, q, D]; returns ([B, q, Hq, D], None) like sdpa_attention_forward.
     """
     layer = getattr(key, _TAG, None)
-    if layer is not None:
-        if kwargs.get("softcap") is not None or kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
-            layer._pending = None
-            raise NotImplementedError("KVarNCache: kvarn attention has no logit soft-capping or sliding window")
-        return layer.attend_pending(query, attention_mask, scaling), None
     prefill = getattr(key, _PREFILL_TAG, None)
+    if kwargs.get("s_aux") is not None:  # sdpa_attention_forward would swallow it: wrong outputs, no error
+        _refuse(layer or prefill, "this model's attention adds learned attention sinks (s_aux), which neither kvarn "
+                "attention nor the sdpa attention it runs for prompts has; use the model's own cache and attention "
+                "(kvarn.integrations.transformers.restore_attention(model))")
+    if layer is not None:
+        # The window this call passes decides (a full layer may pass None while its module still carries the
+        # model's window, as EXAONE 4's do); a module attribute only where no window is passed.
+        window = kwargs["sliding_window"] if "sliding_window" in kwargs else getattr(module, "sliding_window", None)
+        if kwargs.get("softcap") is not None or window:
+            _refuse(layer, "kvarn attention has no logit soft-capping or sliding window")
+        if layer._pending is None:
+            _refuse(layer, _TWICE)
+        return layer.attend_pending(query, attention_mask, scaling), None
+    if prefill is not None and prefill._prefill is None:
+        _refuse(prefill, _TWICE)
     fn = _override.get()
     if fn is not None:
         out = fn(module, query, key, value, attention_mask, scaling)
@@ -105,6 +118,23 @@ def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     if prefill is not None:
         prefill.store_prefill(attention_mask)
     return out, None
+
+
+_TWICE = ("this model ran attention twice over one layer's cache update (layers sharing K/V, as Gemma3n's or "
+          "Gemma4's num_kv_shared_layers, or differential attention); KVarNCache stores each update once and "
+          "does not support that")
+
+
+def _refuse(layer, why: str):
+    """Raises NotImplementedError; a KVarN layer with a step kept aside drops it (a prompt empties the layer,
+    as before it), so that the cache refuses nothing else later for this."""
+    error = NotImplementedError(f"KVarNCache: {why}")
+    if layer is not None:
+        if layer._prefill is not None:
+            layer.reset()
+        layer._pending = None
+        layer._fail(error)
+    raise error
 
 
 def register() -> str:
@@ -491,6 +521,39 @@ class KVarNLayer(CacheLayerMixin):
         self._apply_rows(self._rows_plan(indices, "indices"))
 
 
+@functools.lru_cache(maxsize=None)
+def _model_class_support(config_type) -> tuple:
+    """(class name, routes attention through transformers' attention interface) for the causal-LM class
+    transformers builds for this config type; None where the auto mapping or its source cannot say.
+    (Its _supports_sdpa flag would not do: Gemma 2 clears it for soft-capping, which may be off.)"""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[config_type]
+        source = inspect.getsource(sys.modules[cls.__module__])
+    except Exception:  # not in the mapping, no source file: nothing to go on
+        return None
+    # A model whose modeling code never looks its attention up there (Falcon, Bloom, GPT-Neo, MPT, ...)
+    # computes attention itself: the "kvarn" setting would only hand its eager code sdpa-style masks.
+    return cls.__name__, "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def _check_model_support(config, text_config) -> None:
+    for cfg in (config, text_config):
+        support = _model_class_support(type(cfg))
+        if support is not None:
+            name, interface = support
+            if not interface:
+                raise NotImplementedError(
+                    f"config: {name} computes attention in its own code, not through transformers' attention "
+                    "interface, so kvarn attention cannot take its place; use the model's own cache")
+            break
+    shared = getattr(text_config, "num_kv_shared_layers", None)
+    if shared:
+        raise NotImplementedError(f"config: num_kv_shared_layers={shared}: layers that reuse another layer's K/V "
+                                  "are not supported by KVarNCache")
+
+
 class KVarNCache(Cache):
     """A transformers ``Cache`` storing every full-attention layer's K/V as a KVarN cache.
 
@@ -509,6 +572,7 @@ class KVarNCache(Cache):
         if not hasattr(config, "num_hidden_layers"):
             raise TypeError(f"config: expected a transformers model config, got {type(config).__name__}")
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        _check_model_support(config, text_config)
         softcap = getattr(text_config, "attn_logit_softcapping", None)
         if softcap:
             raise NotImplementedError(
@@ -608,9 +672,11 @@ class KVarNCache(Cache):
         error = RuntimeError(
             f"KVarNCache: layer {i}'s attention did not run through kvarn: the model running this forward does "
             f"not use the {ATTN_IMPLEMENTATION!r} attention implementation (a model instance whose config is not "
-            "the one this cache was built on, or one switched back by restore_attention); build the cache on this "
-            "model's config (KVarNCache(model.config)) or switch it with "
-            "kvarn.integrations.transformers.use_kvarn_attention(model)"
+            "the one this cache was built on, or one switched back by restore_attention; then build the cache on "
+            "this model's config, KVarNCache(model.config), or switch it with "
+            "kvarn.integrations.transformers.use_kvarn_attention(model)), or its attention does not receive the "
+            "K/V this cache returned (a model that reshapes, repeats or re-projects them after the cache update, "
+            "as multi-head latent attention does: not supported)"
         )
         layer._fail(error)
         raise error
