@@ -1,4 +1,6 @@
 """KVCache and decode attention against float64 attention over the oracle-decoded cache."""
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -513,6 +515,49 @@ def test_preset_fields_must_be_ints(rng):
         with pytest.raises(TypeError, match="^preset: 'mine'"):
             kvarn.quantize_tile(np.ones((128, 64)), np.ones((128, 64)), bad)
     assert kvarn.KVCache(2, 64, kvarn.Preset("mine", np.int64(4), 2, 128)).preset.record_bytes(64) > 0
+
+
+def test_custom_presets_with_numpy_fields_names_and_formats_everywhere(rng, monkeypatch):
+    """From a review of custom presets across the API: narrow numpy fields overflowed the size arithmetic
+    (uint16 group: the append stored nothing; int8 vbits: pickle failed), a non-str name broke to_parts,
+    record_bytes sized unsupported formats and head_dims, messages named two different formats alike,
+    and demo / eval looked custom presets up by name."""
+    from kvarn import demo, eval as kev
+
+    narrow = kvarn.Preset("narrow", np.uint8(4), np.int8(2), np.uint16(128))
+    cache = kvarn.KVCache(1, 64, narrow)
+    assert [type(x) for x in (cache.preset.kbits, cache.preset.vbits, cache.preset.group)] == [int] * 3
+    k = kv_like(rng, (1, 389, 64))
+    cache.append(k, k)
+    ref = kvarn.KVCache(1, 64, kvarn.Preset("plain", 4, 2, 128))
+    ref.append(k, k)
+    assert (len(cache), cache.num_tiles) == (389, 2)
+    np.testing.assert_array_equal(cache.records, ref.records)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(cache)).records, ref.records)
+    assert kvarn.quantize_tile(k[0, :128], k[0, :128], narrow).k_codes().shape == (1, 64, 128)
+    with pytest.raises(TypeError, match=r"^preset: name \['mine'\] is not a str"):
+        kvarn.KVCache(1, 64, kvarn.Preset(["mine"], 4, 2, 128))
+    for bad, head_dim, match in ((kvarn.Preset("k3", 3, 3, 128), 128, "^preset: 'k3' has k3/v3 bits"),
+                                 (kvarn.Preset("g32", 4, 2, 32), 128, "^preset: 'g32' has 32-token tiles"),
+                                 (kvarn.PRESETS["k4v2_g128"], -16, "^head_dim: unsupported head_dim -16"),
+                                 (kvarn.PRESETS["k4v2_g128"], 0, "^head_dim: unsupported head_dim 0")):
+        with pytest.raises(ValueError, match=match):
+            bad.record_bytes(head_dim)
+    same_name = kvarn.Preset("k4v2_g128", 4, 4, 64)
+    blob = kvarn.quantize_tile(k[0, :64], k[0, :64], same_name).to_bytes()
+    with pytest.raises(ValueError, match=r"^preset: data holds 'k4v4_g64' \(k4v4, 64-token tiles\), not "
+                                         r"'k4v2_g128' \(k4v2, 128-token tiles\)"):
+        kvarn.Tile.from_bytes(blob, preset="k4v2_g128")
+    # kvarn demo with a custom preset: the cache holds that format (a built-in name used to pick the built-in).
+    used, real = [], demo.KVCache
+    monkeypatch.setattr(demo, "KVCache", lambda *a, **kw: used.append(a[2]) or real(*a, **kw))
+    demo.run_demo(same_name, synthetic=True, max_queries=1, repeats=1, out=lambda line: None)
+    assert used and all(p == same_name for p in used)
+    for preset in (kvarn.Preset("mine", 4, 2, 64), same_name, kvarn.PRESETS["k4v2_g128"]):
+        (m,) = [m for m in kev.build_methods(64, presets=(preset,), baselines=False) if m.family == "kvarn"]
+        assert m.preset == preset and (m.kbits, m.vbits, m.group) == (preset.kbits, preset.vbits, preset.group)
+    with pytest.raises(ValueError, match="^presets: preset: unknown preset 'k9v9'"):
+        kev.build_methods(64, presets=("k9v9",))
 
 
 def test_bfloat16_torch_tensors_are_widened_exactly(rng):

@@ -1466,7 +1466,7 @@ def test_fake_validation_before_any_kernel(fake):
         kc.PagedKVCache(2, 128, max_seqs=2**20, max_seq_len=2**30)
     t = FakeDevArray(fake, kv_like(rng, (1, 128, 128)))
     fake.calls.clear()
-    with pytest.raises(ValueError, match="^preset: k8v8_g128 is not served by the CUDA kernels"):
+    with pytest.raises(ValueError, match=r"^preset: 'k8v8_g128' \(k8v8, 128-token tiles\) is not served by the CUDA kernels"):
         kc.quantize_tiles(t, t, "k8v8_g128")
     assert fake.calls == []
 

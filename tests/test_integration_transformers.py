@@ -135,7 +135,7 @@ def test_decode_path_agrees_with_pseudo_decode(smol, quantize_on):
     P, S, preset, sink = 200, 124, "k4v2_g64", 64  # tiles [192, 256) and [256, 320) fill while decoding
     seq = ids[: P + S]
     dec, cache = kev.decode_path_logits(model, seq, P, S, preset, sink, quantize_on)
-    m = [mm for mm in kev.build_methods(64, presets=(preset,), baselines=False) if mm.preset == preset][0]
+    m = [mm for mm in kev.build_methods(64, presets=(preset,), baselines=False) if mm.preset and mm.preset.name == preset][0]
     own_tile_exact = quantize_on == "next"
     pseudo = kev.forward_logits(
         model, seq, kev.PseudoDecode(m, sink, m.group, exact_prefix=P, own_tile_exact=own_tile_exact)

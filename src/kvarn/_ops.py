@@ -33,11 +33,16 @@ class Preset:
     group: int
 
     def record_bytes(self, head_dim: int) -> int:
-        """Bytes of one (tile, kv-head) record (SPEC §6)."""
-        return int(_native.record_layout(self.kbits, self.vbits, self.group, head_dim)["total"])
+        """Bytes of one (tile, kv-head) record (SPEC §6); a format or head_dim kvarn does not serve raises."""
+        p, head_dim = get_preset(self), check_head_dim(head_dim)
+        return int(_native.record_layout(p.kbits, p.vbits, p.group, head_dim)["total"])
 
     def bits_per_element(self, head_dim: int) -> float:
         return 8.0 * self.record_bytes(head_dim) / (2 * self.group * head_dim)
+
+    def describe(self) -> str:
+        """Name and format, for messages (a custom preset may reuse a built-in's name)."""
+        return f"{self.name!r} (k{self.kbits}v{self.vbits}, {self.group}-token tiles)"
 
 
 PRESETS = {
@@ -56,7 +61,11 @@ DEFAULT_PRESET = "k4v2_g128"
 
 
 def get_preset(preset) -> Preset:
+    """The Preset a name or Preset stands for, checked; a custom one comes back with Python int fields
+    (numpy ones, say uint8 bits, overflowed in the size arithmetic)."""
     if isinstance(preset, Preset):
+        if not isinstance(preset.name, str):
+            raise TypeError(f"preset: name {preset.name!r} is not a str")
         for field in ("kbits", "vbits", "group"):
             value = getattr(preset, field)
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -69,6 +78,8 @@ def get_preset(preset) -> Preset:
             raise ValueError(
                 f"preset: {preset.name!r} has {preset.group}-token tiles; kvarn supports {SUPPORTED_GROUPS}"
             )
+        if any(type(getattr(preset, f)) is not int for f in ("kbits", "vbits", "group")):
+            preset = Preset(preset.name, int(preset.kbits), int(preset.vbits), int(preset.group))
         return preset
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ValueError(f"preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")

@@ -460,7 +460,7 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
         raise ValueError(f"k: a {p.name} tile holds {p.group} tokens, got {G} (shape {vk.shape})")
     _check_no_gpu_head_dim(D, "k.shape[-1]")
     if not _cuda.format_supported(p.kbits, p.vbits, p.group, D):
-        raise ValueError(f"preset: {p.name} is not served by the CUDA kernels")
+        raise ValueError(f"preset: {p.describe()} is not served by the CUDA kernels")
     iters = check_iters(iters)
     layout = _cuda.record_layout(p.kbits, p.vbits, p.group, D)
     records = _uint8_like(vk, (n, layout["total"]))
@@ -576,7 +576,7 @@ class PagedKVCache:
         _check_no_gpu_head_dim(self.head_dim)
         self._preset = get_preset(preset)
         if not _cuda.format_supported(self.preset.kbits, self.preset.vbits, self.preset.group, self.head_dim):
-            raise ValueError(f"preset: {self.preset.name} is not served by the CUDA kernels")
+            raise ValueError(f"preset: {self.preset.describe()} is not served by the CUDA kernels")
         self._num_layers = check_positive_int(num_layers, "num_layers")
         self._max_seqs = check_positive_int(max_seqs, "max_seqs")
         self._max_seq_len = check_positive_int(max_seq_len, "max_seq_len")

@@ -98,7 +98,7 @@ def run_demo(preset: str = "k4v2_g128", synthetic: bool = False, max_queries: in
     for layer in range(n_layers):
         k = k_all[layer].astype(np.float32)
         v = v_all[layer].astype(np.float32)
-        cache = KVCache(hk, d, p.name, sink_tokens=sink)
+        cache = KVCache(hk, d, p, sink_tokens=sink)  # the Preset: a custom one's name cannot be looked up
         cache.append(k, v)
         k_kivi, v_kivi = baselines.kivi_cache(k, v, p.kbits, p.vbits, p.group, sink)
         kivi_ratio = n * hk * d * 4 / baselines.kivi_bytes(hk, n, d, p.kbits, p.vbits, p.group, sink)

@@ -41,7 +41,7 @@ class Method:
     group: int
     bits_per_element: float
     quantize: Callable | None  # (k [N, G, D], v [N, G, D]) -> dequantised (k̂, v̂) float32
-    preset: str | None = None
+    preset: object = None  # kvarn.Preset of a KVarN method (a custom one too), else None
     results: dict = field(default_factory=dict)
 
 
@@ -50,17 +50,22 @@ def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, 
     import kvarn
 
     from . import eval_quantizers as eq
+    from ._ops import get_preset
 
     methods = [Method("fp16 cache", "fp16", 16, 16, group, 16.0, None)]
-    for name in presets:
-        p = kvarn.PRESETS[name] if name in kvarn.PRESETS else None
-        if p is None:
-            raise ValueError(f"presets: unknown preset {name!r}; choose from {sorted(kvarn.PRESETS)}")
+    chosen = []
+    for preset in presets:  # names or kvarn.Preset objects (custom ones too)
+        try:
+            chosen.append(get_preset(preset))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"presets: {e}") from None
+    for p in chosen:
+        name = p.name
 
         def q(k, v, _p=p):
             return kvarn.dequantize_tile(kvarn.quantize_tile(k, v, _p))
 
-        methods.append(Method(f"KVarN {name}", "kvarn", p.kbits, p.vbits, p.group, p.bits_per_element(head_dim), q, name))
+        methods.append(Method(f"KVarN {name}", "kvarn", p.kbits, p.vbits, p.group, p.bits_per_element(head_dim), q, p))
         if reference:  # the same algorithm in float64 numpy, to check the native quantiser end to end
             methods.append(Method(f"KVarN float64 ref {name}", "kvarn-ref", p.kbits, p.vbits, p.group,
                                   p.bits_per_element(head_dim),
@@ -70,8 +75,7 @@ def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, 
         # Baselines at the tile size of every preset asked for, so each preset meets KIVI at its
         # own bits: all BASELINE_BITS at `group`, and the presets' own bit pairs at other sizes.
         pairs = [(kb, vb, group) for kb, vb in BASELINE_BITS]
-        for name in presets:
-            p = kvarn.PRESETS[name]
+        for p in chosen:
             if p.group != group and (p.kbits, p.vbits, p.group) not in pairs:
                 pairs.append((p.kbits, p.vbits, p.group))
         for kb, vb, g in pairs:
@@ -463,7 +467,7 @@ def run_eval(args) -> int:
         ref_rows = ref_rows.float()[:-1]
         tg = torch.tensor(ids[P + 1 :])
         for m in dec_presets:
-            bar.set_postfix_str(f"decode path {m.preset}")
+            bar.set_postfix_str(f"decode path {m.preset.name}")
             t0 = time.time()
             dec, cache = decode_path_logits(model, ids, P, S, m.preset, args.sink, args.quantize_on)
             dec_seconds = time.time() - t0
@@ -495,7 +499,7 @@ def run_eval(args) -> int:
         "generation": gen,
         "methods": [
             {"name": m.name, "family": m.family, "kbits": m.kbits, "vbits": m.vbits, "group": m.group,
-             "bits_per_element": m.bits_per_element, "preset": m.preset, **m.results}
+             "bits_per_element": m.bits_per_element, "preset": m.preset and m.preset.name, **m.results}
             for m in methods
         ],
         "torch": torch.__version__,

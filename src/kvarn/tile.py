@@ -174,7 +174,7 @@ class Tile:
         if preset is not None:
             wanted = get_preset(preset)
             if (wanted.kbits, wanted.vbits, wanted.group) != (kbits, vbits, group):
-                raise ValueError(f"preset: data holds {stored.name}, not {wanted.name}")
+                raise ValueError(f"preset: data holds {stored.describe()}, not {wanted.describe()}")
             stored = wanted
         try:
             check_head_dim(head_dim)
