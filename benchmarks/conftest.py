@@ -14,7 +14,7 @@ import os
 
 THREADS = int(os.environ.get("KVARN_BENCH_THREADS", "0")) or os.cpu_count()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(var, str(THREADS))
+    os.environ[var] = str(THREADS)  # not setdefault: a value from the shell would give BLAS another count
 QUICK = os.environ.get("KVARN_BENCH_QUICK") == "1"
 
 import numpy as np  # noqa: E402
@@ -26,6 +26,7 @@ kvarn.set_num_threads(THREADS)
 
 RESULTS = []  # (group, name, min_s, median_s, bytes, extra)
 COPY_GBPS = {}  # name -> GB/s of the large copy
+READ_GBPS = {}  # name -> GB/s of the large read
 
 
 def record(benchmark, bytes_moved, **extra):
@@ -74,6 +75,8 @@ def _table():
     lines = []
     if COPY_GBPS:
         lines.append("copy bandwidth (GB/s, read+write bytes / time): " + ", ".join(f"{k} {v:.1f}" for k, v in COPY_GBPS.items()))
+    if READ_GBPS:
+        lines.append("read bandwidth (GB/s, bytes read / time): " + ", ".join(f"{k} {v:.1f}" for k, v in READ_GBPS.items()))
     groups = {}
     for r in RESULTS:
         groups.setdefault(r[0], []).append(r)

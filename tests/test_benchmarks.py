@@ -35,7 +35,13 @@ def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
                   "## membw", "## quantize"):
         assert group in text, group
     rows = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")}
-    expected = {"numpy", "kvarn-scalar", "quantize-scalar", "hadamard-scalar"}
+    expected = {"numpy", "kvarn-scalar", "quantize-scalar", "hadamard-scalar", "numpy-read-1thread"}
+    try:
+        import torch  # noqa: F401
+
+        expected |= {"torch", "torch-folded"}
+    except ImportError:
+        pass
     for isa in kvarn.available_isas():
         if isa != "scalar":  # the int16 default and the fp16 baseline on every SIMD ISA here
             expected |= {f"kvarn-{isa}-int16", f"fp16-{isa}", f"quantize-{isa}"}
