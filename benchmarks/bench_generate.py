@@ -13,7 +13,10 @@ Caches, alternating round by round in one process:
   filled slots masked, on average steps / 2 of them) + SDPA — the baseline without DynamicCache's
   per-step copies;
 - ``kvarn``: KVarNCache (k4v2_g128 by default) — each step appends to the packed cache and runs
-  kvarn's native decode attention.
+  kvarn's native decode attention;
+- ``kvarn-fp16``: the equally optimised baseline end to end — the same integration and Python path
+  with ``kvarn.FP16Cache`` rows (preallocated to context + steps tokens) and kvarn's fp16-cache kernel
+  (``attend_fp16_batch``, same native driver and threads) in place of the packed cache.
 Reported: the median and minimum forward time per generated token; the time inside the cache +
 attention (cache update and SDPA for the fp32 caches; the KVarNCache append + kvarn attention),
 summed over the 30 layers; the bytes of the cache's buffers at the end (for kvarn also the bytes
@@ -29,7 +32,63 @@ import statistics
 import sys
 import time
 
-CACHES = ("dynamic", "static", "kvarn")
+CACHES = ("dynamic", "static", "kvarn-fp16", "kvarn")
+
+
+_FP16_LAYER = []
+
+
+def fp16_kernel_layer_class():
+    """KVarNLayer with uncompressed fp16 rows (kvarn.FP16Cache, preallocated: capacity) attended by kvarn's
+    fp16-cache kernel: what kvarn's own speed is measured against, inside the model. Greedy batch-1
+    decoding only (no rollback, masks or crops: a benchmark baseline, not an API). One class per process,
+    so that main() can time its attend_pending."""
+    if _FP16_LAYER:
+        return _FP16_LAYER[0]
+    import numpy as np
+    import torch
+
+    import kvarn
+    from kvarn.integrations.transformers import KVarNLayer, _to_numpy
+
+    class FP16KernelLayer(KVarNLayer):
+        capacity = 0
+
+        def lazy_initialization(self, key_states, value_states):
+            super().lazy_initialization(key_states, value_states)
+            B, Hk, _, D = key_states.shape
+            self.caches = [kvarn.FP16Cache(Hk, D, capacity=self.capacity) for _ in range(B)]
+
+        def attend_pending(self, query, attention_mask, scaling):
+            key_states, value_states = self._pending
+            self._pending = None
+            k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
+            B, Hq, n, D = query.shape
+            out = np.empty((B, n, Hq, D), np.float32)
+            for i in range(n):
+                for b, c in enumerate(self.caches):
+                    c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
+                out[:, i] = kvarn.attend_fp16_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
+            self.cumulative_length += n
+            return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
+
+    _FP16_LAYER.append(FP16KernelLayer)
+    return FP16KernelLayer
+
+
+def fp16_kernel_cache(config, capacity: int):
+    """A KVarNCache whose full-attention layers are fp16_kernel_layer_class() layers."""
+    from kvarn.integrations.transformers import KVarNCache, KVarNLayer
+
+    cls = fp16_kernel_layer_class()
+    cache = KVarNCache(config)
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, KVarNLayer):
+            fp16 = cls()
+            fp16.capacity = capacity
+            fp16._failure = layer._failure
+            cache.layers[i] = fp16
+    return cache
 
 
 def parse_args(argv=None):
@@ -98,7 +157,8 @@ def main(argv=None) -> int:
 
     timers = Timers()  # removed again on the way out: main() may run inside another program (the tests)
     for owner, name in ((DynamicLayer, "update"), (StaticLayer, "update"), (F, "scaled_dot_product_attention"),
-                        (KVarNLayer, "update"), (KVarNLayer, "attend_pending")):
+                        (KVarNLayer, "update"), (KVarNLayer, "attend_pending"),
+                        (fp16_kernel_layer_class(), "attend_pending")):
         timers.wrap(owner, name)
     try:
         results = measure(args, model, ids, timers, threads)
@@ -125,6 +185,8 @@ def measure(args, model, ids, timers, threads) -> dict:
             return DynamicCache(config=model.config)
         if kind == "static":
             return StaticCache(config=model.config, max_cache_len=context + args.steps)
+        if kind == "kvarn-fp16":
+            return fp16_kernel_cache(model.config, context + args.steps)
         return KVarNCache(model.config, preset=args.preset)
 
     def run(kind, context):
@@ -146,6 +208,10 @@ def measure(args, model, ids, timers, threads) -> dict:
         if kind == "kvarn":
             held = cache.nbytes
             allocated = sum(c.allocated_nbytes for layer in cache.kvarn_layers for c in layer.caches)
+            restore_attention(model)
+        elif kind == "kvarn-fp16":
+            held = sum(c.nbytes for layer in cache.kvarn_layers for c in layer.caches)
+            allocated = sum(2 * c._state[0].nbytes for layer in cache.kvarn_layers for c in layer.caches)
             restore_attention(model)
         else:
             held = allocated = sum(int(t.numel() * t.element_size()) for layer in cache.layers

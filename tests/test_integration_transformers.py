@@ -845,10 +845,15 @@ def test_bench_generate_script_runs_and_reports(tmp_path):
     assert F.scaled_dot_product_attention is sdpa and DynamicLayer.update is update
     point = json.loads(out.read_text())["points"][0]
     assert point["context"] == 300
-    for kind in ("dynamic", "static", "kvarn"):
+    for kind in ("dynamic", "static", "kvarn-fp16", "kvarn"):
         r = point[kind]
         assert len(r["tokens"]) == 3 and r["median_step_ms"] > 0 and r["median_cache_attn_ms"] > 0, kind
         assert r["tokens"][0] == point["dynamic"]["tokens"][0], kind
+    # The fp16 kernel baseline holds every token uncompressed (fp16: half of fp32) in buffers preallocated
+    # to context + steps, and decodes the fp32 caches' greedy tokens (no quantisation).
+    assert point["kvarn-fp16"]["held_bytes"] == 30 * 2 * 3 * 303 * 64 * 2
+    assert point["kvarn-fp16"]["cache_bytes"] == 30 * 2 * 3 * 303 * 64 * 2
+    assert point["kvarn-fp16"]["tokens"] == point["dynamic"]["tokens"]
     assert point["static"]["cache_bytes"] == point["dynamic"]["cache_bytes"] == 30 * 2 * 3 * 303 * 64 * 4
     # 303 tokens: the fp16 sink, one quantised tile, an fp16 tail of 47 (fp16 alone would be half);
     # allocated: the tail buffer holds a whole tile, the record buffer 4.
