@@ -332,6 +332,7 @@ def test_decode_cold(benchmark, shape, ctx, batch, isa):
     kvarn.set_isa(isa)  # for kvarn and fp16 alike
     if isa != "scalar":
         _native.set_score_mode("int16")  # the default (float on AVX-512 without VNNI)
+        _native.set_vnni(True)  # a "-novnni" attend row before may have turned it off
     kv_layers = [[clone(dd["cache"]) for _ in range(batch)] for _ in range(layers)]
     f16_layers = [[clone(dd["f16"]) for _ in range(batch)] for _ in range(layers)]
     t_kv, t_f16 = [], []
@@ -373,6 +374,7 @@ def test_quantize_share(benchmark, shape, ctx):
     kvarn.set_isa(best)
     if best != "scalar":
         _native.set_score_mode("int16")  # the default (float on AVX-512 without VNNI)
+        _native.set_vnni(True)  # a "-novnni" attend row before may have turned it off
     preset = kvarn.PRESETS[kvarn.DEFAULT_PRESET]
     G = preset.group
     k = np.ascontiguousarray(dd["k"][:, :G])  # one tile per kv head: [Hk, G, D], fp16 as a model gives it
