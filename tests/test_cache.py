@@ -990,6 +990,22 @@ def test_quantize_on_next_keeps_a_full_tail_exact(n, rng):
         np.testing.assert_array_equal(nxt.records, fill.records)
 
 
+def test_quantize_on_next_refuses_an_append_that_completes_tiles_and_fills_an_unquantisable_tail(rng):
+    """The append's other path: it quantises a tile (10 + 118 tokens: tile 0 complete) and leaves a full tail
+    (tokens 64..127), which is quantised then too; an unquantisable one refuses the append, cache unchanged."""
+    k = kv_like(rng, (2, 128, 64))
+    v = kv_like(rng, (2, 128, 64))
+    v[0, 64:] = 30000.0  # the second tile's value scales overflow fp16
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=0, quantize_on="next")
+    cache.append(k[:, :10], v[:, :10])
+    snap = snapshot(cache)
+    with pytest.raises(ValueError, match=r"^v: head 0 of the tile of tokens 64\.\.127 has values too large"):
+        cache.append(k[:, 10:], v[:, 10:])
+    assert_unchanged(cache, snap)
+    cache.append(k[:, 10:64], v[:, 10:64])  # the good part goes in, tile 0 stays exact in the tail
+    assert (len(cache), cache.num_tiles, cache.tail_len) == (64, 0, 64)
+
+
 @pytest.mark.parametrize("chunks", [[64], [40, 24], [1] * 64, [63, 1]])
 def test_quantize_on_next_refuses_the_append_that_fills_an_unquantisable_tile(chunks, rng):
     """quantize_on="next" quantises a tile when its last token arrives too (and publishes the records at

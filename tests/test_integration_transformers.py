@@ -726,13 +726,14 @@ def test_models_kvarn_cannot_serve_are_refused_by_name_and_left_unchanged():
         KVarNCache(falcon)
     assert falcon._attn_implementation == before
     # Learned attention sinks (s_aux): sdpa's **kwargs swallowed them (greedy tokens 0 of 20 right). Refused at
-    # the prompt's first layer, which is left empty.
-    oss = _tiny(transformers.GptOssConfig, num_local_experts=4, num_experts_per_tok=2,
-                layer_types=["full_attention", "full_attention"])
-    cache = KVarNCache(oss.config)
-    with pytest.raises(NotImplementedError, match="learned attention sinks"), torch.no_grad():
-        oss(ids, **cache_kwargs(oss, cache))
-    assert cache.get_seq_length() == 0
+    # construction (GPT-OSS's first layer is a sliding one: refused there at the first forward, that layer would
+    # have kept the prompt).
+    oss = transformers.GptOssConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    num_hidden_layers=2, vocab_size=256, num_local_experts=4, num_experts_per_tok=2)
+    before = oss._attn_implementation
+    with pytest.raises(NotImplementedError, match="^config: GptOssForCausalLM adds learned attention sinks"):
+        KVarNCache(oss)
+    assert oss._attn_implementation == before
     # Attention run twice over one cache update (differential attention): was a bare TypeError.
     diff = _tiny(transformers.DiffLlamaConfig)
     with pytest.raises(NotImplementedError, match="ran attention twice over one layer's cache update"), torch.no_grad():
@@ -741,6 +742,58 @@ def test_models_kvarn_cannot_serve_are_refused_by_name_and_left_unchanged():
     shared = transformers.Gemma3nTextConfig(num_hidden_layers=4, num_kv_shared_layers=2)
     with pytest.raises(NotImplementedError, match="num_kv_shared_layers=2"):
         KVarNCache(shared)
+
+
+class _MyLlamaConfig(__import__("transformers").LlamaConfig):
+    model_type = "kvarn-test-my-llama"
+
+
+class _MyLlamaForCausalLM(__import__("transformers").LlamaForCausalLM):
+    config_class = _MyLlamaConfig
+
+
+def test_a_registered_subclass_model_is_served():
+    """A model class registered with the auto classes (user code, trust_remote_code) that subclasses a
+    transformers model: its own file defines no attention module, and transformers' rule counts it as
+    routing attention through the interface (the first version of the check read only the subclass's
+    file and refused it, as it refused wrappers such as Fuyu)."""
+    import transformers
+
+    transformers.AutoConfig.register(_MyLlamaConfig.model_type, _MyLlamaConfig, exist_ok=True)
+    transformers.AutoModelForCausalLM.register(_MyLlamaConfig, _MyLlamaForCausalLM, exist_ok=True)
+    torch.manual_seed(0)
+    model = _MyLlamaForCausalLM(_MyLlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                               num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
+                                               vocab_size=256)).eval()
+    ids = torch.randint(1, 256, (1, 300), generator=torch.Generator().manual_seed(5))
+    ref = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    got = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                         **cache_kwargs(model, KVarNCache(model.config, preset="k8v8_g128")))
+    assert torch.equal(got, ref)
+
+
+def test_attention_twice_per_update_and_sinks_are_refused_at_the_attention_call():
+    """The attention function's own guards (for models the construction checks cannot see): a second
+    attention call over one decode update, and s_aux on a prompt (whose layer is left empty)."""
+    from kvarn.integrations.transformers import kvarn_attention
+
+    cache = _tiny_cache(layers=1)
+    layer = cache.kvarn_layers[0]
+    _prefill(layer, *_kv(1, 20, 0))
+    k, v = _kv(1, 1, 1)
+    layer.update(k, v)
+    q = torch.randn(1, 4, 1, 16)
+    with torch.no_grad():
+        kvarn_attention(None, q, k, v, None, scaling=0.25)
+        with pytest.raises(NotImplementedError, match="ran attention twice over one layer's cache update"):
+            kvarn_attention(None, q, k, v, None, scaling=0.25)
+    assert layer.get_seq_length() == 21
+    fresh = _tiny_cache(layers=1).kvarn_layers[0]
+    k, v = _kv(1, 20, 2)
+    fresh.update(k, v)
+    with pytest.raises(NotImplementedError, match="learned attention sinks"), torch.no_grad():
+        kvarn_attention(None, torch.randn(1, 4, 20, 16), k, v, None, scaling=0.25, s_aux=torch.zeros(4))
+    assert fresh.get_seq_length() == 0 and fresh._prefill is None
 
 
 def test_hybrid_model_whose_full_layers_carry_a_window_attribute():

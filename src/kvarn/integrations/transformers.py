@@ -522,32 +522,38 @@ class KVarNLayer(CacheLayerMixin):
 
 
 @functools.lru_cache(maxsize=None)
-def _model_class_support(config_type) -> tuple:
-    """(class name, routes attention through transformers' attention interface) for the causal-LM class
-    transformers builds for this config type; None where the auto mapping or its source cannot say.
-    (Its _supports_sdpa flag would not do: Gemma 2 clears it for soft-capping, which may be off.)"""
+def _model_class_support(config_type):
+    """For the causal-LM class transformers builds for this config type: (class name, whether its attention goes
+    through transformers' attention interface, whether it adds learned attention sinks), or None where the auto
+    mapping has no class or its source cannot be read. The interface question is transformers' own rule
+    (``_can_set_attn_implementation``: the attention modules of the class's file look the interface up; a file
+    with none, a wrapper or a subclass, counts as yes). The sinks one: that file (transformers' own) passes
+    ``s_aux``."""
     try:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[config_type]
-        source = inspect.getsource(sys.modules[cls.__module__])
-    except Exception:  # not in the mapping, no source file: nothing to go on
+        interface = bool(cls._can_set_attn_implementation())
+        # Only transformers' own files are read for this: any other text may mention it (the attention call's
+        # guard below catches sinks in models defined elsewhere, at the first forward).
+        sinks = cls.__module__.startswith("transformers.models.") and "s_aux" in inspect.getsource(
+            sys.modules[cls.__module__])
+    except Exception:  # not in the mapping, an older transformers, no source file: nothing to go on
         return None
-    # A model whose modeling code never looks its attention up there (Falcon, Bloom, GPT-Neo, MPT, ...)
-    # computes attention itself: the "kvarn" setting would only hand its eager code sdpa-style masks.
-    return cls.__name__, "ALL_ATTENTION_FUNCTIONS" in source
+    return cls.__name__, interface, sinks
 
 
 def _check_model_support(config, text_config) -> None:
-    for cfg in (config, text_config):
-        support = _model_class_support(type(cfg))
-        if support is not None:
-            name, interface = support
-            if not interface:
-                raise NotImplementedError(
-                    f"config: {name} computes attention in its own code, not through transformers' attention "
-                    "interface, so kvarn attention cannot take its place; use the model's own cache")
-            break
+    answers = [a for a in {id(c): _model_class_support(type(c)) for c in (config, text_config)}.values() if a]
+    # A wrapper's class may say nothing useful about its text model's: refused only if no class says yes.
+    if answers and not any(interface for _, interface, _ in answers):
+        raise NotImplementedError(
+            f"config: {answers[0][0]} computes attention in its own code, not through transformers' attention "
+            "interface, so kvarn attention cannot take its place; use the model's own cache")
+    if any(sinks for _, _, sinks in answers):
+        raise NotImplementedError(
+            f"config: {answers[0][0]} adds learned attention sinks (s_aux) to its attention, which neither kvarn "
+            "attention nor the sdpa attention it runs for prompts has; use the model's own cache")
     shared = getattr(text_config, "num_kv_shared_layers", None)
     if shared:
         raise NotImplementedError(f"config: num_kv_shared_layers={shared}: layers that reuse another layer's K/V "
