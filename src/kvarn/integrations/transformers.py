@@ -550,10 +550,11 @@ def _check_model_support(config, text_config) -> None:
         raise NotImplementedError(
             f"config: {answers[0][0]} computes attention in its own code, not through transformers' attention "
             "interface, so kvarn attention cannot take its place; use the model's own cache")
-    if any(sinks for _, _, sinks in answers):
-        raise NotImplementedError(
-            f"config: {answers[0][0]} adds learned attention sinks (s_aux) to its attention, which neither kvarn "
-            "attention nor the sdpa attention it runs for prompts has; use the model's own cache")
+    for name, _, sinks in answers:
+        if sinks:
+            raise NotImplementedError(
+                f"config: {name} adds learned attention sinks (s_aux) to its attention, which neither kvarn "
+                "attention nor the sdpa attention it runs for prompts has; use the model's own cache")
     shared = getattr(text_config, "num_kv_shared_layers", None)
     if shared:
         raise NotImplementedError(f"config: num_kv_shared_layers={shared}: layers that reuse another layer's K/V "
