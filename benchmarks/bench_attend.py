@@ -259,24 +259,15 @@ def test_attend(benchmark, shape, ctx, batch, impl):
         k, v = dense32(dd, batch)
         fn = lambda: numpy_attend(q, k, v, scale)  # noqa: E731
         nbytes = 2 * k.nbytes
-    elif impl == "torch":
+    else:  # torch: SDPA with enable_gqa; torch-folded: each kv head's query heads as rows of one query block
         k, v = dense32(dd, batch)
         tk, tv = torch.from_numpy(k), torch.from_numpy(v)
-        tq = torch.from_numpy(q)[:, :, None, :]
+        folded = impl == "torch-folded"
+        tq = torch.from_numpy(q).reshape(batch, hk, hq // hk, d) if folded else torch.from_numpy(q)[:, :, None, :]
 
         def fn():
             with torch.inference_mode():
-                return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, scale=scale, enable_gqa=True)
-
-        nbytes = 2 * k.nbytes
-    else:  # torch-folded: each kv head's query heads as rows of one query block (one decode position)
-        k, v = dense32(dd, batch)
-        tk, tv = torch.from_numpy(k), torch.from_numpy(v)
-        tq = torch.from_numpy(q).reshape(batch, hk, hq // hk, d)
-
-        def fn():
-            with torch.inference_mode():
-                return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, scale=scale)
+                return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, scale=scale, enable_gqa=not folded)
 
         nbytes = 2 * k.nbytes
     out = benchmark.pedantic(fn, rounds=rounds_for(fn), iterations=1, warmup_rounds=1)

@@ -23,7 +23,7 @@ import functools
 import numpy as np
 
 from ._ops import (DEFAULT_PRESET, FLOAT32_MAX, SINKHORN_ITERS, check_iters, check_positive_int, check_scale, get_preset,
-                   quantize_tiles_native, tile_cut_point)
+                   tile_cut_point)
 
 try:  # the CUDA module is optional at build time
     from . import _cuda
@@ -1114,18 +1114,13 @@ class PagedKVCache:
                              "this cache's")
         parts = c.to_parts()  # one snapshot of the CPU cache
         recs = parts["records"]
-        G = self.preset.group
-        if parts["tail_k"].shape[1] == G:
-            # A KVCache(quantize_on="next") keeps a full tile in its tail until the next token; this
-            # cache quantises a tile as it fills, so that tile becomes a record here: the one the CPU
-            # cache writes at its next append (same quantiser, its iters, from its fp16 tail).
-            start = self.sink_tokens + len(recs) * G
-            try:
-                tile = quantize_tiles_native(np.ascontiguousarray(parts["tail_k"], np.float16),
-                                             np.ascontiguousarray(parts["tail_v"], np.float16), self.preset, c.iters, None,
-                                             lambda i: f"head {i} of the tile of tokens {start}..{start + G - 1}")
-            except ValueError as e:
-                raise ValueError(f"cpu_cache: {e}") from None
+        # A KVCache(quantize_on="next") keeps a full tile in its tail until the next token; this cache quantises
+        # a tile as it fills, so that tile becomes a record here: the one the CPU cache writes at its next append.
+        try:
+            tile = c._stage_full_tail(parts["tail_k"], parts["tail_v"], parts["tail_k"].shape[1], len(recs), None)
+        except ValueError as e:
+            raise ValueError(f"cpu_cache: {e}") from None
+        if tile is not None:
             recs = np.concatenate([recs, tile[None]])
             for name in ("tail_k", "tail_v"):
                 parts[name] = parts[name][:, :0]
