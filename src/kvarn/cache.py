@@ -10,6 +10,7 @@ cache; inputs beyond the fp16 range are rejected.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -32,6 +33,17 @@ from . import _ops
 
 
 QUANTIZE_ON = ("fill", "next")
+
+
+def _refs(holder, i: int) -> int:
+    # sys.getrefcount of holder[i], read through a subscript (a new reference on every CPython;
+    # a local variable's may be borrowed, as 3.14 does), so that its offset is fixed.
+    return sys.getrefcount(holder[i])
+
+
+# _refs of an object that only a list holds; and whether counts are exact (the GIL orders them).
+_SOLE_HOLDER_REFS = _refs([object()], 0)
+_REFCOUNTS_EXACT = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class KVCache:
@@ -69,6 +81,9 @@ class KVCache:
         # Buffers a rollback made current again: newer states (checkpoints, or an attend in flight)
         # may hold content past the restored lengths in them, so the next write copies them first.
         self._frozen_records = self._frozen_tail = None
+        # [tail_k, tail_v] a completed tile handed to the current state (see _append): older
+        # states may still read them, so they are copied before a write unless nothing else holds them.
+        self._shared_tail = None
         # The records buffer published last and the most tiles any state has published in it: a
         # rollback within that count leaves the buffer writable (no state reads past it).
         self._records_seen, self._records_high_water = None, 0
@@ -170,6 +185,7 @@ class KVCache:
         n = k.shape[1]
         if n == 0:
             return
+        self._settle_shared_tail()
         state = self._state
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = state
         to_sink = min(n, self.sink_tokens - sink_k.shape[1])
@@ -212,27 +228,35 @@ class KVCache:
         if n_full:
             staged = self._staged[1] if self._staged is not None and self._staged[0] is state else None
             self._quantize_rest(records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads, staged)
-        # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
         left = rest - n_full * G
-        new_tail_k, new_tail_v = np.zeros_like(tail_k), np.zeros_like(tail_v)
-        from_tail = max(0, tail_len - n_full * G)  # kept tail tokens (only when no tile completed)
-        new_tail_k[:, :from_tail] = tail_k[:, tail_len - from_tail : tail_len]
-        new_tail_v[:, :from_tail] = tail_v[:, tail_len - from_tail : tail_len]
-        new_tail_k[:, from_tail:left] = k[:, n - (left - from_tail) :]  # fp16 rounding as astype
-        new_tail_v[:, from_tail:left] = v[:, n - (left - from_tail) :]
-        tail_k, tail_v = new_tail_k, new_tail_v
+        # A decode step that completes a tile (left == 0) hands the tail buffers on to the new
+        # state, whose tail is empty: nothing is written into them now, and the next write
+        # copies them unless no older state can read them any more (_settle_shared_tail). A
+        # fresh pair for every tile cost ~250 µs of page faults per 512 KB on the 2-core box.
+        reuse_tail = left == 0 and n_full > 0 and tail_k is not self._frozen_tail
+        if not reuse_tail:
+            # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
+            new_tail_k, new_tail_v = np.zeros_like(tail_k), np.zeros_like(tail_v)
+            from_tail = max(0, tail_len - n_full * G)  # kept tail tokens (only when no tile completed)
+            new_tail_k[:, :from_tail] = tail_k[:, tail_len - from_tail : tail_len]
+            new_tail_v[:, :from_tail] = tail_v[:, tail_len - from_tail : tail_len]
+            new_tail_k[:, from_tail:left] = k[:, n - (left - from_tail) :]  # fp16 rounding as astype
+            new_tail_v[:, from_tail:left] = v[:, n - (left - from_tail) :]
+            tail_k, tail_v = new_tail_k, new_tail_v
         staged = self._stage_full_tail(tail_k, tail_v, left, num_tiles + n_full, threads)  # may raise
 
         # 3. Commit (no exceptions past this point).
         if n_full:
             if self._frozen_records is not None and records is not self._frozen_records:
                 self._frozen_records = None  # replaced: do not keep the old buffer alive
-        self._frozen_tail = None  # the tail buffers are fresh (above)
+        self._frozen_tail = None  # the tail buffers are fresh, or not frozen (above)
         self._publish(
             new_sink_k if new_sink_k is not None else sink_k,
             new_sink_v if new_sink_v is not None else sink_v,
             records, num_tiles + n_full, tail_k, tail_v, left,
         )
+        if reuse_tail:
+            self._shared_tail = [tail_k, tail_v]
         self._set_staged(staged)
 
     def _stage_full_tail(self, tail_k, tail_v, tail_len, num_tiles, threads):
@@ -253,8 +277,26 @@ class KVCache:
 
     def _writable_tail(self, tail_k, tail_v):
         """The tail buffers to write past tail_len: copies of a frozen pair (see rollback), whose slots
-        past the restored length newer states may read; otherwise the buffers themselves."""
-        return (tail_k.copy(), tail_v.copy()) if tail_k is self._frozen_tail else (tail_k, tail_v)
+        past the restored length newer states may read, or of a shared pair that older states may
+        read (see _settle_shared_tail); otherwise the buffers themselves."""
+        shared = self._shared_tail
+        if tail_k is self._frozen_tail or (shared is not None and tail_k is shared[0]):
+            return tail_k.copy(), tail_v.copy()
+        return tail_k, tail_v
+
+    def _settle_shared_tail(self) -> None:
+        """Unmarks the shared tail buffers (see _append) when nothing but the current state holds
+        them: no older state (a checkpoint, an attend in flight) can read them any more, and no
+        new reader can reach an older state, so later appends may write into them in place."""
+        shared = self._shared_tail
+        if shared is None or not _REFCOUNTS_EXACT:
+            return
+        # The current state's cached views hold the buffers too (the next attend rebuilds them);
+        # a reader that has taken them keeps its own reference, and the buffers stay marked.
+        self.__dict__.pop("_parts_cache", None)
+        current = _SOLE_HOLDER_REFS + 1  # the list `shared` and the current state's tuple
+        if _refs(shared, 0) <= current and _refs(shared, 1) <= current:
+            self._shared_tail = None
 
     # Records per native call when quantising many tiles (a long prompt): bounds the float
     # copies to a few MB whatever the prompt's length.
@@ -403,6 +445,8 @@ class KVCache:
         # from self._state and never see new records with an old count or the reverse.
         self._state = (sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len)
         self._staged = None  # see _set_staged
+        if self._shared_tail is not None and tail_k is not self._shared_tail[0]:
+            self._shared_tail = None  # a state with other tail buffers: nothing to settle
         if records is self._frozen_records:
             self._records_seen = None  # restored by a rollback: what other states hold in it is unknown
         elif records is self._records_seen:
@@ -546,9 +590,9 @@ class KVCache:
         new = object.__new__(type(self))  # a subclass copies into its own type
         new.__dict__.update({k: v for k, v in self.__dict__.items()
                              if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail",
-                                          "_records_seen", "_records_high_water")})
+                                          "_shared_tail", "_records_seen", "_records_high_water")})
         new._append_lock = threading.Lock()
-        new._frozen_records = new._frozen_tail = None
+        new._frozen_records = new._frozen_tail = new._shared_tail = None
         new._records_seen, new._records_high_water = None, 0
         new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),
                      tail_len)
