@@ -41,9 +41,9 @@ def _refs(holder, i: int) -> int:
     return sys.getrefcount(holder[i])
 
 
-# _refs of an object that only a list holds; and whether counts are exact (the GIL orders them).
-_SOLE_HOLDER_REFS = _refs([object()], 0)
-_REFCOUNTS_EXACT = getattr(sys, "_is_gil_enabled", lambda: True)()
+# Whether reference counts say who holds a buffer: CPython's, with the GIL ordering them. Elsewhere
+# (PyPy, a free-threaded build) shared tail buffers are always copied before a write.
+_REFCOUNTS_EXACT = sys.implementation.name == "cpython" and getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class KVCache:
@@ -250,13 +250,13 @@ class KVCache:
             if self._frozen_records is not None and records is not self._frozen_records:
                 self._frozen_records = None  # replaced: do not keep the old buffer alive
         self._frozen_tail = None  # the tail buffers are fresh, or not frozen (above)
+        if reuse_tail:  # marked before they are published, so that no exception can leave them unmarked
+            self._shared_tail = [tail_k, tail_v]
         self._publish(
             new_sink_k if new_sink_k is not None else sink_k,
             new_sink_v if new_sink_v is not None else sink_v,
             records, num_tiles + n_full, tail_k, tail_v, left,
         )
-        if reuse_tail:
-            self._shared_tail = [tail_k, tail_v]
         self._set_staged(staged)
 
     def _stage_full_tail(self, tail_k, tail_v, tail_len, num_tiles, threads):
@@ -294,7 +294,9 @@ class KVCache:
         # The current state's cached views hold the buffers too (the next attend rebuilds them);
         # a reader that has taken them keeps its own reference, and the buffers stay marked.
         self.__dict__.pop("_parts_cache", None)
-        current = _SOLE_HOLDER_REFS + 1  # the list `shared` and the current state's tuple
+        # What _refs gives for an object that only a list holds, measured here beside the real reads
+        # (the same bytecode, warmed up as they are), plus one: the current state's tuple.
+        current = _refs([object()], 0) + 1
         if _refs(shared, 0) <= current and _refs(shared, 1) <= current:
             self._shared_tail = None
 
