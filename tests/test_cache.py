@@ -1315,7 +1315,7 @@ def test_a_tile_completed_after_a_rollback_leaves_newer_tail_readers_alone(rng):
 
 def test_a_completed_tile_hands_its_tail_buffers_on_and_later_appends_write_them_in_place(rng):
     """A one-token append that completes a tile gives its tail buffers to the new state (whose tail
-    is empty) rather than allocating a new pair (page faults: ~250 µs a tile on the 2-core box), and
+    is empty) rather than allocating a new pair (page faults: up to ~250 µs a tile on the Zen 3 box), and
     once nothing but the current state holds them, the next appends write into them in place. The
     content is what one append of the same tokens gives."""
     cache, k, v = filled(rng, 2, 64, 128 + 127)  # sink 128, tail 127

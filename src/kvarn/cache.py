@@ -194,7 +194,8 @@ class KVCache:
         n_full = rest // G if self.quantize_on == "fill" else max(0, rest - 1) // G
         if to_sink == 0 and n_full == 0:
             # The common decode step: the tokens go into the tail buffer in place, past tail_len,
-            # where no published state reads (as new records go past num_tiles), so a concurrent
+            # where no published state reads (as new records go past num_tiles; a frozen or shared
+            # pair, which older states may read there, is copied first), so a concurrent
             # attend keeps its snapshot; copying the whole tail per token was O(group) per step.
             # Tail buffers are never shared between caches (copy() - also behind copy.copy/deepcopy -,
             # truncate and from_parts make fresh ones).
@@ -232,7 +233,9 @@ class KVCache:
         # A decode step that completes a tile (left == 0) hands the tail buffers on to the new
         # state, whose tail is empty: nothing is written into them now, and the next write
         # copies them unless no older state can read them any more (_settle_shared_tail). A
-        # fresh pair for every tile cost ~250 µs of page faults per 512 KB on the 2-core box.
+        # fresh zeroed pair for every tile costs up to ~200-250 µs of page faults per 512 KB on the
+        # Zen 3 box where the allocator hands out fresh pages. quantize_on="fill" only: with "next"
+        # the token after a full tail stays in the new tail (left >= 1), which gets fresh buffers.
         reuse_tail = left == 0 and n_full > 0 and tail_k is not self._frozen_tail
         if not reuse_tail:
             # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
