@@ -513,11 +513,14 @@ def test_row_selection_reads_masks_and_rejects_bad_indices():
     assert len(layer.caches) == 2 and layer.caches[0] is c0  # every refusal left the rows as they were
 
 
-def _generate(model, prompt, cache, **kw):
+def _generate(model, prompt, cache, *, with_logits=False, **kw):
+    """40 greedy tokens after prompt; with_logits: also their logits [40, 1, vocab]."""
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False, cache=cache,
-                             pad_token_id=model.config.eos_token_id, **kw)
-    return out[0, len(prompt):].tolist()
+                             pad_token_id=model.config.eos_token_id, output_scores=with_logits,
+                             return_dict_in_generate=True, **kw)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    return (tokens, torch.stack(out.scores)) if with_logits else tokens
 
 
 @pytest.fixture(scope="module")
@@ -541,14 +544,7 @@ def test_assisted_decoding_equals_plain_greedy(smol, smol64, quantize_on, monkey
     model = smol64
     prompt = ids[:250]  # sink 128: the tile of 128..255 fills inside the first drafts
 
-    def generate(cache, **kw):
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False,
-                                 cache=cache, pad_token_id=model.config.eos_token_id, output_scores=True,
-                                 return_dict_in_generate=True, **kw)
-        return out.sequences[0, len(prompt):].tolist(), torch.stack(out.scores)
-
-    plain, plain_logits = generate(KVarNCache(model.config, quantize_on=quantize_on))
+    plain, plain_logits = _generate(model, prompt, KVarNCache(model.config, quantize_on=quantize_on), with_logits=True)
     points = []
     truncation_point = kvarn.KVCache.truncation_point
 
@@ -559,7 +555,7 @@ def test_assisted_decoding_equals_plain_greedy(smol, smol64, quantize_on, monkey
     monkeypatch.setattr(kvarn.KVCache, "truncation_point", spy)
     cache = KVarNCache(model.config, quantize_on=quantize_on, crop_window=256)
     assert cache.is_croppable
-    assisted, assisted_logits = generate(cache, prompt_lookup_num_tokens=10)
+    assisted, assisted_logits = _generate(model, prompt, cache, with_logits=True, prompt_lookup_num_tokens=10)
     assert assisted == plain
     finite = torch.isfinite(plain_logits)
     assert torch.equal(finite, torch.isfinite(assisted_logits))
