@@ -1359,6 +1359,54 @@ def test_tail_buffers_handed_on_by_a_completed_tile_are_copied_while_an_older_st
         np.testing.assert_array_equal(state[5][:, :127].view(np.uint16), seen[4])
 
 
+def test_a_rollback_whose_checkpoint_is_dropped_writes_the_tail_in_place(rng):
+    """The speculative step checkpoint / draft / rollback / accepted tokens: once the checkpoint and
+    the draft's state are dropped, nothing else can read the restored tail past its length, so the
+    accepted tokens go into it in place (copying it cost a tail's worth per step). The content is
+    what appending only the accepted tokens gives."""
+    cache, k, v = filled(rng, 2, 64, 200)  # sink 128, tail 72
+    tail_id = id(cache._state[4])
+    point = cache.checkpoint()
+    cache.append(k[:, :5] * 2, v[:, :5] * 2)  # the draft: slots 72..76 of the same buffers
+    cache.rollback(point)
+    del point
+    cache.append(k[:, 5:8], v[:, 5:8])  # the accepted tokens overwrite slots 72..74
+    assert (cache.tail_len, id(cache._state[4])) == (75, tail_id)
+    once = kvarn.KVCache(2, 64)
+    once.append(np.concatenate([k, k[:, 5:8]], axis=1), np.concatenate([v, v[:, 5:8]], axis=1))
+    assert _state(cache) == _state(once)
+
+
+@pytest.mark.parametrize("holder", ["the checkpoint", "a newer checkpoint", "a reader of the draft"])
+def test_a_rollback_tail_is_copied_while_another_state_is_held(holder, rng):
+    """After a rollback the restored tail buffers stay frozen while anything else holds them: the
+    checkpoint (rolling back to it again must give its content), a newer checkpoint or a reader of
+    the draft (both read the draft's tokens past the restored length)."""
+    cache, k, v = filled(rng, 2, 64, 200)
+    tail_id = id(cache._state[4])
+    point = cache.checkpoint()
+    before = _state(cache)
+    cache.append(k[:, :5] * 2, v[:, :5] * 2)
+    newer = cache.checkpoint() if holder == "a newer checkpoint" else None
+    draft = _state(cache)
+    reader = cache._native_parts() if holder == "a reader of the draft" else None
+    seen = _visible(cache._native_parts())
+    cache.rollback(point)
+    if holder != "the checkpoint":
+        del point
+    cache.append(k[:, 5:8] * 3, v[:, 5:8] * 3)
+    assert cache.tail_len == 75 and id(cache._state[4]) != tail_id  # copied
+    if holder == "the checkpoint":
+        cache.rollback(point)
+        assert _state(cache) == before
+    elif holder == "a newer checkpoint":
+        cache.rollback(newer)
+        assert _state(cache) == draft
+    else:
+        for a, b in zip(_visible(reader), seen):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_rollback_after_a_draft_within_the_tail_copies_no_records(rng):
     """A speculative step whose draft completes no tile leaves the records buffer writable: the next
     completed tile goes into it in place, or into a grown buffer when it is full (copying every

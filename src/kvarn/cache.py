@@ -78,12 +78,13 @@ class KVCache:
         self._record_bytes = self.preset.record_bytes(self.head_dim)
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
         empty = np.zeros((H, 0, D), np.float16)
-        # Buffers a rollback made current again: newer states (checkpoints, or an attend in flight)
-        # may hold content past the restored lengths in them, so the next write copies them first.
-        self._frozen_records = self._frozen_tail = None
-        # [tail_k, tail_v] a completed tile handed to the current state (see _append): older
-        # states may still read them, so they are copied before a write unless nothing else holds them.
-        self._shared_tail = None
+        # A records buffer a rollback made current again: newer states (checkpoints, or an attend in
+        # flight) may hold content past the restored tile count in it, so the next write copies it first.
+        self._frozen_records = None
+        # [tail_k, tail_v] of the current state that other states may read past its tail_len: newer ones
+        # after a rollback, older ones after a completed tile handed the pair on (see _append). The next
+        # write copies them first, unless nothing else holds them any more (_settle_frozen_tail).
+        self._frozen_tail = None
         # The records buffer published last and the most tiles any state has published in it: a
         # rollback within that count leaves the buffer writable (no state reads past it).
         self._records_seen, self._records_high_water = None, 0
@@ -185,7 +186,7 @@ class KVCache:
         n = k.shape[1]
         if n == 0:
             return
-        self._settle_shared_tail()
+        self._settle_frozen_tail()
         state = self._state
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = state
         to_sink = min(n, self.sink_tokens - sink_k.shape[1])
@@ -194,8 +195,8 @@ class KVCache:
         n_full = rest // G if self.quantize_on == "fill" else max(0, rest - 1) // G
         if to_sink == 0 and n_full == 0:
             # The common decode step: the tokens go into the tail buffer in place, past tail_len,
-            # where no published state reads (as new records go past num_tiles; a frozen or shared
-            # pair, which older states may read there, is copied first), so a concurrent
+            # where no published state reads (as new records go past num_tiles; a frozen pair, which
+            # other states may read there, is copied first), so a concurrent
             # attend keeps its snapshot; copying the whole tail per token was O(group) per step.
             # Tail buffers are never shared between caches (copy() - also behind copy.copy/deepcopy -,
             # truncate and from_parts make fresh ones).
@@ -231,12 +232,12 @@ class KVCache:
             self._quantize_rest(records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads, staged)
         left = rest - n_full * G
         # A decode step that completes a tile (left == 0) hands the tail buffers on to the new
-        # state, whose tail is empty: nothing is written into them now, and the next write
-        # copies them unless no older state can read them any more (_settle_shared_tail). A
+        # state, whose tail is empty, frozen: nothing is written into them now, and the next write
+        # copies them unless no other state can read them any more (_settle_frozen_tail). A
         # fresh zeroed pair for every tile costs up to ~200-250 µs of page faults per 512 KB on the
         # Zen 3 box where the allocator hands out fresh pages. quantize_on="fill" only: with "next"
         # the token after a full tail stays in the new tail (left >= 1), which gets fresh buffers.
-        reuse_tail = left == 0 and n_full > 0 and tail_k is not self._frozen_tail
+        reuse_tail = left == 0 and n_full > 0
         if not reuse_tail:
             # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
             new_tail_k, new_tail_v = np.zeros_like(tail_k), np.zeros_like(tail_v)
@@ -252,9 +253,9 @@ class KVCache:
         if n_full:
             if self._frozen_records is not None and records is not self._frozen_records:
                 self._frozen_records = None  # replaced: do not keep the old buffer alive
-        self._frozen_tail = None  # the tail buffers are fresh, or not frozen (above)
-        if reuse_tail:  # marked before they are published, so that no exception can leave them unmarked
-            self._shared_tail = [tail_k, tail_v]
+        # Fresh buffers need no mark; handed-on ones are marked before they are published, so that no
+        # exception can leave them unmarked.
+        self._frozen_tail = [tail_k, tail_v] if reuse_tail else None
         self._publish(
             new_sink_k if new_sink_k is not None else sink_k,
             new_sink_v if new_sink_v is not None else sink_v,
@@ -279,20 +280,19 @@ class KVCache:
         self._staged = None if records is None else (self._state, records)
 
     def _writable_tail(self, tail_k, tail_v):
-        """The tail buffers to write past tail_len: copies of a frozen pair (see rollback), whose slots
-        past the restored length newer states may read, or of a shared pair that older states may
-        read (see _settle_shared_tail); otherwise the buffers themselves."""
-        shared = self._shared_tail
-        if tail_k is self._frozen_tail or (shared is not None and tail_k is shared[0]):
+        """The tail buffers to write past tail_len: copies of a frozen pair, whose slots past tail_len
+        other states may read (see _frozen_tail); otherwise the buffers themselves."""
+        frozen = self._frozen_tail
+        if frozen is not None and tail_k is frozen[0]:
             return tail_k.copy(), tail_v.copy()
         return tail_k, tail_v
 
-    def _settle_shared_tail(self) -> None:
-        """Unmarks the shared tail buffers (see _append) when nothing but the current state holds
-        them: no older state (a checkpoint, an attend in flight) can read them any more, and no
-        new reader can reach an older state, so later appends may write into them in place."""
-        shared = self._shared_tail
-        if shared is None or not _REFCOUNTS_EXACT:
+    def _settle_frozen_tail(self) -> None:
+        """Unfreezes the tail buffers when nothing but the current state holds them: no other state
+        (a checkpoint, an attend in flight, the state before a rollback) can read them any more, and
+        no new reader can reach one, so later appends may write into them in place."""
+        frozen = self._frozen_tail
+        if frozen is None or not _REFCOUNTS_EXACT:
             return
         # The current state's cached views hold the buffers too (the next attend rebuilds them);
         # a reader that has taken them keeps its own reference, and the buffers stay marked.
@@ -300,8 +300,8 @@ class KVCache:
         # What _refs gives for an object that only a list holds, measured here beside the real reads
         # (the same bytecode, warmed up as they are), plus one: the current state's tuple.
         current = _refs([object()], 0) + 1
-        if _refs(shared, 0) <= current and _refs(shared, 1) <= current:
-            self._shared_tail = None
+        if _refs(frozen, 0) <= current and _refs(frozen, 1) <= current:
+            self._frozen_tail = None
 
     # Records per native call when quantising many tiles (a long prompt): bounds the float
     # copies to a few MB whatever the prompt's length.
@@ -426,10 +426,11 @@ class KVCache:
         """Returns the cache to ``checkpoint`` (taken from this cache with ``checkpoint()``); every
         checkpoint of the cache stays usable, in any order. Copies nothing at once: the restored
         buffers are frozen, and the next append that writes into one copies it first (the tail,
-        at most one tile, on the next append; the records on the next completed tile, unless the
-        records buffer is the cache's current one and no newer state completed a tile in it),
-        because newer checkpoints and attend calls in flight may still read them past the
-        restored lengths. A checkpoint of another cache raises ValueError and changes nothing."""
+        at most one tile, on the next append, unless by then nothing else holds it - the checkpoint
+        and every newer state dropped; the records on the next completed tile, unless the records
+        buffer is the cache's current one and no newer state completed a tile in it), because newer
+        checkpoints and attend calls in flight may still read them past the restored lengths. A
+        checkpoint of another cache raises ValueError and changes nothing."""
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"checkpoint: expected a KVCache.checkpoint() result, got {type(checkpoint).__name__}")
         if checkpoint._cache is not self:
@@ -442,7 +443,7 @@ class KVCache:
             # checkpoint / draft / rollback step cost O(context).
             clean = records is self._records_seen and self._records_high_water <= num_tiles
             self._frozen_records = None if clean else records
-            self._frozen_tail = state[4]
+            self._frozen_tail = [state[4], state[5]]  # settled at the next append once the checkpoint is dropped
             self._publish(*state)
 
     def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:
@@ -450,8 +451,8 @@ class KVCache:
         # from self._state and never see new records with an old count or the reverse.
         self._state = (sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len)
         self._staged = None  # see _set_staged
-        if self._shared_tail is not None and tail_k is not self._shared_tail[0]:
-            self._shared_tail = None  # a state with other tail buffers: nothing to settle
+        if self._frozen_tail is not None and tail_k is not self._frozen_tail[0]:
+            self._frozen_tail = None  # a state with other tail buffers
         if records is self._frozen_records:
             self._records_seen = None  # restored by a rollback: what other states hold in it is unknown
         elif records is self._records_seen:
@@ -595,9 +596,9 @@ class KVCache:
         new = object.__new__(type(self))  # a subclass copies into its own type
         new.__dict__.update({k: v for k, v in self.__dict__.items()
                              if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail",
-                                          "_shared_tail", "_records_seen", "_records_high_water")})
+                                          "_records_seen", "_records_high_water")})
         new._append_lock = threading.Lock()
-        new._frozen_records = new._frozen_tail = new._shared_tail = None
+        new._frozen_records = new._frozen_tail = None
         new._records_seen, new._records_high_water = None, 0
         new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),
                      tail_len)
