@@ -7,7 +7,6 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <utility>
 
 #include "dispatch.h"
 #include "kvarn/kvarn.h"
@@ -120,12 +119,22 @@ std::atomic<const KernelTable*> g_active{nullptr};
 // and kvarn_isa_error hands each reader its own copy (a pointer into g_error would dangle).
 std::mutex g_error_mu;
 std::string g_error;
+std::atomic<bool> g_error_lost{false};  // the last message could not be stored (out of memory)
 std::once_flag g_init;
+constexpr const char* kErrorLost = "out of memory while describing an ISA error";
 
-void set_error(std::string text)
+// g_error = a + b + c. Never throws: it runs inside extern "C" entry points and call_once,
+// where an escaping bad_alloc would terminate the interpreter.
+void set_error(const char* a, const char* b = "", const char* c = "") noexcept
 {
-    std::lock_guard<std::mutex> lk(g_error_mu);
-    g_error = std::move(text);
+    try {
+        std::string text = std::string(a) + b + c;
+        std::lock_guard<std::mutex> lk(g_error_mu);
+        g_error.swap(text);
+        g_error_lost = false;
+    } catch (...) {
+        g_error_lost = true;
+    }
 }
 
 void initialise()
@@ -137,8 +146,8 @@ void initialise()
             g_active = t;
             return;
         }
-        set_error(known_name(forced) ? std::string("KVARN_ISA=") + forced + " is not supported by this CPU/build"
-                                     : std::string("KVARN_ISA=") + forced + " is not a known ISA (scalar, avx2, avx512)");
+        set_error("KVARN_ISA=", forced,
+                  known_name(forced) ? " is not supported by this CPU/build" : " is not a known ISA (scalar, avx2, avx512)");
         g_active = nullptr;  // kvarn_active_isa reports the error; kernels refuse to run
         return;
     }
@@ -221,11 +230,11 @@ int kvarn_set_isa(const char* name)
     kvarn::active_kernels();  // run initialisation first so it cannot overwrite this choice
     const kvarn::KernelTable* t = kvarn::table_for(name);
     if (!t) {
-        kvarn::set_error(kvarn::known_name(name) ? std::string(name) + " is not supported by this CPU/build"
-                                                 : std::string(name ? name : "(null)") + " is not a known ISA");
+        kvarn::set_error(name ? name : "(null)",
+                         kvarn::known_name(name) ? " is not supported by this CPU/build" : " is not a known ISA");
         return KVARN_ERR_ISA;
     }
-    kvarn::set_error(std::string());
+    kvarn::set_error("");
     kvarn::g_active = t;
     return KVARN_OK;
 }
@@ -261,9 +270,12 @@ const char* kvarn_isa_error(void)
 {
     kvarn::active_kernels();
     thread_local std::string copy;  // this thread's snapshot: valid until its next call
-    {
+    try {
         std::lock_guard<std::mutex> lk(kvarn::g_error_mu);
+        if (kvarn::g_error_lost) return kvarn::kErrorLost;
         copy = kvarn::g_error;
+    } catch (...) {  // the copy's allocation: no exception may leave a C entry point
+        return kvarn::kErrorLost;
     }
     return copy.c_str();
 }

@@ -2,11 +2,13 @@
 //   cmake -S . -B build-asan -DKVARN_SANITIZE=ON && cmake --build build-asan -j2 &&
 //   for isa in scalar avx2 avx512; do KVARN_ISA=$isa build-asan/native/cpu/kvarn_native_test; done
 // Exercises every kernel at sizes that break vector tails, and the argument checks.
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -16,6 +18,17 @@
 #include "kvarn/kvarn.h"
 
 static int failures = 0;
+
+// Allocation failure on demand: every global operator new of this program throws while armed.
+static std::atomic<bool> g_fail_alloc{false};
+void* operator new(std::size_t n)
+{
+    if (g_fail_alloc.load()) throw std::bad_alloc();
+    if (void* p = std::malloc(n ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 #define CHECK(cond)                                                       \
     do {                                                                  \
         if (!(cond)) {                                                    \
@@ -111,6 +124,22 @@ int main()
     empty.head_dim = 16;
     CHECK(kvarn_attend(&empty, 1, x, 1, 1.f, x, 1) == KVARN_ERR_ARGUMENT);  // no tokens
     CHECK(kvarn_set_isa("sse9") == KVARN_ERR_ISA);
+    {
+        // No exception leaves a C entry point, even when an error's text cannot be allocated.
+        g_fail_alloc = true;
+        const int rc = kvarn_set_isa("an-isa-name-longer-than-any-short-string-buffer");
+        const std::string text = (g_fail_alloc = false, kvarn_isa_error());  // copied unarmed
+        CHECK(rc == KVARN_ERR_ISA);
+        CHECK(text.find("out of memory") != std::string::npos);
+        const std::string longer(300, 'x');  // longer than any text copied so far: the copy must allocate
+        CHECK(kvarn_set_isa(longer.c_str()) == KVARN_ERR_ISA);
+        g_fail_alloc = true;
+        const char* copy_failed = kvarn_isa_error();
+        g_fail_alloc = false;
+        CHECK(std::strstr(copy_failed, "out of memory") != nullptr);
+        CHECK(kvarn_set_isa(kvarn_active_isa()) == KVARN_OK);  // a later error text is stored again
+        CHECK(kvarn_set_isa("sse9") == KVARN_ERR_ISA && std::strstr(kvarn_isa_error(), "sse9") != nullptr);
+    }
     {
         // kvarn_quantize_tiles_typed: fp16 input, and float32 rounded to fp16 on the way in, give the
         // records of float32 input holding the fp16 values; an unknown input type is an argument error.
