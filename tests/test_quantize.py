@@ -312,6 +312,16 @@ def test_from_bytes_rejects_corruption(rng):
             bad[off : off + 2] = np.array([value], np.float16).tobytes()
             with pytest.raises(ValueError, match=f"field {field} must be positive"):
                 kvarn.Tile.from_bytes(bytes(bad))
+    # ka and va (r·scale) must not be negative (the integer value sums assume p·va >= 0); zero is fp16's
+    # rounding of a tiny product and is accepted.
+    for field in ("ka", "va"):
+        bad = bytearray(data)
+        off = layout[field] + kvarn.tile._HEADER.size + 2 * 7
+        bad[off : off + 2] = np.array([-1.5], np.float16).tobytes()
+        with pytest.raises(ValueError, match=f"field {field} must not be negative"):
+            kvarn.Tile.from_bytes(bytes(bad))
+        bad[off : off + 2] = np.array([0.0], np.float16).tobytes()
+        kvarn.Tile.from_bytes(bytes(bad))
     # Garbage after a valid header: either rejected with ValueError, or a record whose scales are
     # all finite (kt, vc > 0) and that dequantises to finite values -- never a crash.
     header = data[: kvarn.tile._HEADER.size]
@@ -408,6 +418,22 @@ def test_tile_describing_fields_are_read_only_and_native_buffers_are_checked(rng
         kvarn._native.quantize_tiles(k, k[:2].copy(), 4, 2, 8, np.zeros((3, 10), np.uint8), 1)
     with pytest.raises(ValueError, match="records buffer does not fit"):
         kvarn._native.quantize_tiles(k, k.copy(), 4, 2, 8, np.zeros((3, 10), np.uint8), 1)
+    # Records start 2-byte aligned (their fp16 fields are read as uint16): a view one byte in is refused.
+    size = kvarn._native.record_layout(4, 2, 128, 64)["total"]
+    odd = np.zeros(3 * size + 1, np.uint8)[1:].reshape(3, size)
+    for call in (lambda: kvarn._native.quantize_tiles(k, k.copy(), 4, 2, 8, odd, 1),
+                 lambda: kvarn._native.quantize_tiles_f16(*(np.zeros((3, 128, 64), np.uint16),) * 2, 4, 2, 8, odd, 1),
+                 lambda: kvarn._native.dequantize_tiles(odd, 4, 2, k, k.copy())):
+        with pytest.raises(ValueError, match="not 2-byte aligned"):
+            call()
+    cache = kvarn.KVCache(1, 64, sink_tokens=0)
+    cache.append(kv_like(rng, (1, 128, 64)), kv_like(rng, (1, 128, 64)))
+    parts = dict(cache._native_parts())
+    shifted = np.zeros(parts["records"].nbytes + 1, np.uint8)[1:].reshape(parts["records"].shape)
+    shifted[:] = parts["records"]
+    parts["records"] = shifted
+    with pytest.raises(ValueError, match="cache view: records buffer is not 2-byte aligned"):
+        kvarn._native.attend([parts], np.zeros((1, 1, 64), np.float32), 0.125, np.zeros((1, 1, 64), np.float32), 1)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -111,6 +111,7 @@ def quantize_tiles(const float[:, :, ::1] k, const float[:, :, ::1] v, int kbits
     _check_tiles(k.shape, v.shape, records.shape, kbits, vbits, "quantize_tiles")
     if n == 0:
         return 0, -1
+    _check_records_aligned(&records[0, 0], "quantize_tiles")
     with nogil:
         rc = kvarn_quantize_tiles_typed(&k[0, 0, 0], &v[0, 0, 0], input_type, n, kbits, vbits, <int32_t>k.shape[1],
                                         <int32_t>k.shape[2], iters, &records[0, 0], num_threads, &bad)
@@ -126,6 +127,7 @@ def quantize_tiles_f16(const uint16_t[:, :, ::1] k, const uint16_t[:, :, ::1] v,
     _check_tiles(k.shape, v.shape, records.shape, kbits, vbits, "quantize_tiles_f16")
     if n == 0:
         return 0, -1
+    _check_records_aligned(&records[0, 0], "quantize_tiles_f16")
     with nogil:
         rc = kvarn_quantize_tiles_typed(&k[0, 0, 0], &v[0, 0, 0], KVARN_INPUT_F16, n, kbits, vbits,
                                         <int32_t>k.shape[1], <int32_t>k.shape[2], iters, &records[0, 0],
@@ -142,10 +144,19 @@ def dequantize_tiles(const uint8_t[:, ::1] records, int kbits, int vbits,
         raise ValueError("dequantize_tiles: records do not match the output buffers' format")
     if n == 0:
         return 0
+    _check_records_aligned(&records[0, 0], "dequantize_tiles")
     with nogil:
         rc = kvarn_dequantize_tiles(&records[0, 0], n, kbits, vbits, <int32_t>k.shape[1],
                                     <int32_t>k.shape[2], &k[0, 0, 0], &v[0, 0, 0])
     return rc
+
+
+cdef int _check_records_aligned(const uint8_t* records, str what) except -1:
+    """Records hold fp16 fields read as uint16: the C ABI requires 2-byte alignment (numpy's own
+    allocations have it; a view starting at an odd byte does not)."""
+    if (<size_t>records) % 2:
+        raise ValueError(what + ": records buffer is not 2-byte aligned")
+    return 0
 
 
 cdef int _check_tiles(Py_ssize_t* k, Py_ssize_t* v, Py_ssize_t* records, int kbits, int vbits, str what) except -1:
@@ -202,6 +213,8 @@ cdef int fill_view(kvarn_cache_view* c, dict parts) except -1:
     c.sink_row_stride = sk.shape[2]
     c.num_tiles = parts["num_tiles"]
     c.records = &rec[0, 0, 0] if rec.size else NULL
+    if rec.size:
+        _check_records_aligned(c.records, "cache view")
     c.record_tile_stride = rec.shape[1] * rec.shape[2]
     c.record_head_stride = rec.shape[2]
     c.tail_len = parts["tail_len"]

@@ -204,6 +204,10 @@ class Tile:
                     raise ValueError(f"{argname}: corrupt tile record: field {name} holds NaN or Inf")
                 if name in ("kt", "vc") and not (vals > 0).all():
                     raise ValueError(f"{argname}: corrupt tile record: field {name} must be positive")
+                # r·scale (SPEC §5): never negative (fp16 may round it to 0); the integer value sums
+                # assume non-negative weights p·va.
+                if name in ("ka", "va") and not (vals >= 0).all():
+                    raise ValueError(f"{argname}: corrupt tile record: field {name} must not be negative")
         return tile
 
     def __repr__(self) -> str:
