@@ -933,6 +933,17 @@ def test_fp16_cache_appends_from_threads_lose_nothing(rng):
     assert len(cache) == 4200 and (k == 1).all(axis=(0, 2)).sum() == 2100 and (k == 2).all(axis=(0, 2)).sum() == 2100
 
 
+def test_fp16_cache_keys_values_are_read_only(rng):
+    """Appends write past len in place: views of the live buffers must not let anyone change what later
+    attends read."""
+    cache = kvarn.FP16Cache(2, 64)
+    cache.append(*(rng.standard_normal((2, 5, 64)).astype(np.float32),) * 2)
+    for view in cache.keys_values():
+        assert view.shape == (2, 5, 64) and not view.flags.writeable
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            view.flags.writeable = True
+
+
 def test_forked_child_attends_after_the_pool_ran(tmp_path):
     """A child fork()ed after the thread pool has run gets a pool of its own; it used to hang on the
     parent's condition variable (multiprocessing's fork start method does this fork)."""
@@ -1072,6 +1083,21 @@ def test_quantize_on_next_quantises_each_tile_once(rng, monkeypatch):
 def test_quantize_on_rejects_unknown_policy():
     with pytest.raises(ValueError, match="quantize_on"):
         kvarn.KVCache(2, 64, quantize_on="later")
+    with pytest.raises(TypeError, match="quantize_on"):
+        kvarn.KVCache(2, 64, quantize_on=np.array(["fill", "next"]))
+
+
+def test_records_view_cannot_be_made_writeable(rng):
+    """attend trusts the records that append or from_parts checked: the public view must not let
+    anyone write a NaN scale into the live cache (numpy lets a cleared writeable flag be set again
+    on a view of a writeable buffer)."""
+    cache, _, _ = filled(rng, 2, 64, 128 + 2 * 128 + 5)
+    view = cache.records
+    assert view.shape[0] == 2 and not view.flags.writeable
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        view.flags.writeable = True
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        view[:1].view().flags.writeable = True
 
 
 @pytest.mark.parametrize("quantize_on", ["fill", "next"])

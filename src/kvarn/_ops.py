@@ -237,6 +237,12 @@ def active_isa() -> str:
     return _native.active_isa()
 
 
+def read_only(buffer: np.ndarray) -> np.ndarray:
+    """buffer (C-contiguous) seen through a read-only memoryview: unlike a view with its writeable flag
+    cleared, whose flag numpy lets anyone set again, no view of it can be made writeable."""
+    return np.frombuffer(memoryview(buffer).toreadonly(), buffer.dtype).reshape(buffer.shape)
+
+
 def check_choice(value, argname: str, choices: tuple, what: str) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{argname}: expected a str, one of {list(choices)}; got {type(value).__name__}")

@@ -68,8 +68,7 @@ class KVCache:
         quantize_on: str = "fill",
     ):
         self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
-        if quantize_on not in QUANTIZE_ON:
-            raise ValueError(f"quantize_on: expected one of {QUANTIZE_ON}, got {quantize_on!r}")
+        _ops.check_choice(quantize_on, "quantize_on", QUANTIZE_ON, "mode")
         self.quantize_on = quantize_on
         self.head_dim = check_head_dim(head_dim)
         self.preset = get_preset(preset)
@@ -162,11 +161,9 @@ class KVCache:
     @property
     def records(self) -> np.ndarray:
         """The quantised tiles' records, uint8 [num_tiles, num_kv_heads, record_bytes] (a read-only
-        view: attention trusts what append or from_parts checked)."""
+        view that cannot be made writeable: attention trusts what append or from_parts checked)."""
         state = self._state
-        view = state[2][: state[3]]
-        view.flags.writeable = False
-        return view
+        return _ops.read_only(state[2])[: state[3]]
 
     # ---- append --------------------------------------------------------------
     def append(self, k, v, *, num_threads=None) -> None:

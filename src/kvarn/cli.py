@@ -6,8 +6,12 @@ import os
 import sys
 
 
-def int_at_least(minimum: int):
-    """An argparse type: an int >= minimum (argparse names the option in its error)."""
+# kvarn._ops.MAX_THREADS, repeated so that parsing arguments loads no native module.
+MAX_THREADS = 4096
+
+
+def int_at_least(minimum: int, maximum: int | None = None):
+    """An argparse type: an int in [minimum, maximum] (argparse names the option in its error)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -15,6 +19,8 @@ def int_at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
     return parse
 
@@ -58,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--synthetic", action="store_true", help="use the synthetic sample even if a real one ships")
     demo.add_argument("--queries", type=int_at_least(1), default=8, help="query positions per layer for the error")
     demo.add_argument("--repeats", type=int_at_least(1), default=5, help="timed runs per measurement (median)")
-    demo.add_argument("--threads", type=int_at_least(0), default=None, help="native threads (default, 0: all cores)")
+    demo.add_argument("--threads", type=int_at_least(0, MAX_THREADS), default=None, help="native threads (default, 0: all cores)")
     demo.set_defaults(func=_cmd_demo)
     info = sub.add_parser("info", help="ISAs, threads, presets, CUDA")
     info.set_defaults(func=_cmd_info)

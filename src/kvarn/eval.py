@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from .cli import int_at_least
+from .cli import MAX_THREADS, int_at_least
 
 PAPER_PRESETS = ("k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128")
 BASELINE_BITS = ((4, 2), (4, 4), (2, 2))
 TURBOQUANT_BITS = (3, 4)
+# Method.family values (build_methods), as --gen-methods names them.
+METHOD_FAMILIES = ("fp16", "kvarn", "kvarn-ref", "kivi", "rotation-only", "normalisation-only", "turboquant")
 
 
 @dataclass
@@ -355,7 +358,7 @@ def add_eval_parser(subparsers):
                    help="real decode steps (KVarNCache) compared with pseudo-decode per preset (0: skip)")
     p.add_argument("--decode-prefix", type=int, default=1024, help="prefill length before those steps")
     p.add_argument("--out", default="kvarn_eval", help="output folder for results.json and kl_vs_bits.png")
-    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch and kvarn threads")
+    p.add_argument("--threads", type=int_at_least(1, MAX_THREADS), default=None, help="torch and kvarn threads")
     p.set_defaults(func=run_eval)
     return p
 
@@ -378,10 +381,22 @@ def _check_args(args):
         raise ValueError(f"--presets: unknown {bad or 'empty list'}; choose from {sorted(kvarn.PRESETS)}")
     if args.model not in MODELS:
         raise ValueError(f"--model: unknown model {args.model!r}; choose one of {sorted(MODELS)}")
+    families = [f for f in args.gen_methods.split(",") if f]
+    bad = [f for f in families if f not in METHOD_FAMILIES]
+    if args.gen_methods != "all" and (bad or not families):
+        raise ValueError(f"--gen-methods: unknown {bad or 'empty list'}; choose from {list(METHOD_FAMILIES)} or 'all'")
     if args.decode_steps == 1:
         raise ValueError("--decode-steps: use 0 (skip) or at least 2 (one scored position needs a next token)")
     if args.decode_steps and args.decode_prefix + args.decode_steps > args.tokens:
         raise ValueError("--decode-prefix + --decode-steps: must not exceed --tokens")
+    # Last (it creates the folder): the results are written after the whole run, so an unusable
+    # folder must fail now, not then.
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=args.out):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out: cannot write into the folder {args.out!r}: {e.strerror or e}") from None
 
 
 def run_eval(args) -> int:

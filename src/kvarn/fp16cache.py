@@ -94,9 +94,9 @@ class FP16Cache:
         return self.copy()
 
     def keys_values(self):
-        """(K, V) float16 [num_kv_heads, len, head_dim] views."""
+        """(K, V) float16 [num_kv_heads, len, head_dim] read-only views (appends write past len in place)."""
         kbuf, vbuf, length = self._state
-        return kbuf[:, :length], vbuf[:, :length]
+        return _ops.read_only(kbuf)[:, :length], _ops.read_only(vbuf)[:, :length]
 
     def _native_parts(self) -> dict:
         # Built once per state, as KVCache does: same per-call Python cost on both paths.
