@@ -675,6 +675,33 @@ def test_pseudo_decode_mask_matches_the_cache_rule():
             assert (m[p, t], m[p, T + t], m[p, 2 * T + t]) == (want_q, want_exact16, want_exact32), (p, t)
 
 
+@pytest.mark.parametrize("quantize_on", ["next", "fill"])
+def test_baselines_generation_cache_follows_the_quantize_on_rule(quantize_on):
+    """kvarn eval generates with the baselines through a simulated cache: it must quantise a tile when
+    KVCache's rule does (under "next" a full tile waits for the next token; KVarNCache generates so),
+    and the fp16 method must quantise nothing (it crashed there)."""
+    import types
+
+    G, S, H, D = 64, 4, 2, 16
+    marked = kev.Method("marked", "kivi", 4, 2, G, 3.0, lambda k, v: (np.full_like(k, 7.0), np.full_like(v, 7.0)))
+    fp16 = kev.build_methods(D, presets=(), baselines=False, group=G)[0]
+    assert (fp16.family, fp16.quantize, fp16.group) == ("fp16", None, G)
+    config = types.SimpleNamespace(num_hidden_layers=1, layer_types=["full_attention"])
+    SimQuantCache = kev._sim_cache_class()
+    x = torch.randn(1, H, S + G + 1, D)
+    for method in (marked, fp16):
+        layer = SimQuantCache(config, method, S, quantize_on).layers[0]
+        layer.update(x[:, :, : S + G], x[:, :, : S + G])  # prefill: sink + one full tile
+        tile_quantised = bool((layer.keys[:, :, S : S + G] == 7.0).all())
+        assert tile_quantised == (quantize_on == "fill" and method is marked)
+        k, v = layer.update(x[:, :, S + G :], x[:, :, S + G :])  # the next token
+        assert bool((k[:, :, S : S + G] == 7.0).all()) == (method is marked)
+        np.testing.assert_array_equal(k[:, :, :S].numpy(), x[:, :, :S].half().float().numpy())  # sink exact
+        np.testing.assert_array_equal(k[:, :, S + G :].numpy(), x[:, :, S + G :].half().float().numpy())
+        if method is fp16:
+            np.testing.assert_array_equal(k.numpy(), x.half().float().numpy())
+
+
 def test_bad_arguments_are_named(smol):
     model, _, _ = smol
     with pytest.raises(ValueError, match="preset"):

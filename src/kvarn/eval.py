@@ -2,9 +2,9 @@
 
 Pseudo-decode: one teacher-forced forward over the text in which every attention layer lets each
 query position p see exactly what a decode-time kvarn cache holds when token p is decoded:
-the sink (exact, fp16), every tile completed by then in quantised form (a tile is quantised the
-moment it fills, so a tile's last token already sees its own tile quantised), and the rest of its
-own tile exact (fp16). Keys are quantised after RoPE, as the cache stores them. Errors compound
+the sink (exact, fp16), every tile completed before its own in quantised form, and its own tile
+exact (fp16) — ``--quantize-on next``, the default; with ``fill`` a tile is quantised the moment it
+fills, so its last token sees its own tile quantised (KVCache's default, SPEC §7). Keys are quantised after RoPE, as the cache stores them. Errors compound
 through the layers as they do in decoding. KVarN presets use kvarn's C++ quantiser
 (``kvarn.quantize_tile``/``dequantize_tile``); baselines come from ``kvarn.eval_quantizers``.
 
@@ -213,9 +213,10 @@ def _sim_cache_class():
     from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
     class SimQuantLayer(DynamicLayer):
-        def __init__(self, method, sink):
+        def __init__(self, method, sink, quantize_on):
             super().__init__()
             self.method, self.sink = method, sink
+            self.full_tail_waits = 1 if quantize_on == "next" else 0  # KVCache's rule: a full tail stays exact until the next token
 
         def update(self, key_states, value_states, *args, **kwargs):
             first = not self.is_initialized or self.keys.numel() == 0
@@ -230,7 +231,9 @@ def _sim_cache_class():
                 self.raw_k = torch.cat([self.raw_k, raw_k], -2)
                 self.raw_v = torch.cat([self.raw_v, raw_v], -2)
             G, S, T = self.method.group, self.sink, self.raw_k.shape[-2]
-            n = max(0, T - S) // G
+            n = max(0, T - S - self.full_tail_waits) // G
+            if self.method.quantize is None:  # the fp16 cache: nothing quantised
+                n = 0
             if n > self.done:
                 B, H, _, D = self.raw_k.shape
                 sl = slice(S + self.done * G, S + n * G)
@@ -253,10 +256,10 @@ def _sim_cache_class():
             return self.keys, self.values
 
     class SimQuantCache(Cache):
-        def __init__(self, config, method, sink):
+        def __init__(self, config, method, sink, quantize_on):
             types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
             super().__init__(layers=[
-                SimQuantLayer(method, sink) if t == "full_attention" else DynamicSlidingWindowLayer(config.sliding_window)
+                SimQuantLayer(method, sink, quantize_on) if t == "full_attention" else DynamicSlidingWindowLayer(config.sliding_window)
                 for t in types
             ])
 
@@ -463,11 +466,12 @@ def run_eval(args) -> int:
                     cache = KVarNCache(model.config, preset=m.preset, sink_tokens=args.sink,
                                        quantize_on=args.quantize_on)
                 else:
-                    cache = SimQuantCache(cfg, m, args.sink)
+                    cache = SimQuantCache(cfg, m, args.sink, args.quantize_on)
                 outs.append(greedy(model, p, args.gen_tokens, cache))
             m.results["generation"] = {
                 "identical_prefix": [identical_prefix(a, b) for a, b in zip(outs, ref_gen)],
-                "cache": "KVarNCache (kvarn.attend)" if m.family == "kvarn" else "simulated (dequantised tiles)",
+                "cache": ("KVarNCache (kvarn.attend)" if m.family == "kvarn" else "fp16 (nothing quantised)"
+                          if m.quantize is None else "simulated (dequantised tiles)"),
             }
             bar.update()
         gen = {"prompts": len(prompts), "prompt_tokens": args.gen_prompt_tokens, "new_tokens": args.gen_tokens,
