@@ -291,20 +291,28 @@ def identical_prefix(a, b) -> int:
 # ---- real decode path vs pseudo-decode ----------------------------------------------------
 def decode_path_logits(model, ids, prefix, steps, preset, sink, quantize_on="fill"):
     """Prefill ``prefix`` tokens into a KVarNCache, then teacher-force ``steps`` tokens one at a time
-    through kvarn.attend. Returns logits [steps, V] for positions prefix .. prefix+steps-1."""
-    import torch
-
-    from .integrations.transformers import KVarNCache, cache_kwargs
+    through kvarn.attend. Returns (logits [steps, V] for positions prefix .. prefix+steps-1, the cache)."""
+    from .integrations.transformers import KVarNCache
 
     cache = KVarNCache(model.config, preset=preset, sink_tokens=sink, quantize_on=quantize_on)
+    return stepwise_logits(model, ids, prefix, steps, cache), cache
+
+
+def stepwise_logits(model, ids, prefix, steps, cache):
+    """Logits [steps, V] of positions prefix .. prefix+steps-1: ``prefix`` tokens prefilled into
+    ``cache`` (any transformers cache), then one token per forward (teacher-forced)."""
+    import torch
+
+    from .integrations.transformers import cache_kwargs
+
     kw = cache_kwargs(model, cache)
     rows = []
     with torch.no_grad():
-        out = model(torch.tensor([ids[:prefix]]), use_cache=True, **kw)
+        model(torch.tensor([ids[:prefix]]), use_cache=True, **kw)
         for i in range(prefix, prefix + steps):
             out = model(torch.tensor([[ids[i]]]), use_cache=True, **kw)
             rows.append(out.logits[0, -1].float())
-    return torch.stack(rows), cache
+    return torch.stack(rows)
 
 
 # ---- the command --------------------------------------------------------------------------
