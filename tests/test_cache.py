@@ -3,7 +3,7 @@ import pickle
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvarn
@@ -1223,14 +1223,17 @@ def _visible(parts):
             parts["tail_k"][:, :t].copy(), parts["tail_v"][:, :t].copy())
 
 
-@given(st.lists(st.tuples(st.sampled_from(["append", "append1", "checkpoint", "rollback", "truncate"]),
-                          st.integers(0, 2**16)), min_size=1, max_size=14),
+@given(st.lists(st.tuples(st.sampled_from(["append", "append1", "append1", "append1", "checkpoint", "checkpoint",
+                                           "rollback", "rollback", "truncate", "read", "read", "drop", "release"]),
+                          st.integers(0, 2**16)), min_size=1, max_size=30),
        st.sampled_from(["fill", "next"]), st.integers(0, 2**32 - 1))
+@settings(max_examples=300)  # a write in place after a rollback needs a drop, a rollback and an append in turn
 def test_rollback_returns_exactly_to_the_checkpoint(ops, quantize_on, seed):
     """Random appends / truncates / checkpoints / rollbacks (to any checkpoint, in any order): after
     every step the cache equals, byte for byte, a fresh cache that got its token history in one
     append. And no step ever writes into what an earlier state's reader (an attend in flight, a
-    checkpoint) reads: every state's visible content is unchanged at the end."""
+    checkpoint) reads: every held reader's visible content is unchanged at the end. Dropped
+    checkpoints and readers let appends write restored or handed-on tail buffers in place."""
     rng = np.random.default_rng(seed)
     k = kv_like(rng, (2, POOL, 64))
     v = rng.standard_normal((2, POOL, 64)).astype(np.float32)
@@ -1259,16 +1262,26 @@ def test_rollback_returns_exactly_to_the_checkpoint(ops, quantize_on, seed):
         elif op == "rollback" and checkpoints:
             checkpoint, history = checkpoints[x % len(checkpoints)]
             cache.rollback(checkpoint)
+            del checkpoint
+        elif op == "read":  # an attend in flight holding this state's parts
+            parts = cache._native_parts()
+            readers.append((parts, _visible(parts)))
+            del parts
+        elif op == "drop" and checkpoints:
+            checkpoints.pop(x % len(checkpoints))
+        elif op == "release" and readers:
+            readers.pop(x % len(readers))
         assert len(cache) == len(history)
         assert _state(cache) == _state(fresh(history))
-        parts = cache._native_parts()
-        readers.append((parts, _visible(parts)))
     for parts, seen in readers:
         for now, then in zip(_visible(parts), seen):
             np.testing.assert_array_equal(now, then)
     q = rng.standard_normal((4, 64)).astype(np.float32)
     if history:
         np.testing.assert_array_equal(kvarn.attend(q, cache), kvarn.attend(q, fresh(history)))
+    for checkpoint, history in checkpoints:  # every held checkpoint still returns exactly
+        cache.rollback(checkpoint)
+        assert _state(cache) == _state(fresh(history))
 
 
 def test_rollback_keeps_newer_readers_snapshots(rng):
@@ -1403,11 +1416,12 @@ def test_a_rollback_whose_checkpoint_is_dropped_writes_the_tail_in_place(rng):
     assert _state(cache) == _state(once)
 
 
-@pytest.mark.parametrize("holder", ["the checkpoint", "a newer checkpoint", "a reader of the draft"])
+@pytest.mark.parametrize("holder", ["the checkpoint", "a newer checkpoint", "a reader of the draft",
+                                    "the draft's tail_v alone"])
 def test_a_rollback_tail_is_copied_while_another_state_is_held(holder, rng):
     """After a rollback the restored tail buffers stay frozen while anything else holds them: the
     checkpoint (rolling back to it again must give its content), a newer checkpoint or a reader of
-    the draft (both read the draft's tokens past the restored length)."""
+    the draft (both read the draft's tokens past the restored length), or a view of one of them."""
     cache, k, v = filled(rng, 2, 64, 200)
     tail_id = id(cache._state[4])
     point = cache.checkpoint()
@@ -1417,6 +1431,7 @@ def test_a_rollback_tail_is_copied_while_another_state_is_held(holder, rng):
     draft = _state(cache)
     reader = cache._native_parts() if holder == "a reader of the draft" else None
     seen = _visible(cache._native_parts())
+    draft_v = cache._native_parts()["tail_v"][:, :77] if holder == "the draft's tail_v alone" else None
     cache.rollback(point)
     if holder != "the checkpoint":
         del point
@@ -1428,9 +1443,11 @@ def test_a_rollback_tail_is_copied_while_another_state_is_held(holder, rng):
     elif holder == "a newer checkpoint":
         cache.rollback(newer)
         assert _state(cache) == draft
-    else:
+    elif holder == "a reader of the draft":
         for a, b in zip(_visible(reader), seen):
             np.testing.assert_array_equal(a, b)
+    else:
+        np.testing.assert_array_equal(draft_v, seen[4])
 
 
 def test_rollback_after_a_draft_within_the_tail_copies_no_records(rng):
@@ -1512,6 +1529,23 @@ def test_parts_round_trip(quantize_on, n, rng):
     assert _state(back) == _state(cache)
     parts["records"][...] = 0  # copies: the cache is not affected
     assert _state(cache) == _state(back)
+
+
+def test_from_parts_takes_parts_in_any_memory_order(rng):
+    """Parts in Fortran order (or other non-C layouts numpy can hand over) give the same cache: the
+    records view and attend read C-ordered buffers (records raised BufferError, attend ValueError)."""
+    cache = kvarn.KVCache(2, 64, sink_tokens=100)
+    cache.append(kv_like(rng, (2, 600, 64)), rng.standard_normal((2, 600, 64)).astype(np.float32))
+    parts = {k: np.asfortranarray(v) if isinstance(v, np.ndarray) else v for k, v in cache.to_parts().items()}
+    assert not parts["records"].flags.c_contiguous and not parts["sink_k"].flags.c_contiguous
+    back = kvarn.KVCache.from_parts(**parts)
+    assert _state(back) == _state(cache)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(kvarn.attend(q, back), kvarn.attend(q, cache))
+    more = kv_like(rng, (2, 30, 64))
+    back.append(more, more)
+    cache.append(more, more)
+    assert _state(back) == _state(cache)
 
 
 def _parts(rng, n=600):

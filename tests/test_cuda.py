@@ -948,6 +948,8 @@ def test_review_s18_plan_scale_out_checks_on_gpu():
         other.attend(q, plan=plan)
     with pytest.raises(AttributeError):
         plan.batch = 9
+    with pytest.raises(ValueError, match="WRITEABLE"):  # the stale-plan check compares these lengths
+        plan.lengths.flags.writeable = True
     with pytest.raises(AttributeError):
         cache.num_kv_heads = 1
     with pytest.raises(ValueError, match="^q: max \\|q\\| x \\|scale\\|"):

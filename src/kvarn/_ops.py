@@ -240,6 +240,8 @@ def active_isa() -> str:
 def read_only(buffer: np.ndarray) -> np.ndarray:
     """buffer (C-contiguous) seen through a read-only memoryview: unlike a view with its writeable flag
     cleared, whose flag numpy lets anyone set again, no view of it can be made writeable."""
+    if not buffer.flags.c_contiguous:
+        raise ValueError("read_only: the buffer must be C-contiguous")
     return np.frombuffer(memoryview(buffer).toreadonly(), buffer.dtype).reshape(buffer.shape)
 
 

@@ -535,8 +535,9 @@ class KVCache:
             staged = cache._stage_full_tail(tail_k16, tail_v16, tail_len, tiles, None)
         except ValueError as e:
             raise ValueError(f"tail_k, tail_v: {e}") from None
-        cache._publish(np.array(parts["sink_k"], np.float16), np.array(parts["sink_v"], np.float16),
-                       np.array(records, np.uint8), tiles, tail_k16, tail_v16, tail_len)
+        # C order whatever the parts' order: the native views, records and in-place appends assume it.
+        cache._publish(np.array(parts["sink_k"], np.float16, order="C"), np.array(parts["sink_v"], np.float16, order="C"),
+                       np.array(records, np.uint8, order="C"), tiles, tail_k16, tail_v16, tail_len)
         cache._set_staged(staged)
         return cache
 

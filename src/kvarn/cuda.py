@@ -23,7 +23,7 @@ import functools
 import numpy as np
 
 from ._ops import (DEFAULT_PRESET, FLOAT32_MAX, SINKHORN_ITERS, check_iters, check_positive_int, check_scale, get_preset,
-                   tile_cut_point)
+                   read_only, tile_cut_point)
 
 try:  # the CUDA module is optional at build time
     from . import _cuda
@@ -506,8 +506,7 @@ class AttendPlan:
         self._owner, self._meta_dev, self._slots = owner, meta_dev, tuple(slots)
         self._splits, self._tiles_per_split, self._layer = int(splits), int(tiles_per_split), int(layer)
         self._slot_index = np.array(slots, np.intp)  # for the per-call check, vectorised
-        self._lengths = np.array(lengths, np.int64)
-        self._lengths.flags.writeable = False
+        self._lengths = read_only(np.array(lengths, np.int64))  # its flag cannot be set again
         self._checked_epoch = owner._epoch  # the owner's lengths epoch these lengths were last seen at
         # Split states of attends with this plan (see PagedKVCache.attend); the event and stream of the
         # last one not captured, so that an attend with this plan on another stream waits for it.
