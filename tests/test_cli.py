@@ -96,6 +96,8 @@ def test_bad_preset_is_a_clean_error():
         (["--threads", "5000"], "argument --threads: must be <= 4096"),
         (["--gen-methods", "kvran,kivi"], "--gen-methods: unknown ['kvran']"),
         (["--gen-methods", ","], "--gen-methods: unknown empty list"),
+        (["--gen-methods", "kvarn-ref"], "--gen-methods: ['kvarn-ref'] not evaluated in this run"),
+        (["--no-baselines", "--gen-methods", "kvarn,kivi"], "--gen-methods: ['kivi'] not evaluated in this run"),
         (["--offset", "-1"], "--offset: must be >= 0"),
         (["--quantize-on", "later"], "argument --quantize-on"),
     ],
@@ -107,11 +109,24 @@ def test_bad_eval_arguments_name_the_option(args, option):
     assert option in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_eval_refuses_an_unwritable_out_folder_before_the_run(tmp_path):
+def test_eval_refuses_an_unusable_out_folder_before_the_run_and_creates_nothing(tmp_path):
     (tmp_path / "a_file").write_text("")
     r = run("eval", "--out", str(tmp_path / "a_file" / "results"))
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "--out: cannot write into the folder" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "--out: cannot make the folder" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # The check creates nothing (a run refused later, e.g. by an --offset past the story once the model
+    # has loaded, used to leave the folder behind).
+    from kvarn.cli import build_parser
+    from kvarn.eval import _check_args
+
+    _check_args(build_parser().parse_args(["eval", "--out", str(tmp_path / "new" / "results")]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_cli_thread_bound_is_the_librarys():
+    from kvarn import _ops, cli
+
+    assert cli.MAX_THREADS == _ops.MAX_THREADS
 
 
 def test_gen_method_families_are_the_methods_families():

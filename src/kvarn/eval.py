@@ -4,8 +4,9 @@ Pseudo-decode: one teacher-forced forward over the text in which every attention
 query position p see exactly what a decode-time kvarn cache holds when token p is decoded:
 the sink (exact, fp16), every tile completed before its own in quantised form, and its own tile
 exact (fp16) — ``--quantize-on next``, the default; with ``fill`` a tile is quantised the moment it
-fills, so its last token sees its own tile quantised (KVCache's default, SPEC §7). Keys are quantised after RoPE, as the cache stores them. Errors compound
-through the layers as they do in decoding. KVarN presets use kvarn's C++ quantiser
+fills, so its last token sees its own tile quantised (KVCache's default, SPEC §7). Keys are
+quantised after RoPE, as the cache stores them. Errors compound through the layers as they do in
+decoding. KVarN presets use kvarn's C++ quantiser
 (``kvarn.quantize_tile``/``dequantize_tile``); baselines come from ``kvarn.eval_quantizers``.
 
 Metrics, from position ``--eval-from`` (default 256: before it nothing is quantised) on:
@@ -216,7 +217,8 @@ def _sim_cache_class():
         def __init__(self, method, sink, quantize_on):
             super().__init__()
             self.method, self.sink = method, sink
-            self.full_tail_waits = 1 if quantize_on == "next" else 0  # KVCache's rule: a full tail stays exact until the next token
+            # KVCache's rule: under "next" a full tail stays exact until the next token arrives
+            self.full_tail_waits = 1 if quantize_on == "next" else 0
 
         def update(self, key_states, value_states, *args, **kwargs):
             first = not self.is_initialized or self.keys.numel() == 0
@@ -259,7 +261,8 @@ def _sim_cache_class():
         def __init__(self, config, method, sink, quantize_on):
             types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
             super().__init__(layers=[
-                SimQuantLayer(method, sink, quantize_on) if t == "full_attention" else DynamicSlidingWindowLayer(config.sliding_window)
+                SimQuantLayer(method, sink, quantize_on) if t == "full_attention"
+                else DynamicSlidingWindowLayer(config.sliding_window)
                 for t in types
             ])
 
@@ -363,8 +366,9 @@ def add_eval_parser(subparsers):
     p.add_argument("--gen-prompts", type=int, default=3, help="greedy-generation prompts (0: skip)")
     p.add_argument("--gen-prompt-tokens", type=int, default=384, help="tokens per prompt (default 384)")
     p.add_argument("--gen-tokens", type=int, default=48, help="new tokens per prompt (default 48)")
-    p.add_argument("--gen-methods", default="kvarn,kivi",
-                   help="families to generate with: kvarn,kivi,rotation-only,normalisation-only,turboquant,fp16 or all")
+    p.add_argument("--gen-methods", default=None,
+                   help="families to generate with: " + ",".join(METHOD_FAMILIES)
+                   + " (kvarn-ref with --reference) or all; default kvarn,kivi (kvarn with --no-baselines)")
     p.add_argument("--decode-steps", type=int, default=192,
                    help="real decode steps (KVarNCache) compared with pseudo-decode per preset (0: skip)")
     p.add_argument("--decode-prefix", type=int, default=1024, help="prefill length before those steps")
@@ -392,22 +396,37 @@ def _check_args(args):
         raise ValueError(f"--presets: unknown {bad or 'empty list'}; choose from {sorted(kvarn.PRESETS)}")
     if args.model not in MODELS:
         raise ValueError(f"--model: unknown model {args.model!r}; choose one of {sorted(MODELS)}")
-    families = [f for f in args.gen_methods.split(",") if f]
-    bad = [f for f in families if f not in METHOD_FAMILIES]
-    if args.gen_methods != "all" and (bad or not families):
-        raise ValueError(f"--gen-methods: unknown {bad or 'empty list'}; choose from {list(METHOD_FAMILIES)} or 'all'")
+    if args.gen_methods not in (None, "all"):  # named explicitly: each must be evaluated in this run
+        families = [f for f in args.gen_methods.split(",") if f]
+        bad = [f for f in families if f not in METHOD_FAMILIES]
+        if bad or not families:
+            raise ValueError(f"--gen-methods: unknown {bad or 'empty list'}; "
+                             f"choose from {list(METHOD_FAMILIES)} or 'all'")
+        absent = [f for f in families if (f == "kvarn-ref" and not args.reference)
+                  or (args.no_baselines and f not in ("fp16", "kvarn", "kvarn-ref"))]
+        if absent:
+            raise ValueError(f"--gen-methods: {absent} not evaluated in this run "
+                             "(kvarn-ref needs --reference; baselines are off with --no-baselines)")
     if args.decode_steps == 1:
         raise ValueError("--decode-steps: use 0 (skip) or at least 2 (one scored position needs a next token)")
     if args.decode_steps and args.decode_prefix + args.decode_steps > args.tokens:
         raise ValueError("--decode-prefix + --decode-steps: must not exceed --tokens")
-    # Last (it creates the folder): the results are written after the whole run, so an unusable
-    # folder must fail now, not then.
+    _check_out_folder(args.out)
+
+
+def _check_out_folder(path: str) -> None:
+    """The results are written after the whole run: a folder that cannot be made or written must fail
+    now. Creates nothing: the nearest existing folder on the path must be writable."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError(f"--out: cannot make the folder {path!r}: {probe!r} is not a folder")
     try:
-        os.makedirs(args.out, exist_ok=True)
-        with tempfile.TemporaryFile(dir=args.out):
+        with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
-        raise ValueError(f"--out: cannot write into the folder {args.out!r}: {e.strerror or e}") from None
+        raise ValueError(f"--out: cannot write into {probe!r}: {e.strerror or e}") from None
 
 
 def run_eval(args) -> int:
@@ -430,7 +449,8 @@ def run_eval(args) -> int:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     methods = build_methods(head_dim, presets, baselines=not args.no_baselines, reference=args.reference)
-    gen_families = set(m.family for m in methods) if args.gen_methods == "all" else set(args.gen_methods.split(","))
+    gen_families = (set(m.family for m in methods) if args.gen_methods == "all"
+                    else {"kvarn", "kivi"} if args.gen_methods is None else set(args.gen_methods.split(",")))
     text_ids, prompts = story_ids(tok, assets.verne_text(), args.tokens, args.offset, args.gen_prompts,
                                   args.gen_prompt_tokens, args.gen_tokens)
 
