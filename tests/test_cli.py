@@ -12,7 +12,9 @@ from kvarn.demo import load_sample
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "kvarn", *args], capture_output=True, text=True, cwd="/")
+    # A timeout: a bad-argument case that regresses would otherwise start a whole default `kvarn eval`.
+    return subprocess.run([sys.executable, "-m", "kvarn", *args], capture_output=True, text=True, cwd="/",
+                          timeout=600)
 
 
 def test_demo_runs_on_the_shipped_real_sample():
@@ -121,6 +123,13 @@ def test_eval_refuses_an_unusable_out_folder_before_the_run_and_creates_nothing(
 
     _check_args(build_parser().parse_args(["eval", "--out", str(tmp_path / "new" / "results")]))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+    # Paths that pass a check of the normalised path but that os.makedirs refuses after the run.
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for out, msg in (("", "empty path"), (str(tmp_path / "dangling"), "is not a folder"),
+                     (str(tmp_path / "dangling" / "x"), "is not a folder"),
+                     (str(tmp_path / "a_file" / ".." / "new"), "is not a folder")):
+        with pytest.raises(ValueError, match=f"--out: .*{msg}"):
+            _check_args(build_parser().parse_args(["eval", "--out", out]))
 
 
 def test_cli_thread_bound_is_the_librarys():

@@ -416,9 +416,12 @@ def _check_args(args):
 
 def _check_out_folder(path: str) -> None:
     """The results are written after the whole run: a folder that cannot be made or written must fail
-    now. Creates nothing: the nearest existing folder on the path must be writable."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+    now. Creates nothing: the nearest existing entry on the path, walked up as written (``..`` after a
+    file is not a folder; a dangling or looping symlink exists but is not one), must be a writable folder."""
+    if not path:
+        raise ValueError("--out: empty path")
+    probe = os.path.join(os.getcwd(), path)
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         raise ValueError(f"--out: cannot make the folder {path!r}: {probe!r} is not a folder")
