@@ -132,12 +132,6 @@ def test_eval_refuses_an_unusable_out_folder_before_the_run_and_creates_nothing(
             _check_args(build_parser().parse_args(["eval", "--out", out]))
 
 
-def test_cli_thread_bound_is_the_librarys():
-    from kvarn import _ops, cli
-
-    assert cli.MAX_THREADS == _ops.MAX_THREADS
-
-
 def test_gen_method_families_are_the_methods_families():
     from kvarn.eval import METHOD_FAMILIES, build_methods
 

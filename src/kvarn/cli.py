@@ -5,9 +5,7 @@ import argparse
 import os
 import sys
 
-
-# kvarn._ops.MAX_THREADS, repeated so that parsing arguments loads no native module.
-MAX_THREADS = 4096
+from ._ops import MAX_THREADS  # the package's __init__ has loaded _ops already (python -m kvarn imports it)
 
 
 def int_at_least(minimum: int, maximum: int | None = None):
@@ -64,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--synthetic", action="store_true", help="use the synthetic sample even if a real one ships")
     demo.add_argument("--queries", type=int_at_least(1), default=8, help="query positions per layer for the error")
     demo.add_argument("--repeats", type=int_at_least(1), default=5, help="timed runs per measurement (median)")
-    demo.add_argument("--threads", type=int_at_least(0, MAX_THREADS), default=None, help="native threads (default, 0: all cores)")
+    demo.add_argument("--threads", type=int_at_least(0, MAX_THREADS), default=None,
+                      help="native threads (default, 0: all cores)")
     demo.set_defaults(func=_cmd_demo)
     info = sub.add_parser("info", help="ISAs, threads, presets, CUDA")
     info.set_defaults(func=_cmd_info)

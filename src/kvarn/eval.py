@@ -32,8 +32,10 @@ from .cli import MAX_THREADS, int_at_least
 PAPER_PRESETS = ("k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128")
 BASELINE_BITS = ((4, 2), (4, 4), (2, 2))
 TURBOQUANT_BITS = (3, 4)
-# Method.family values (build_methods), as --gen-methods names them.
-METHOD_FAMILIES = ("fp16", "kvarn", "kvarn-ref", "kivi", "rotation-only", "normalisation-only", "turboquant")
+# Method.family values (build_methods), as --gen-methods names them; the baselines are off with --no-baselines.
+BASELINE_FAMILIES = ("kivi", "rotation-only", "normalisation-only", "turboquant")
+METHOD_FAMILIES = ("fp16", "kvarn", "kvarn-ref") + BASELINE_FAMILIES
+DEFAULT_GEN_FAMILIES = ("kvarn", "kivi")  # those of them in the run
 
 
 @dataclass
@@ -233,9 +235,8 @@ def _sim_cache_class():
                 self.raw_k = torch.cat([self.raw_k, raw_k], -2)
                 self.raw_v = torch.cat([self.raw_v, raw_v], -2)
             G, S, T = self.method.group, self.sink, self.raw_k.shape[-2]
-            n = max(0, T - S - self.full_tail_waits) // G
-            if self.method.quantize is None:  # the fp16 cache: nothing quantised
-                n = 0
+            # quantised tiles by now (none for the fp16 cache)
+            n = 0 if self.method.quantize is None else max(0, T - S - self.full_tail_waits) // G
             if n > self.done:
                 B, H, _, D = self.raw_k.shape
                 sl = slice(S + self.done * G, S + n * G)
@@ -368,7 +369,8 @@ def add_eval_parser(subparsers):
     p.add_argument("--gen-tokens", type=int, default=48, help="new tokens per prompt (default 48)")
     p.add_argument("--gen-methods", default=None,
                    help="families to generate with: " + ",".join(METHOD_FAMILIES)
-                   + " (kvarn-ref with --reference) or all; default kvarn,kivi (kvarn with --no-baselines)")
+                   + " (kvarn-ref with --reference) or all; default " + ",".join(DEFAULT_GEN_FAMILIES)
+                   + " (those evaluated)")
     p.add_argument("--decode-steps", type=int, default=192,
                    help="real decode steps (KVarNCache) compared with pseudo-decode per preset (0: skip)")
     p.add_argument("--decode-prefix", type=int, default=1024, help="prefill length before those steps")
@@ -403,7 +405,7 @@ def _check_args(args):
             raise ValueError(f"--gen-methods: unknown {bad or 'empty list'}; "
                              f"choose from {list(METHOD_FAMILIES)} or 'all'")
         absent = [f for f in families if (f == "kvarn-ref" and not args.reference)
-                  or (args.no_baselines and f not in ("fp16", "kvarn", "kvarn-ref"))]
+                  or (args.no_baselines and f in BASELINE_FAMILIES)]
         if absent:
             raise ValueError(f"--gen-methods: {absent} not evaluated in this run "
                              "(kvarn-ref needs --reference; baselines are off with --no-baselines)")
@@ -453,7 +455,7 @@ def run_eval(args) -> int:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     methods = build_methods(head_dim, presets, baselines=not args.no_baselines, reference=args.reference)
     gen_families = (set(m.family for m in methods) if args.gen_methods == "all"
-                    else {"kvarn", "kivi"} if args.gen_methods is None else set(args.gen_methods.split(",")))
+                    else set(DEFAULT_GEN_FAMILIES) if args.gen_methods is None else set(args.gen_methods.split(",")))
     text_ids, prompts = story_ids(tok, assets.verne_text(), args.tokens, args.offset, args.gen_prompts,
                                   args.gen_prompt_tokens, args.gen_tokens)
 
