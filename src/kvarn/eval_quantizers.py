@@ -139,31 +139,37 @@ def normalisation_only(k, v, kbits: int, vbits: int, iters: int = 8):
 
 # ---- TurboQuant-style ----------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def lloyd_max_codebook(bits: int, d: int, grid: int = 200001, iters: int = 300) -> np.ndarray:
+def lloyd_max_codebook(bits: int, d: int, grid: int = 200001, tol: float = 1e-13, max_iters: int = 500000) -> np.ndarray:
     """Lloyd-Max centroids (sorted, float64) for one coordinate of a uniformly random unit vector
     in R^d: density ∝ (1 - x²)^((d-3)/2) on [-1, 1] (about N(0, 1/d) for large d)."""
     bits = _check_bits(bits, "bits", allowed=(1, 2, 3, 4, 5, 6, 8))
     if d < 3:
         raise ValueError(f"d: expected at least 3 dimensions, got {d}")
-    sd = 1.0 / np.sqrt(d)
-    x = np.linspace(-min(1.0, 12 * sd), min(1.0, 12 * sd), grid)
+    lim = min(1.0, 12 / np.sqrt(d))
+    x = np.linspace(-lim, lim, grid)
     w = np.clip(1 - x * x, 0, None) ** ((d - 3) / 2)
-    w /= w.sum()
-    cdf = np.cumsum(w)
+    # Mass and first moment up to x (trapezoid rule), read at the cell edges by interpolation: each
+    # iteration then moves the centroids in the continuum. Sums over grid points instead stop early,
+    # once no grid point changes cell (up to 1e-3/sqrt(d) short of the optimum at 4 bits).
+    half = np.diff(x) / 2
+
+    def cumulative(f):
+        return np.concatenate([[0.0], np.cumsum((f[1:] + f[:-1]) * half)])
+
+    mass, moment = cumulative(w), cumulative(x * w)
+    # Start at the quantiles of density^(1/3), the optimal point density of many levels (Panter-Dite):
+    # Lloyd converges linearly, ever slower with more levels (8 bits: ~1e5 iterations, a few seconds).
+    start = cumulative(w ** (1 / 3))
     n = 2**bits
-    cent = np.interp((np.arange(n) + 0.5) / n, cdf, x)  # start at the quantiles
-    for _ in range(iters):
-        edges = (cent[1:] + cent[:-1]) / 2
-        idx = np.searchsorted(edges, x)
-        mass = np.bincount(idx, weights=w, minlength=n)
-        mean = np.bincount(idx, weights=w * x, minlength=n)
-        new = np.where(mass > 0, mean / np.maximum(mass, 1e-300), cent)
-        new = (new - new[::-1]) / 2  # the density is even; removes the grid's tie-breaking bias
-        if np.max(np.abs(new - cent)) < 1e-12:
-            cent = new
-            break
+    cent = np.interp((np.arange(n) + 0.5) / n * start[-1], start, x)
+    for _ in range(max_iters):
+        edges = np.concatenate([[-lim], (cent[1:] + cent[:-1]) / 2, [lim]])
+        new = np.diff(np.interp(edges, x, moment)) / np.diff(np.interp(edges, x, mass))
+        new = (new - new[::-1]) / 2  # the density is even: keep the codebook exactly symmetric
+        if np.max(np.abs(new - cent)) < tol:
+            return new
         cent = new
-    return cent
+    raise RuntimeError(f"lloyd_max_codebook({bits}, {d}) did not converge in {max_iters} iterations")
 
 
 @functools.lru_cache(maxsize=None)
