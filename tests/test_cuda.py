@@ -1045,7 +1045,8 @@ class FakeCuda:
 
     OK, ERR_ARGUMENT, ERR_CUDA = 0, 1, 2
     F32, F16, BF16 = 0, 1, 2
-    FLAG_K_NONFINITE, FLAG_V_NONFINITE, FLAG_K_RANGE, FLAG_V_RANGE, FLAG_SCALE_OVERFLOW, FLAG_KEY_NORM = 1, 2, 4, 8, 16, 32
+    FLAG_K_NONFINITE, FLAG_V_NONFINITE, FLAG_K_RANGE, FLAG_V_RANGE = 1, 2, 4, 8
+    FLAG_K_SCALE_OVERFLOW, FLAG_KEY_NORM, FLAG_V_SCALE_OVERFLOW = 16, 32, 64
 
     def __init__(self):
         self.mem = {}  # base address -> uint8 array
@@ -1339,17 +1340,23 @@ def test_fake_stream_protocol(fake):
     fake.stream_ops.clear()
     state = (cache.length(a), cache.length(b), cache.free_pages, len(cache._streams))
     q33 = FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=33)
+    out33 = FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), stream=33)
+    t33 = FakeDevArray(fake, kv_like(rng, (1, 128, 128)), stream=33)
+    fake.calls.clear()
     for fn, match in ((lambda: cache.append([a, b], kv(33, n=1), kv(33, n=1)), "^append: cannot be captured"),
                       (lambda: cache.attend(q33, [a, b], validate=False), "^attend: only attend"),
                       (lambda: cache.attend(q33, plan=plan), "^attend: only attend"),
-                      (lambda: cache.attend(q33, plan=plan, validate=False), "has not run")):
+                      (lambda: cache.attend(q33, plan=plan, out=out33, validate=False), "has not run"),
+                      (lambda: cache.attend(q33, plan=plan, validate=False), "^attend: pass out= when capturing"),
+                      (lambda: kc.quantize_tiles(t33, t33), "^quantize_tiles: cannot be captured")):
         with pytest.raises(RuntimeError, match=match):
             fn()
     assert (cache.length(a), cache.length(b), cache.free_pages, len(cache._streams)) == state
+    assert fake.calls == [] and fake.stream_ops == []  # refused before any allocation, copy or kernel
     cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=22), plan=plan, validate=False)  # warm-up
     fake.stream_ops.clear()
     fake.calls.clear()
-    cache.attend(q33, plan=plan, validate=False)
+    cache.attend(q33, plan=plan, out=out33, validate=False)
     assert fake.calls == ["attend"] and fake.stream_ops == [] and 33 not in cache._streams
     with pytest.raises(RuntimeError, match="^plan: cannot be captured"):
         cache.plan([a, b], stream=33)
@@ -1422,8 +1429,18 @@ def test_fake_validation_before_any_kernel(fake):
     rejected(ValueError, "^out: overlaps q", cache.attend, q, [a, b], out=shifted)
     rejected(ValueError, "^out: the array is read-only", cache.attend, q, [a, b],
              out=FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), readonly=True))
-    rejected(ValueError, "^out: a zero stride", cache.attend, q, [a, b],
-             out=FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), strides=(0, 512, 4)))
+    for strides in ((0, 512, 4), (4096, 4, 4), (4, 4, 1024)):  # a zero stride; channels or batch onto heads
+        rejected(ValueError, "^out: its elements overlap", cache.attend, q, [a, b],
+                 out=FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), strides=strides))
+    fake.calls.clear()  # a transposed, non-overlapping layout is fine
+    cache.attend(q, [a, b], out=FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), strides=(4, 8 * 128 * 2, 8)))
+    assert fake.calls == ["check", "attend"]
+    # misaligned data pointers: the fault would be sticky (the process's CUDA context lost)
+    rejected(ValueError, "^q: data pointer 0x[0-9a-f]+ is not aligned to its 4-byte elements", cache.attend,
+             FakeDevArray(fake, q.arr, ptr=q.ptr + 2), [a, b])
+    half = FakeDevArray(fake, kv_like(rng, (2, 1, 2, 128)).astype(np.float16))
+    rejected(ValueError, "^v: data pointer 0x[0-9a-f]+ is not aligned to its 2-byte elements", cache.append, [a, b],
+             half, FakeDevArray(fake, half.arr, ptr=half.ptr + 1))
     # plans: only the cache that made them, only while the lengths hold
     plan = cache.plan([a, b])
     with pytest.raises(AttributeError):
@@ -1471,6 +1488,192 @@ def test_fake_validation_before_any_kernel(fake):
     with pytest.raises(ValueError, match=r"^preset: 'k8v8_g128' \(k8v8, 128-token tiles\) is not served by the CUDA kernels"):
         kc.quantize_tiles(t, t, "k8v8_g128")
     assert fake.calls == []
+
+
+def test_fake_plan_layer_batch_limit_and_check_bits(fake, monkeypatch):
+    """A plan used with another layer= is refused (it used to attend the plan's layer silently); a
+    batch beyond the grid limit is refused by attend and plan; quantize_tiles asks the checking
+    kernel for the fp16-range bits as append does (the CPU quantize_tile refuses |x| > 65504)."""
+    rng = np.random.default_rng(_seed("fake-plan-layer"))
+    cache = kc.PagedKVCache(2, 128, num_layers=2, max_seqs=3, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    k = FakeDevArray(fake, kv_like(rng, (2, 300, 2, 128)))
+    for layer in (0, 1):
+        cache.append([a, b], k, k, layer=layer)
+    q = FakeDevArray(fake, kv_like(rng, (2, 8, 128)))
+    plan = cache.plan([a, b], layer=1)
+    fake.calls.clear()
+    with pytest.raises(ValueError, match="^layer: 0, but the plan was made for layer 1"):
+        cache.attend(q, plan=plan, layer=0)
+    assert fake.calls == []
+    cache.attend(q, plan=plan, layer=1)
+    cache.attend(q, plan=plan)
+    monkeypatch.setattr(kc, "MAX_ATTEND_BATCH", 1)
+    for fn in (lambda: cache.attend(q, [a, b]), lambda: cache.plan([a, b])):
+        with pytest.raises(ValueError, match="^seq_ids: 2 sequences in one attend; the CUDA launch takes at most 1"):
+            fn()
+    bits = []
+    monkeypatch.setattr(fake, "check", lambda x, flag, nonfinite, out_of_range, stream: bits.append(
+        (nonfinite, out_of_range)) or 0)
+    t = FakeDevArray(fake, kv_like(rng, (1, 128, 128)))
+    kc.quantize_tiles(t, t)
+    assert bits == [(fake.FLAG_K_NONFINITE, fake.FLAG_K_RANGE), (fake.FLAG_V_NONFINITE, fake.FLAG_V_RANGE)]
+
+
+def test_flag_errors_name_what_the_cpu_names(fake):
+    """The GPU checks k and v in one pass and reports flags; the error is the one the CPU path raises
+    first (k whole, then v), and a scale overflow names k or v."""
+    rng = np.random.default_rng(_seed("flag-order"))
+    k, v = kv_like(rng, (2, 10, 128)), kv_like(rng, (2, 10, 128))
+    k[1, 3, 2], v[0, 4, 5] = 1e5, np.nan
+    with pytest.raises(ValueError) as cpu:
+        kvarn.KVCache(2, 128).append(k, v)
+    assert str(kc._flag_error(fake.FLAG_K_RANGE | fake.FLAG_V_NONFINITE)) == str(cpu.value)
+    assert str(kc._flag_error(fake.FLAG_K_NONFINITE | fake.FLAG_K_RANGE)).startswith("k: contains NaN or Inf")
+    assert str(kc._flag_error(fake.FLAG_V_RANGE)).startswith("v: values beyond the fp16 range")
+    assert str(kc._flag_error(fake.FLAG_V_SCALE_OVERFLOW)).startswith("v: a tile has values too large")
+    both = fake.FLAG_K_SCALE_OVERFLOW | fake.FLAG_V_SCALE_OVERFLOW
+    assert str(kc._flag_error(both)).startswith("k and v: a tile has values too large")
+    assert kc._flag_error(fake.FLAG_KEY_NORM).args[0].startswith("k: a tile's keys decode to norms")
+    assert kc._flag_error(0) is None
+
+
+# ---- refusals and limits found by review (GPU) --------------------------------------
+def _child(code):
+    """Runs code in a fresh interpreter: a sticky CUDA fault or a broken capture there cannot take
+    this session's CUDA context with it."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return r.stdout + r.stderr
+
+
+@gpu
+@need_torch
+@pytest.mark.parametrize("scale", [3.0e38, -2.5e38])
+def test_scale_near_float32_max(scale):
+    """|scale| up to FLT_MAX passes check_scale; scale * log2(e) alone is inf beyond 2.36e38, so the
+    kernels apply the two factors one after the other (it was NaN output for q = 0)."""
+    rng = np.random.default_rng(_seed("scale-max", scale))
+    cache, ids = build("k4v2_g128", 128, 2, [300, 129], rng)
+    zero = np.zeros((2, 8, 128), np.float32)  # uniform weights: the mean of V, as on the CPU
+    check_attention(cache, ids, zero, cache.attend(dev(zero), ids, scale=scale).cpu().numpy(), scale)
+    tiny = (rng.uniform(-1, 1, (2, 8, 128)) * 1e-8).astype(np.float32)
+    assert torch.isfinite(cache.attend(dev(tiny), ids, scale=scale)).all()
+
+
+@gpu
+@need_torch
+def test_plan_layer_overlap_and_batch_refusals():
+    rng = np.random.default_rng(_seed("gpu-refusals"))
+    cache = kc.PagedKVCache(2, 128, num_layers=2, max_seqs=2, max_seq_len=1024)
+    ids = [cache.add_sequence(), cache.add_sequence()]
+    for layer in (0, 1):
+        cache.append(ids, dev(kv_like(rng, (2, 300, 2, 128))), dev(kv_like(rng, (2, 300, 2, 128))), layer=layer)
+    q = dev(kv_like(rng, (2, 8, 128)))
+    plan = cache.plan(ids, layer=0)
+    with pytest.raises(ValueError, match="^layer: 1, but the plan was made for layer 0"):
+        cache.attend(q, plan=plan, layer=1)
+    torch.testing.assert_close(cache.attend(q, plan=plan, layer=0), cache.attend(q, ids, layer=0), rtol=0, atol=0)
+    base = torch.zeros(2 * 8 * 128, device="cuda")
+    with pytest.raises(ValueError, match="^out: its elements overlap"):
+        cache.attend(q, ids, out=base.as_strided((2, 8, 128), (1024, 1, 1)))
+    assert not base.any()
+
+
+@gpu
+@need_torch
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_quantize_tiles_refuses_values_beyond_fp16(dtype):
+    rng = np.random.default_rng(_seed("qt-range", dtype))
+    k, v = kv_like(rng, (2, 128, 128)), kv_like(rng, (2, 128, 128))
+    k[1, 5, 7] = 70000.0
+    with pytest.raises(ValueError, match=r"^k: values beyond the fp16 range"):
+        kvarn.quantize_tile(k, v)
+    with pytest.raises(ValueError, match=r"^k: values beyond the fp16 range"):
+        kc.quantize_tiles(dev(k, getattr(torch, dtype)), dev(v, getattr(torch, dtype)))
+
+
+@gpu
+@need_torch
+def test_append_error_names_what_the_cpu_names():
+    rng = np.random.default_rng(_seed("gpu-flag-order"))
+    k, v = kv_like(rng, (1, 10, 2, 128)), kv_like(rng, (1, 10, 2, 128))
+    k[0, 1, 0, 2], v[0, 3, 1, 4] = 1e5, np.nan
+    with pytest.raises(ValueError) as cpu:
+        kvarn.KVCache(2, 128).append(k[0].transpose(1, 0, 2), v[0].transpose(1, 0, 2))
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+    a = cache.add_sequence()
+    with pytest.raises(ValueError) as gpu_err:
+        cache.append([a], dev(k), dev(v))
+    assert str(gpu_err.value) == str(cpu.value)
+    assert cache.length(a) == 0
+
+
+_MISALIGNED = r"""
+import torch, kvarn.cuda as kc
+class CAI:
+    def __init__(self, t, shape, off): self.t, self.shape, self.off = t, shape, off
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": "<f4", "data": (self.t.data_ptr() + self.off, False),
+                "version": 3, "strides": None, "stream": None}
+cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+s = cache.add_sequence()
+buf = torch.randn(300 * 2 * 128 + 4, device="cuda")
+k = CAI(buf, (1, 300, 2, 128), 2)
+try:
+    cache.append([s], k, k)
+    torch.cuda.synchronize()
+    print("RESULT ACCEPTED")
+except ValueError as e:
+    print("RESULT VALUEERROR", e)
+cache.append([s], buf[:300 * 2 * 128].view(1, 300, 2, 128), buf[:300 * 2 * 128].view(1, 300, 2, 128))
+torch.cuda.synchronize()
+print("CONTEXT OK", cache.length(s))
+"""
+
+_CAPTURE = r"""
+import torch, kvarn.cuda as kc
+k = torch.randn(2, 128, 128, device="cuda"); v = torch.randn(2, 128, 128, device="cuda")
+kc.quantize_tiles(k, v, validate=False)
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+try:
+    with torch.cuda.graph(g):
+        kc.quantize_tiles(k, v, validate=False)
+    print("RESULT CAPTURED")
+except RuntimeError as e:
+    print("RESULT", str(e).splitlines()[0])
+torch.cuda.synchronize()
+print("CONTEXT OK", kc.quantize_tiles(k, v).shape[0])
+"""
+
+
+@gpu
+@need_torch
+def test_misaligned_pointer_and_capture_refused_in_a_child():
+    out = _child(_MISALIGNED)
+    assert "RESULT VALUEERROR k: data pointer" in out and "CONTEXT OK 300" in out, out
+    out = _child(_CAPTURE)
+    assert "RESULT quantize_tiles: cannot be captured" in out and "CONTEXT OK 2" in out, out
+
+
+@gpu
+@need_torch
+def test_attend_batch_at_the_grid_limit():
+    """65,535 sequences (a grid dimension's limit) attend; one more is refused by name, not by the
+    launch (cudaErrorInvalidConfiguration)."""
+    rng = np.random.default_rng(_seed("grid-limit"))
+    n = kc.MAX_ATTEND_BATCH + 1
+    cache = kc.PagedKVCache(1, 64, "k4v2_g64", max_seqs=n, max_seq_len=2)
+    ids = [cache.add_sequence() for _ in range(n)]
+    k = kv_like(rng, (n, 2, 1, 64))
+    cache.append(ids, dev(k, torch.float16), dev(k[::-1].copy(), torch.float16))
+    q = kv_like(rng, (n, 1, 64))
+    with pytest.raises(ValueError, match="^seq_ids: 65536 sequences in one attend"):
+        cache.attend(dev(q), ids)
+    out = cache.attend(dev(q[:-1]), ids[:-1]).cpu().numpy()
+    pick = [0, 40000, n - 2]
+    check_attention(cache, [ids[i] for i in pick], q[pick], out[pick], 1.0 / np.sqrt(64))
 
 
 # ---- compute-sanitizer workload (no torch: only kvarn's own allocations) ---------

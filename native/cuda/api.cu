@@ -214,7 +214,7 @@ int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, 
     a.meta = reinterpret_cast<const int*>(meta);
     a.q = as_strided4(*q);
     a.num_q_heads = num_q_heads;
-    a.qscale = scale * 1.4426950408889634f;  // log2(e): the kernels use exp2
+    a.scale = scale;
     a.states = reinterpret_cast<float*>(scratch);
     a.splits = splits;
     a.tiles_per_split = tiles_per_split;

@@ -53,7 +53,7 @@ struct AttendArgs {
     const int* meta;  // [B][4]: slot, num_tiles, sink_len, tail_len
     Strided4 q;       // [1, B, Hq, D]
     int num_q_heads;
-    float qscale;     // softmax scale * log2(e): scores in the log2 domain
+    float scale;      // softmax scale; q_scaled applies it, then log2(e): scores in the log2 domain
     float* states;    // [B][Hq][2 * splits][D + 2]: m, l, acc[D] (tiles, then sink/tail, per split)
     int splits, tiles_per_split, q_chunks, stages_per_warp;
     // direct = 1: the programs of one (sequence, kv head, query chunk) form a thread-block cluster
@@ -408,6 +408,10 @@ __device__ __forceinline__ void dense_update(float& m, float& l, float (&acc)[DP
     m = m_new;
 }
 
+// q * scale * log2(e) in two steps: scale * log2(e) alone overflows float32 for |scale| > 2.36e38,
+// which the query check allows with a small enough q.
+__device__ __forceinline__ float q_scaled(float x, float scale) { return (x * scale) * 1.4426950408889634f; }
+
 template <int D>
 __device__ __forceinline__ void load_q(const AttendArgs& a, float* qs, int qld, int b, int h0, int nq)
 {
@@ -415,8 +419,9 @@ __device__ __forceinline__ void load_q(const AttendArgs& a, float* qs, int qld, 
         const int h = idx / D, d = idx % D;
         float x = 0.0f;
         if (h < nq)
-            x = load_elem(a.q.ptr, a.q.dtype, b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] + d * a.q.stride[3]) *
-                a.qscale;
+            x = q_scaled(load_elem(a.q.ptr, a.q.dtype, b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] +
+                                                       d * a.q.stride[3]),
+                         a.scale);
         qs[h * qld + d] = x;
     }
 }
@@ -1255,7 +1260,7 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
             for (int i = 0; i < DPL; ++i) {
                 const uint16_t bits = (uint16_t)(w2[i >> 1] >> (16 * (i & 1)));
                 const float x = bf ? __bfloat162float(__ushort_as_bfloat16(bits)) : __half2float(__ushort_as_half(bits));
-                qd[h][i] = h < nq ? x * a.qscale : 0.0f;
+                qd[h][i] = h < nq ? q_scaled(x, a.scale) : 0.0f;
             }
         }
     } else {
@@ -1263,10 +1268,10 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
     for (int h = 0; h < HQ; ++h)
 #pragma unroll
         for (int i = 0; i < DPL; ++i)
-            qd[h][i] = h < nq ? load_elem(a.q.ptr, a.q.dtype,
-                                          b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] +
-                                              (lane * DPL + i) * a.q.stride[3]) *
-                                    a.qscale
+            qd[h][i] = h < nq ? q_scaled(load_elem(a.q.ptr, a.q.dtype,
+                                                   b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] +
+                                                       (lane * DPL + i) * a.q.stride[3]),
+                                         a.scale)
                               : 0.0f;
     }
     // the tiles' q (Hadamard frame; block = D): head r rotated by warp r, into qs

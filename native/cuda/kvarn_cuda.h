@@ -32,8 +32,9 @@ enum {
     KVARN_FLAG_V_NONFINITE = 2,
     KVARN_FLAG_K_RANGE = 4,      /* |k| > 65504: cannot be held in the fp16 sink/tail */
     KVARN_FLAG_V_RANGE = 8,
-    KVARN_FLAG_SCALE_OVERFLOW = 16, /* a folded fp16 scale of a tile would be inf */
-    KVARN_FLAG_KEY_NORM = 32        /* a tile's keys decode beyond sqrt(D) * 2^17 (what the q check assumes) */
+    KVARN_FLAG_K_SCALE_OVERFLOW = 16, /* a folded fp16 scale of a tile's keys would be inf */
+    KVARN_FLAG_KEY_NORM = 32,         /* a tile's keys decode beyond sqrt(D) * 2^17 (what the q check assumes) */
+    KVARN_FLAG_V_SCALE_OVERFLOW = 64  /* the same for its values */
 };
 
 /* A strided device array of up to 4 dims (strides in elements). */
@@ -97,7 +98,7 @@ int kvarn_cuda_write_tokens(const kvarn_cuda_cache* c, int32_t layer, const kvar
  * come from the slot's tail, rows [n_old, G) from k/v[b, t0 + r - n_old]. When
  * block_table is set, block_table[slot][tile_index] = page. round_f16: round inputs
  * to fp16 first (what the tail holds). Does nothing when *flag holds an input flag (NONFINITE,
- * RANGE); sets KVARN_FLAG_SCALE_OVERFLOW, and KVARN_FLAG_KEY_NORM for keys beyond sqrt(D) * 2^17. */
+ * RANGE); sets KVARN_FLAG_K/V_SCALE_OVERFLOW, and KVARN_FLAG_KEY_NORM for keys beyond sqrt(D) * 2^17. */
 int kvarn_cuda_store(const kvarn_cuda_cache* c, const kvarn_cuda_tensor* k, const kvarn_cuda_tensor* v,
                      uintptr_t jobs, int32_t n_jobs, int32_t iters, int32_t round_f16, uintptr_t flag,
                      uintptr_t stream);

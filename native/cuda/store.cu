@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
             if (!(col_sq[j] * kt * kt <= limit_sq)) atomicOr(a.flag, KVARN_FLAG_KEY_NORM);
         }
     }
-    if (!finite) atomicOr(a.flag, KVARN_FLAG_SCALE_OVERFLOW);
+    if (!finite) atomicOr(a.flag, is_k ? KVARN_FLAG_K_SCALE_OVERFLOW : KVARN_FLAG_V_SCALE_OVERFLOW);
     if (a.c.block_table && is_k && h == 0 && threadIdx.x == 0)
         reinterpret_cast<int*>(a.c.block_table)[(int64_t)slot * a.c.max_tiles + tile_index] = page;
 }

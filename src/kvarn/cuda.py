@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import math
 
 import numpy as np
 
@@ -38,6 +39,7 @@ GPU_HEAD_DIMS = (64, 128, 256)
 FP16_MAX = 65504.0
 _DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 _DTYPE_BYTES = {0: 4, 1: 2, 2: 2}
+MAX_ATTEND_BATCH = 65535  # sequences per attend: the batch is a grid dimension (y/z at most 65535)
 
 
 # ---- availability -------------------------------------------------------------
@@ -224,6 +226,7 @@ def _view(x, name) -> _View:
         v.kind, v.ptr, v.dtype = "torch", x.data_ptr(), codes[x.dtype]
         v.shape, v.strides = tuple(x.shape), tuple(x.stride())
         v.shape0 = v.shape
+        _check_aligned(v, name)
         v.device = x.device.index
         v.stream = _torch_stream(torch, v.device)
         return v
@@ -261,6 +264,7 @@ def _view(x, name) -> _View:
     v.readonly = bool(cai["data"][1])
     if v.ptr == 0 and all(s > 0 for s in v.shape):
         raise ValueError(f"{name}: null data pointer")
+    _check_aligned(v, name)
     v.kind = "cupy" if type(x).__module__.startswith("cupy") else "cai"
     if v.kind == "cupy":
         import cupy
@@ -272,6 +276,26 @@ def _view(x, name) -> _View:
         v.stream = 0 if s in (None, 1, 2) else int(s)
         v.device = None
     return v
+
+
+def _check_aligned(v: _View, name):
+    """The kernels load whole elements: a misaligned one faults, and that error is sticky (it ends
+    the process's CUDA context, torch's included)."""
+    item = _DTYPE_BYTES[v.dtype]
+    if v.ptr % item:
+        raise ValueError(f"{name}: data pointer {v.ptr:#x} is not aligned to its {item}-byte elements")
+
+
+def _elements_overlap(shape, strides) -> bool:
+    """Whether two indices of a strided array can share an element. Sufficient test: ordered by
+    stride, each dimension's stride is beyond the span of the dimensions inside it (true of every
+    view numpy or torch makes by slicing, transposing or broadcasting away from zero strides)."""
+    span = 0
+    for n, st in sorted(((n, abs(st)) for n, st in zip(shape, strides) if n > 1), key=lambda p: p[1]):
+        if st <= span:
+            return True
+        span += st * (n - 1)
+    return False
 
 
 def _empty_like(v: _View, shape, dtype_code):
@@ -353,17 +377,18 @@ def _check_no_gpu_head_dim(head_dim, name="head_dim"):
 
 
 def _flag_error(flag):
-    if flag & _cuda.FLAG_K_NONFINITE:
-        return ValueError("k: contains NaN or Inf")
-    if flag & _cuda.FLAG_V_NONFINITE:
-        return ValueError("v: contains NaN or Inf")
-    if flag & _cuda.FLAG_K_RANGE:
-        return ValueError(f"k: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
-    if flag & _cuda.FLAG_V_RANGE:
-        return ValueError(f"v: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
-    if flag & _cuda.FLAG_SCALE_OVERFLOW:
+    # In the CPU path's order: k is checked whole (NaN/Inf, then range) before v.
+    for name, nonfinite, out_of_range in (("k", _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE),
+                                          ("v", _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE)):
+        if flag & nonfinite:
+            return ValueError(f"{name}: contains NaN or Inf")
+        if flag & out_of_range:
+            return ValueError(f"{name}: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
+    overflow = [name for name, bit in (("k", _cuda.FLAG_K_SCALE_OVERFLOW), ("v", _cuda.FLAG_V_SCALE_OVERFLOW))
+                if flag & bit]
+    if overflow:
         return ValueError(
-            "k/v: a tile has values too large for its fp16 scale vectors after rotation; "
+            f"{' and '.join(overflow)}: a tile has values too large for its fp16 scale vectors after rotation; "
             "keep |k|, |v| well inside the fp16 range"
         )
     if flag & _cuda.FLAG_KEY_NORM:
@@ -451,6 +476,9 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
     _check(rc, "quantize_tiles")
     _check_device(vk, "k", device)
     _check_device(vv, "v", device)
+    if _capturing(vk.stream, "quantize_tiles"):
+        raise RuntimeError("quantize_tiles: cannot be captured in a CUDA graph (it allocates and uploads its job "
+                           "list); use PagedKVCache.append outside the capture")
     if len(vk.shape) != 3:
         raise ValueError(f"k: expected a 3-D array [n, G, D], got shape {vk.shape}")
     if vv.shape != vk.shape:
@@ -468,9 +496,10 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
         return records
     stream = vk.stream
     flag = DeviceArray((1,), np.int32).zero_(stream)
-    if validate:
-        for view, nf in ((vk, _cuda.FLAG_K_NONFINITE), (vv, _cuda.FLAG_V_NONFINITE)):
-            _check(_cuda.check(view.spec(), flag.ptr, nf, 0, stream), "quantize_tiles")
+    if validate:  # as quantize_tile on the CPU: NaN/Inf and values beyond fp16 are refused
+        for view, nf, rng in ((vk, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE),
+                              (vv, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE)):
+            _check(_cuda.check(view.spec(), flag.ptr, nf, rng, stream), "quantize_tiles")
     # As a cache of one head: tile i -> page i; [n, G, D] seen as [B=n, T=G, Hk=1, D].
     jobs = np.zeros((n, 7), np.int32)
     jobs[:, 2] = np.arange(n)
@@ -913,6 +942,9 @@ class PagedKVCache:
     def _plan_host(self, seq_ids, layer):
         layer = self._layer(layer)
         slots = self._slots(seq_ids)
+        if len(slots) > MAX_ATTEND_BATCH:
+            raise ValueError(f"seq_ids: {len(slots)} sequences in one attend; the CUDA launch takes at most "
+                             f"{MAX_ATTEND_BATCH} (a grid dimension), split the batch")
         lens = self._lengths[layer, slots]
         empty = np.nonzero(lens == 0)[0]
         if empty.size:
@@ -962,11 +994,12 @@ class PagedKVCache:
                                  "plan was made; make a new plan")
 
     @_on_own_device
-    def attend(self, q, seq_ids=None, *, layer: int = 0, scale=None, out=None, plan: AttendPlan | None = None,
-               validate: bool = True):
+    def attend(self, q, seq_ids=None, *, layer: int | None = None, scale=None, out=None,
+               plan: AttendPlan | None = None, validate: bool = True):
         """Decode attention of q [B, Hq, D] (one query token per sequence) over every cached
         token of each sequence; Hq a multiple of num_kv_heads (GQA). Returns [B, Hq, D] in q's
-        dtype and library (or writes into out). scale defaults to 1/sqrt(D).
+        dtype and library (or writes into out). scale defaults to 1/sqrt(D); layer to 0, or to the
+        plan's layer (a different one is refused).
 
         validate=True checks q for NaN/Inf on the GPU (one synchronisation). With a plan
         (see plan()) nothing is copied from the host, so the call can be captured in a CUDA graph."""
@@ -990,7 +1023,7 @@ class PagedKVCache:
         if plan is None:
             if seq_ids is None:
                 raise ValueError("seq_ids: required unless a plan is given")
-            layer, meta, splits, tps, _ = self._plan_host(seq_ids, layer)
+            layer, meta, splits, tps, _ = self._plan_host(seq_ids, 0 if layer is None else layer)
             n_seqs = len(meta)
             meta_ptr = st.attend_meta.get(meta.nbytes)
             meta_bytes = st.attend_meta.buf.nbytes
@@ -999,12 +1032,17 @@ class PagedKVCache:
             if seq_ids is not None:
                 raise ValueError("plan: pass either seq_ids or a plan, not both")
             self._check_plan(plan)
+            if layer is not None and self._layer(layer) != plan.layer:
+                raise ValueError(f"layer: {layer}, but the plan was made for layer {plan.layer}; make a plan per layer")
             layer, splits, tps, meta_ptr = plan.layer, plan.splits, plan.tiles_per_split, plan.meta_dev.ptr
             meta_bytes = plan.meta_dev.nbytes
             n_seqs = plan.batch
         if B != n_seqs:
             raise ValueError(f"q: batch of {B} queries for {n_seqs} sequences")
         if out is None:
+            if capturing and vq.kind != "torch":  # torch's allocator takes part in captures; cudaMalloc does not
+                raise RuntimeError("attend: pass out= when capturing with a non-torch q (a new output array "
+                                   "would be allocated inside the capture)")
             out = _empty_like(vq, (B, Hq, D), vq.dtype)
         vo = _view(out, "out")
         if vo.shape != (B, Hq, D):
@@ -1015,16 +1053,18 @@ class PagedKVCache:
         qr, orng = vq.byte_range(), vo.byte_range()
         if orng[0] < qr[1] and qr[0] < orng[1]:
             raise ValueError("out: overlaps q (the kernels read q while they write out); pass another array")
-        if any(st == 0 and n > 1 for n, st in zip(vo.shape, vo.strides)):
-            raise ValueError(f"out: a zero stride (strides {vo.strides}) would write several results to one place")
+        if _elements_overlap(vo.shape, vo.strides):
+            raise ValueError(f"out: its elements overlap (shape {vo.shape}, strides {vo.strides}): the kernels would "
+                             "write several results to one place")
         if validate:
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "attend")
             _check(_cuda.check(vq.spec(), st.flag.ptr, 1, 2, stream), "attend")  # 2: some |q| > 65504
             flag = int(st.flag.to_numpy(stream)[0])
             if flag & 1:
                 raise ValueError("q: contains NaN or Inf")
-            # As check_queries on the CPU: q * scale must not overflow the float32 scores.
-            limit = FLOAT32_MAX / (D * 2.0**17)
+            # As check_queries on the CPU: q * scale must not overflow the float32 scores, which the
+            # kernels hold in the log2 domain (x log2(e)): the limit is the CPU's / log2(e).
+            limit = FLOAT32_MAX / (D * 2.0**17 * math.log2(math.e))
             if (flag & 2) or FP16_MAX * abs(scale) > limit:
                 q_max = vq.max_abs(stream)
                 if q_max * abs(scale) > limit:
