@@ -52,11 +52,12 @@ if _MIN_PROGRAMS > 0:
 
 
 def _warm_up(fn, n_calls):
-    """A few eager calls on a side stream before capture (allocations and lazy init out of the graph)."""
+    """Each call once, eagerly, on a side stream before capture: allocations and lazy init out of the
+    graph (every plan allocates its own split-state buffer at its first attend)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for i in range(min(n_calls, 3)):
+        for i in range(n_calls):
             fn(i)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
