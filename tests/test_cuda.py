@@ -1520,6 +1520,22 @@ def test_fake_plan_layer_batch_limit_and_check_bits(fake, monkeypatch):
     assert bits == [(fake.FLAG_K_NONFINITE, fake.FLAG_K_RANGE), (fake.FLAG_V_NONFINITE, fake.FLAG_V_RANGE)]
 
 
+def test_elements_overlap_never_misses_an_overlap():
+    """The out check is sufficient: every strided layout whose elements collide is refused (checked by
+    enumerating the offsets), and every transposition of a dense array is accepted."""
+    rng = np.random.default_rng(_seed("overlap"))
+    for _ in range(3000):
+        nd = int(rng.integers(1, 4))
+        shape = tuple(int(x) for x in rng.integers(0, 4, nd))
+        strides = tuple(int(x) for x in rng.integers(-6, 7, nd))
+        offsets = [sum(i * st for i, st in zip(idx, strides)) for idx in np.ndindex(*shape)]
+        if len(offsets) != len(set(offsets)):
+            assert kc._elements_overlap(shape, strides), (shape, strides)
+    for perm in ((0, 1, 2), (2, 0, 1), (1, 2, 0), (2, 1, 0)):
+        a = np.empty((2, 8, 128), np.float32).transpose(perm)
+        assert not kc._elements_overlap(a.shape, [st // 4 for st in a.strides])
+
+
 def test_flag_errors_name_what_the_cpu_names(fake):
     """The GPU checks k and v in one pass and reports flags; the error is the one the CPU path raises
     first (k whole, then v), and a scale overflow names k or v."""

@@ -290,6 +290,8 @@ def _elements_overlap(shape, strides) -> bool:
     """Whether two indices of a strided array can share an element. Sufficient test: ordered by
     stride, each dimension's stride is beyond the span of the dimensions inside it (true of every
     view numpy or torch makes by slicing, transposing or broadcasting away from zero strides)."""
+    if 0 in shape:
+        return False  # no elements
     span = 0
     for n, st in sorted(((n, abs(st)) for n, st in zip(shape, strides) if n > 1), key=lambda p: p[1]):
         if st <= span:
