@@ -321,8 +321,61 @@ def test_rejected_decode_step_restores_every_row(what):
     assert [len(c) for c in layer.caches] == [n + 1, n + 1] and layer.cumulative_length == n + 1
 
 
+def test_a_step_a_later_layer_rejects_is_undone_in_every_layer():
+    """Through KVarNCache.update, as a model's forward goes: the second layer rejects the step, and the
+    first (which stored it, a crop ring too) and a sliding-window layer between them go back to before
+    the forward; decoding then goes on as in a cache that never saw the step."""
+    from transformers import LlamaConfig
+
+    def make():
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, vocab_size=100)
+        cfg.layer_types = ["full_attention", "sliding_attention", "full_attention"]
+        cfg.sliding_window = 4
+        return KVarNCache(cfg, preset="k4v2_g64", sink_tokens=0, crop_window=160)
+
+    def step(cache, kv, q, bad=False):
+        out = []
+        for i, layer in enumerate(cache.layers):
+            k, v = kv
+            if bad and i == 2:
+                k = k.clone()
+                k[1, 0, 0, 3] = float("nan")
+            keys, values = cache.update(k, v, i)
+            out.append(layer.attend_pending(q, None, 0.25) if i != 1 else keys)
+        return out
+
+    cache, ref = make(), make()
+    q = torch.randn(2, 4, 1, 16)
+    for c in (cache, ref):
+        k, v = _kv(2, 63, 0)  # the next token completes each row's first tile
+        for i, layer in enumerate(c.layers):
+            c.update(k, v, i)
+            if i != 1:
+                layer.store_prefill(None)
+    first, sliding, last = cache.layers
+    before = _snapshot(first), sliding.keys, sliding.cumulative_length, first._ring_k.copy()
+    with pytest.raises(ValueError, match="batch row 1.*NaN"):
+        step(cache, _kv(2, 1, 1), q, bad=True)
+    _assert_same(_snapshot(first), before[0])
+    assert first.caches[0].num_tiles == 0  # the tile the step completed was undone
+    assert sliding.keys is before[1] and sliding.cumulative_length == before[2] == 63
+    np.testing.assert_array_equal(first._ring_k, before[3])
+    assert [layer.get_seq_length() for layer in cache.layers] == [63] * 3
+    for n in range(3):  # decoding goes on, equal to the cache that never saw the rejected step
+        kv = _kv(2, 1, 10 + n)
+        for a, b in zip(step(cache, kv, q), step(ref, kv, q)):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    _assert_same(_snapshot(first), _snapshot(ref.layers[0]))
+    _assert_same(_snapshot(last), _snapshot(ref.layers[2]))
+    np.testing.assert_array_equal(first._ring_k, ref.layers[0]._ring_k)  # the crop ring holds only valid tokens
+    np.testing.assert_array_equal(first._ring_v, ref.layers[0]._ring_v)
+
+
 @pytest.mark.parametrize("how", ["rejected", "interrupted"])
 def test_a_forward_that_stops_part_way_is_refused_until_reset(how):
+    """Layers driven directly (not through KVarNCache.update) record nothing to undo: a rejection in the
+    second leaves the first's step; an interrupt between layers is the same through the cache too."""
     cache = _tiny_cache()
     first, second = cache.kvarn_layers
     for layer in (first, second):
@@ -438,7 +491,7 @@ def test_crop_and_row_changes_check_every_layer_before_changing_any(order):
 def test_decode_after_a_restored_step_equals_a_cache_that_never_saw_it():
     # A rolled-back step leaves nothing behind that a later (valid) step could read: same outputs and
     # parts as a cache that got only the valid tokens.
-    ref, cache = _tiny_cache(layers=1, crop_window=128), _tiny_cache(layers=1, crop_window=128)
+    ref, cache = _tiny_cache(layers=1, crop_window=256), _tiny_cache(layers=1, crop_window=256)
     a, b = ref.kvarn_layers[0], cache.kvarn_layers[0]
     for layer in (a, b):
         _prefill(layer, *_kv(2, 127, 0))  # the next token completes a tile
@@ -801,6 +854,72 @@ def test_models_kvarn_cannot_serve_are_refused_by_name_and_left_unchanged():
     shared = transformers.Gemma3nTextConfig(num_hidden_layers=4, num_kv_shared_layers=2)
     with pytest.raises(NotImplementedError, match="num_kv_shared_layers=2"):
         KVarNCache(shared)
+
+
+def test_configs_checked_at_construction_and_multimodal_served():
+    """From a review: an encoder-decoder model, an unsupported head_dim and a crop window that can serve
+    no crop used to be accepted and fail later (mid-generate for the window); a multimodal config was
+    refused as not a model config, though its language model is served."""
+    import transformers
+
+    bart = transformers.BartConfig(d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                   decoder_attention_heads=4, vocab_size=100)
+    before = bart._attn_implementation
+    with pytest.raises(NotImplementedError, match="^config: BartConfig is an encoder-decoder model"):
+        KVarNCache(bart)
+    assert bart._attn_implementation == before
+    odd = transformers.LlamaConfig(hidden_size=96, num_attention_heads=4, head_dim=24, num_hidden_layers=1)
+    before = odd._attn_implementation
+    with pytest.raises(ValueError, match="^config: head_dim: unsupported head_dim 24"):
+        KVarNCache(odd)
+    assert odd._attn_implementation == before
+    llama = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=1)
+    for window in (64, 128):
+        with pytest.raises(ValueError, match=f"^crop_window: {window} tokens serve no crop"):
+            KVarNCache(llama, crop_window=window)
+    assert KVarNCache(llama, crop_window=129).kvarn_layers[0].is_croppable
+    torch.manual_seed(0)
+    text = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16, vocab_size=300)
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2)
+    llava = transformers.LlavaForConditionalGeneration(
+        transformers.LlavaConfig(text_config=text, vision_config=vision)).eval()
+    ids = torch.randint(1, 250, (1, 200), generator=torch.Generator().manual_seed(1))  # sink + tail, k8v8
+    with torch.no_grad():
+        ref = llava.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        cache = KVarNCache(llava.config, preset="k8v8_g128")
+        got = llava.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0, **cache_kwargs(llava, cache))
+    assert torch.equal(got, ref) and cache.get_seq_length() == 207
+    assert llava.config.get_text_config()._attn_implementation == "kvarn"
+
+
+def test_torch_compile_runs_the_cache_and_attention_uncompiled():
+    """Under torch.compile, dynamo traced kvarn's numpy code and stored a non-contiguous sink: the next
+    decode step failed, and the cache stayed broken for eager use too. Now graph breaks."""
+    model = _tiny(__import__("transformers").LlamaConfig, num_hidden_layers=1)
+    ids = torch.randint(1, 256, (1, 300), generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(model)
+    cache, ref = KVarNCache(model.config, preset="k8v8_g128"), KVarNCache(model.config, preset="k8v8_g128")
+    with torch.no_grad():
+        for tokens in (ids[:, :290], ids[:, 290:291], ids[:, 291:292]):
+            got = compiled(tokens, use_cache=True, **cache_kwargs(model, cache)).logits
+            want = model(tokens, use_cache=True, **cache_kwargs(model, ref)).logits
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=1e-4)  # inductor's own rounding
+        model(ids[:, 292:293], use_cache=True, **cache_kwargs(model, cache))  # and eagerly after it
+    assert cache.get_seq_length() == 293
+
+
+def test_chunked_prefill_with_padding_longer_than_a_chunk_is_refused_plainly():
+    model = _tiny(__import__("transformers").LlamaConfig)
+    ids = torch.randint(1, 256, (2, 80), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 80, dtype=torch.long)
+    mask[1, :40] = 0
+    cache = KVarNCache(model.config)
+    with pytest.raises(NotImplementedError, match="batch row 1's prompt is all padding here.*prefill_chunk_size"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0,
+                       prefill_chunk_size=32, **cache_kwargs(model, cache))
+    assert cache.get_seq_length() == 0  # the first layer rejected the chunk: nothing stored
 
 
 class _MyLlamaConfig(__import__("transformers").LlamaConfig):

@@ -35,12 +35,15 @@ meanwhile needs ``KVarNCache(..., crop_window=2 * group)`` (an fp16 copy of each
 tokens), which restores exactly the cache that never held the removed tokens. Limits: other
 padding (right padding, padding in a later chunk) raises ``NotImplementedError``, and so does a
 crop the window cannot serve.
-Errors: a layer that rejects a step (NaN or beyond-fp16 K/V, a bad query) is left exactly as before
-it, every batch row included; but the layers before it in the same forward have stored the step's
-tokens. A layer counts its tokens once they are stored. A cache whose layers hold different numbers
-of tokens, or a layer left holding a step its attention never took (a forward interrupted between a
-layer's cache update and its attention), refuses the next forward, crop and batch reordering with a
-RuntimeError until ``reset()``. Crop and batch reordering check every layer before changing any.
+Errors: a step one layer rejects (NaN or beyond-fp16 K/V, a bad query, any refusal of kvarn's) leaves
+the whole cache as it was before the forward, every batch row included: the layers before it in the
+same forward, sliding-window ones too, are rolled back (each layer's kvarn caches keep a checkpoint
+until the next forward starts). A forward stopped by something else (an interrupt, an error in the
+model's own code) cannot be undone that way: a cache whose layers then hold different numbers of
+tokens, or a layer left holding a step its attention never took (interrupted between a layer's cache
+update and its attention), refuses the next forward, crop and batch reordering with a RuntimeError
+until ``reset()``. Crop and batch reordering check every layer before changing any. Under
+``torch.compile`` the cache update and the attention run uncompiled (graph breaks).
 A forward whose attention does not run through ``"kvarn"`` would attend a decode step over its own
 token only. If the cache's config is not switched to ``"kvarn"`` (``restore_attention``), the first
 layer refuses the forward; if it is but the running model's is not (another instance of the model),
@@ -75,6 +78,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import kvarn
+from .._ops import check_head_dim as kvarn_check_head_dim
 from .._ops import check_positive_int
 
 ATTN_IMPLEMENTATION = "kvarn"
@@ -87,6 +91,7 @@ _MASK_CHECKED = "_kvarn_mask_checked"  # on a mask tensor: (keys, left pads) it 
 _override = contextvars.ContextVar("kvarn_attention_override", default=None)
 
 
+@torch.compiler.disable  # numpy and native calls: torch.compile must run them as they are, not trace them
 def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """The ``"kvarn"`` attention function (transformers' AttentionInterface signature).
 
@@ -131,7 +136,7 @@ def _refuse(layer, why: str):
     error = NotImplementedError(f"KVarNCache: {why}")
     if layer is not None:
         if layer._prefill is not None:
-            layer.reset()
+            layer._empty()
         layer._pending = None
         layer._fail(error)
     raise error
@@ -216,13 +221,53 @@ def _left_padding(visible: np.ndarray) -> list[int]:
     pads = []
     for b, row in enumerate(visible):
         p = int(len(row) - row.sum())
-        if p == len(row) or row[:p].any() or not row[p:].all():
+        if p == len(row):
+            raise NotImplementedError(
+                f"KVarNCache: batch row {b}'s prompt is all padding here ({p} keys): a chunked prefill whose first "
+                "chunk a row's left padding fills; use a prefill_chunk_size longer than the longest padding"
+            )
+        if row[:p].any() or not row[p:].all():
             raise NotImplementedError(
                 f"KVarNCache: batch row {b}'s mask is not left padding followed by the sequence; kvarn "
                 "attention has no mask, so only left-padded prompts are supported"
             )
         pads.append(p)
     return pads
+
+
+def _restore_attributes(obj, saved: dict) -> None:
+    obj.__dict__.clear()
+    obj.__dict__.update(saved)
+
+
+class _StepJournal:
+    """What the current forward stored, layer by layer, as undo functions: a step one layer rejects is
+    undone in the layers before it too, so a rejected step leaves the whole cache as it was. A forward
+    starts it (KVarNCache.update of layer 0); crop, row changes and reset() stop it (its entries would
+    no longer fit). Layers driven directly, not through KVarNCache.update, record nothing."""
+
+    def __init__(self):
+        self.undo = []
+        self.active = False
+
+    def __deepcopy__(self, memo):  # a copied cache starts between forwards: nothing to undo
+        return _StepJournal()
+
+    def start(self) -> None:
+        self.undo.clear()
+        self.active = True
+
+    def add(self, fn) -> None:
+        if self.active:
+            self.undo.append(fn)
+
+    def clear(self) -> None:
+        self.undo.clear()
+        self.active = False
+
+    def rollback(self) -> None:
+        while self.undo:
+            self.undo.pop()()
 
 
 class KVarNLayer(CacheLayerMixin):
@@ -246,6 +291,11 @@ class KVarNLayer(CacheLayerMixin):
         self.sink_tokens = sink_tokens
         self.quantize_on = quantize_on
         self.crop_window = check_positive_int(crop_window, "crop_window", 0)
+        if 0 < self.crop_window <= self.preset.group:
+            raise ValueError(
+                f"crop_window: {crop_window} tokens serve no crop into a quantised tile of {self.preset.group} (crops "
+                f"inside the fp16 tail need no window); it must exceed the group: {2 * self.preset.group} serves any "
+                f"crop of up to {self.preset.group} tokens")
         self.caches: list[kvarn.KVCache] = []
         self.pads: list[int] = []  # per row: left-padding positions, not stored in its cache
         self.cumulative_length = 0
@@ -256,6 +306,7 @@ class KVarNLayer(CacheLayerMixin):
         # Shared by the layers of one KVarNCache: the last error a layer rejected a step with, for
         # KVarNCache's message when a forward that failed part-way left the layers at different lengths.
         self._failure = [None]
+        self._journal: _StepJournal | None = None  # KVarNCache's, shared by its layers (None: standalone)
 
     @property
     def is_croppable(self) -> bool:
@@ -263,19 +314,44 @@ class KVarNLayer(CacheLayerMixin):
         rollback it needs be done."""
         return self.crop_window > 0
 
-    def _remember(self, b: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Copies the last of the tokens k, v [Hk, n, D] stored at row b's positions start.. into its crop ring."""
+    def _remember(self, b: int, start: int, k: np.ndarray, v: np.ndarray, saved: list | None = None) -> None:
+        """Copies the last of the tokens k, v [Hk, n, D] stored at row b's positions start.. into its crop ring
+        (what they overwrite goes to ``saved``, for _restore_ring)."""
         W = self.crop_window
         if W:
             n = k.shape[1]
             keep = min(n, W)
             slots = np.arange(start + n - keep, start + n) % W
+            if saved is not None:
+                saved.append((b, slots, self._ring_k[b][:, slots], self._ring_v[b][:, slots], self._ring_from[b]))
             self._ring_k[b][:, slots] = k[:, n - keep :]
             self._ring_v[b][:, slots] = v[:, n - keep :]
             self._ring_from[b] = max(self._ring_from[b], start + n - W)
 
     def _fail(self, error: BaseException) -> None:
+        """Records a rejected step and undoes what the layers before this one stored of it."""
         self._failure[0] = f"{type(error).__name__}: {error}"
+        if self._journal is not None:
+            self._journal.rollback()
+
+    def _restore_ring(self, saved: list) -> None:
+        for b, slots, old_k, old_v, old_from in reversed(saved):
+            self._ring_k[b][:, slots] = old_k
+            self._ring_v[b][:, slots] = old_v
+            self._ring_from[b] = old_from
+
+    def _undo_step(self, checkpoints, n: int, ring_saved: list) -> None:
+        """attend_pending's step undone: every row back to its checkpoint, the ring as it was."""
+        for c, checkpoint in zip(self.caches, checkpoints):
+            c.rollback(checkpoint)
+        self._restore_ring(ring_saved)
+        self.cumulative_length -= n
+
+    def _empty(self) -> None:
+        self.caches, self.pads, self.cumulative_length, self._pending, self._prefill = [], [], 0, None, None
+        self._ring_k = self._ring_v = None
+        self._ring_from = []
+        self.is_initialized = False
 
     @staticmethod
     def _row_error(b: int, error: ValueError) -> ValueError:
@@ -326,11 +402,13 @@ class KVarNLayer(CacheLayerMixin):
                     raise self._row_error(b, e) from e
                 self._remember(b, 0, k[b, :, pads[b] :], v[b, :, pads[b] :])
         except BaseException as e:
-            self.reset()  # the layer is empty again, as before the prompt
+            self._empty()  # the layer is empty again, as before the prompt
             self._fail(e)
             raise
         self.pads = pads
         self.cumulative_length = n
+        if self._journal is not None:
+            self._journal.add(self._empty)
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
         """Appends the kept-aside tokens one at a time, each followed by kvarn decode attention."""
@@ -381,9 +459,13 @@ class KVarNLayer(CacheLayerMixin):
                 c.rollback(checkpoint)
             self._fail(e)
             raise
+        journal = self._journal if self._journal is not None and self._journal.active else None
+        ring_saved = [] if journal is not None else None
         for b, c in enumerate(self.caches):
-            self._remember(b, len(c) - n, k[b], v[b])
+            self._remember(b, len(c) - n, k[b], v[b], ring_saved)
         self.cumulative_length += n
+        if journal is not None:  # the checkpoints live until the next forward starts
+            journal.add(functools.partial(self._undo_step, before, n, ring_saved))
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -401,11 +483,10 @@ class KVarNLayer(CacheLayerMixin):
         return sum(c.nbytes for c in self.caches) + ring
 
     def reset(self) -> None:
-        self.caches, self.pads, self.cumulative_length, self._pending, self._prefill = [], [], 0, None, None
-        self._ring_k = self._ring_v = None
-        self._ring_from = []
+        self._empty()
         self._failure[0] = None  # Cache.reset() resets every layer: no earlier rejection to report
-        self.is_initialized = False
+        if self._journal is not None:
+            self._journal.clear()
 
     def offload(self):  # the packed cache lives in host memory already
         pass
@@ -576,10 +657,26 @@ class KVarNCache(Cache):
 
     def __init__(self, config, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill",
                  crop_window: int = 0):
+        outer = config
+        if not hasattr(config, "num_hidden_layers") and hasattr(config, "get_text_config"):
+            config = config.get_text_config()  # a multimodal model's: its language model's attention is cached
         if not hasattr(config, "num_hidden_layers"):
-            raise TypeError(f"config: expected a transformers model config, got {type(config).__name__}")
+            raise TypeError(f"config: expected a transformers model config, got {type(outer).__name__}")
+        if getattr(outer, "is_encoder_decoder", False):
+            raise NotImplementedError(
+                f"config: {type(outer).__name__} is an encoder-decoder model; KVarNCache caches a decoder-only "
+                "model's self-attention (no cross-attention cache): use the model's own cache")
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        _check_model_support(config, text_config)
+        _check_model_support(outer, text_config)
+        head_dim = getattr(text_config, "head_dim", None)
+        if not isinstance(head_dim, int) and isinstance(getattr(text_config, "hidden_size", None), int) and \
+                isinstance(getattr(text_config, "num_attention_heads", None), int) and text_config.num_attention_heads:
+            head_dim = text_config.hidden_size // text_config.num_attention_heads
+        if isinstance(head_dim, int):
+            try:
+                kvarn_check_head_dim(head_dim)
+            except ValueError as e:
+                raise ValueError(f"config: {e}") from None
         softcap = getattr(text_config, "attn_logit_softcapping", None)
         if softcap:
             raise NotImplementedError(
@@ -609,6 +706,7 @@ class KVarNCache(Cache):
             )
         super().__init__(layers=layers)
         self._failure = [None]
+        self._journal = _StepJournal()
         # Per layer index: the index of the last KVarN layer before it (None: none), whose step the
         # attention must have taken by the time this layer's update comes.
         self._previous_kvarn: list[int | None] = []
@@ -617,6 +715,7 @@ class KVarNCache(Cache):
             self._previous_kvarn.append(last)
             if isinstance(layer, KVarNLayer):
                 layer._failure = self._failure
+                layer._journal = self._journal
                 last = i
         # The Preset itself: a custom one's name alone could not be resolved again.
         self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset
@@ -674,7 +773,7 @@ class KVarNCache(Cache):
         if layer._pending is None and layer._prefill is None:
             return
         if layer._prefill is not None:
-            layer.reset()  # empty again, as before the prompt (reset clears the shared failure: set below)
+            layer._empty()  # empty again, as before the prompt
         layer._pending = None
         error = RuntimeError(
             f"KVarNCache: layer {i}'s attention did not run through kvarn: the model running this forward does "
@@ -688,16 +787,22 @@ class KVarNCache(Cache):
         layer._fail(error)
         raise error
 
+    @torch.compiler.disable  # see kvarn_attention
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         if layer_idx == 0:  # a new forward, before any layer (a sliding one too) stores its tokens
             self._check_consistent()
+            self._journal.start()  # the previous forward's step stays
         if self.config._attn_implementation != ATTN_IMPLEMENTATION:
+            self._journal.rollback()
             raise RuntimeError(
                 f"KVarNCache: the model's attn_implementation is {self.config._attn_implementation!r}, "
                 f"expected {ATTN_IMPLEMENTATION!r}; do not change it while this cache is in use (switch it back "
                 "with kvarn.integrations.transformers.use_kvarn_attention(model))"
             )
         self._check_previous_step_taken(layer_idx)
+        layer = self.layers[layer_idx] if 0 <= layer_idx < len(self.layers) else None
+        if layer is not None and not isinstance(layer, KVarNLayer):  # transformers' layers replace their tensors
+            self._journal.add(functools.partial(_restore_attributes, layer, dict(layer.__dict__)))
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def _change_every_layer(self, plan, apply, other) -> None:
@@ -717,6 +822,7 @@ class KVarNCache(Cache):
             raise
         for layer, p in plans:
             apply(layer, p)
+        self._journal.clear()  # its undo entries no longer fit the rows and lengths
 
     def crop(self, tokens_to_remove: int) -> None:
         self._change_every_layer(lambda layer: layer._crop_plan(tokens_to_remove), KVarNLayer._apply_crop,
