@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import kvarn  # noqa: E402
 from kvarn import eval as kev  # noqa: E402
 from kvarn.integrations import assets  # noqa: E402
-from kvarn.integrations.transformers import KVarNCache, KVarNLayer, cache_kwargs  # noqa: E402
+from kvarn.integrations.transformers import KVarNCache, KVarNLayer, cache_kwargs, restore_attention  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -370,6 +370,69 @@ def test_a_step_a_later_layer_rejects_is_undone_in_every_layer():
     _assert_same(_snapshot(last), _snapshot(ref.layers[2]))
     np.testing.assert_array_equal(first._ring_k, ref.layers[0]._ring_k)  # the crop ring holds only valid tokens
     np.testing.assert_array_equal(first._ring_v, ref.layers[0]._ring_v)
+
+
+def test_the_journal_is_released_when_a_forward_completes_and_pickles():
+    """The undo entries hold checkpoints (old packed buffers) and a sliding layer's previous K/V: they go
+    once every layer has taken the step, not at the next forward; a cache pickles after decoding."""
+    import pickle
+
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100, use_sliding_window=True, sliding_window=16,
+                                   max_window_layers=1)
+    cfg.layer_types = ["full_attention", "sliding_attention", "full_attention"]
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    ids = torch.randint(1, 100, (1, 140), generator=torch.Generator().manual_seed(4))
+    cache = KVarNCache(model.config, preset="k4v2_g64", sink_tokens=0)
+    with torch.no_grad():
+        model(ids[:, :130], use_cache=True, **cache_kwargs(model, cache))
+        assert cache._journal.undo == []
+        for t in range(130, 133):
+            model(ids[:, t : t + 1], use_cache=True, **cache_kwargs(model, cache))
+            assert cache._journal.undo == []
+        copy = pickle.loads(pickle.dumps(cache))
+        a = model(ids[:, 133:134], use_cache=True, **cache_kwargs(model, cache)).logits
+        b = model(ids[:, 133:134], use_cache=True, **cache_kwargs(model, copy)).logits
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_refusal_at_a_sliding_layer_undoes_the_forward():
+    """A refusal at a sliding layer's attention (learned sinks, s_aux, in a model the constructor cannot
+    inspect) rolls back the KVarN layer before it, which had stored the step."""
+    from transformers import LlamaConfig
+
+    from kvarn.integrations.transformers import kvarn_attention
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=100)
+    cfg.layer_types = ["full_attention", "sliding_attention"]
+    cfg.sliding_window = 8
+    cache = KVarNCache(cfg, preset="k4v2_g64", sink_tokens=0)
+
+    class Module:
+        num_key_value_groups, is_causal, training = 2, True, False
+
+    def forward(n, seed, s_aux=None):
+        k, v = _kv(1, n, seed)
+        for i in range(2):
+            key, value = cache.update(k, v, i)
+            kw = {"s_aux": s_aux} if i == 1 and s_aux is not None else {}
+            kvarn_attention(Module(), torch.randn(1, 4, n, 16), key, value, None, scaling=0.25, **kw)
+
+    with torch.no_grad():
+        forward(20, 0)
+        forward(1, 1)
+        before = _snapshot(cache.layers[0]), cache.layers[1].keys
+        with pytest.raises(NotImplementedError, match="learned attention sinks"):
+            forward(1, 2, s_aux=torch.zeros(4))
+        _assert_same(_snapshot(cache.layers[0]), before[0])
+        assert cache.layers[1].keys is before[1]
+        assert [layer.get_seq_length() for layer in cache.layers] == [21, 21]
+        forward(1, 3)  # consistent: the next forward is taken
+    assert [layer.get_seq_length() for layer in cache.layers] == [22, 22]
 
 
 @pytest.mark.parametrize("how", ["rejected", "interrupted"])
@@ -875,7 +938,7 @@ def test_configs_checked_at_construction_and_multimodal_served():
     assert odd._attn_implementation == before
     llama = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=1)
     for window in (64, 128):
-        with pytest.raises(ValueError, match=f"^crop_window: {window} tokens serve no crop"):
+        with pytest.raises(ValueError, match=f"^crop_window: {window} tokens cannot hold a quantised tile of 128"):
             KVarNCache(llama, crop_window=window)
     assert KVarNCache(llama, crop_window=129).kvarn_layers[0].is_croppable
     torch.manual_seed(0)
@@ -892,6 +955,15 @@ def test_configs_checked_at_construction_and_multimodal_served():
         got = llava.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0, **cache_kwargs(llava, cache))
     assert torch.equal(got, ref) and cache.get_seq_length() == 207
     assert llava.config.get_text_config()._attn_implementation == "kvarn"
+    restore_attention(llava)  # switches the language model's config back
+    assert llava.config.get_text_config()._attn_implementation == "sdpa"
+    from transformers.models.mllama import configuration_mllama as mllama
+
+    mtext = mllama.MllamaTextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, vocab_size=300, cross_attention_layers=[1])
+    mcfg = transformers.MllamaConfig(text_config=mtext)
+    with pytest.raises(NotImplementedError, match=r"^config: MllamaTextConfig has cross-attention layers \(\[1\]\)"):
+        KVarNCache(mcfg)
 
 
 def test_torch_compile_runs_the_cache_and_attention_uncompiled():
@@ -916,7 +988,7 @@ def test_chunked_prefill_with_padding_longer_than_a_chunk_is_refused_plainly():
     mask = torch.ones(2, 80, dtype=torch.long)
     mask[1, :40] = 0
     cache = KVarNCache(model.config)
-    with pytest.raises(NotImplementedError, match="batch row 1's prompt is all padding here.*prefill_chunk_size"):
+    with pytest.raises(NotImplementedError, match="batch row 1's keys are all padding here.*prefill_chunk_size"):
         model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0,
                        prefill_chunk_size=32, **cache_kwargs(model, cache))
     assert cache.get_seq_length() == 0  # the first layer rejected the chunk: nothing stored

@@ -1056,8 +1056,9 @@ class PagedKVCache:
         if orng[0] < qr[1] and qr[0] < orng[1]:
             raise ValueError("out: overlaps q (the kernels read q while they write out); pass another array")
         if _elements_overlap(vo.shape, vo.strides):
-            raise ValueError(f"out: its elements overlap (shape {vo.shape}, strides {vo.strides}): the kernels would "
-                             "write several results to one place")
+            raise ValueError(f"out: its elements may overlap (shape {vo.shape}, strides {vo.strides}; the check accepts "
+                             "layouts it can prove disjoint, as any slicing or transposition of a dense array): the "
+                             "kernels would write several results to one place")
         if validate:
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "attend")
             _check(_cuda.check(vq.spec(), st.flag.ptr, 1, 2, stream), "attend")  # 2: some |q| > 65504

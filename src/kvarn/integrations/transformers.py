@@ -37,8 +37,9 @@ padding (right padding, padding in a later chunk) raises ``NotImplementedError``
 crop the window cannot serve.
 Errors: a step one layer rejects (NaN or beyond-fp16 K/V, a bad query, any refusal of kvarn's) leaves
 the whole cache as it was before the forward, every batch row included: the layers before it in the
-same forward, sliding-window ones too, are rolled back (each layer's kvarn caches keep a checkpoint
-until the next forward starts). A forward stopped by something else (an interrupt, an error in the
+same forward, sliding-window ones too, are rolled back (each layer keeps its state from before the
+step until the forward's last layer has run: while a step grows the packed buffers, the old ones live
+that long). A forward stopped by something else (an interrupt, an error in the
 model's own code) cannot be undone that way: a cache whose layers then hold different numbers of
 tokens, or a layer left holding a step its attention never took (interrupted between a layer's cache
 update and its attention), refuses the next forward, crop and batch reordering with a RuntimeError
@@ -85,6 +86,7 @@ ATTN_IMPLEMENTATION = "kvarn"
 _TAG = "_kvarn_layer"  # attribute set on a key tensor whose attention kvarn must do
 _PREFILL_TAG = "_kvarn_prefill"  # ...on a prompt's key tensor: attention as usual, then store it
 _MASK_CHECKED = "_kvarn_mask_checked"  # on a mask tensor: (keys, left pads) it was found to allow
+_JOURNAL_TAG = "_kvarn_journal"  # on a sliding layer's key tensor: the cache's step journal
 
 # An optional replacement for the whole attention computation, used by the evaluation
 # (pseudo-decode) and the sample capture: fn(module, query, key, value, mask, scaling) -> [B, q, Hq, D].
@@ -102,7 +104,7 @@ def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     if kwargs.get("s_aux") is not None:  # sdpa_attention_forward would swallow it: wrong outputs, no error
         _refuse(layer or prefill, "this model's attention adds learned attention sinks (s_aux), which neither kvarn "
                 "attention nor the sdpa attention it runs for prompts has; use the model's own cache and attention "
-                "(kvarn.integrations.transformers.restore_attention(model))")
+                "(kvarn.integrations.transformers.restore_attention(model))", getattr(key, _JOURNAL_TAG, None))
     if layer is not None:
         # The window this call passes decides (a full layer may pass None while its module still carries the
         # model's window, as EXAONE 4's do); a module attribute only where no window is passed.
@@ -122,6 +124,9 @@ def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scal
                                      **kwargs)[0]
     if prefill is not None:
         prefill.store_prefill(attention_mask)
+    journal = getattr(key, _JOURNAL_TAG, None)
+    if journal is not None:  # a sliding layer's attention ran
+        journal.took()
     return out, None
 
 
@@ -130,10 +135,13 @@ _TWICE = ("this model ran attention twice over one layer's cache update (layers 
           "does not support that")
 
 
-def _refuse(layer, why: str):
+def _refuse(layer, why: str, journal=None):
     """Raises NotImplementedError; a KVarN layer with a step kept aside drops it (a prompt empties the layer,
-    as before it), so that the cache refuses nothing else later for this."""
+    as before it), so that the cache refuses nothing else later for this; the layers before it in the
+    forward are rolled back (through the layer, or the journal a sliding layer's keys carry)."""
     error = NotImplementedError(f"KVarNCache: {why}")
+    if journal is not None:
+        journal.rollback()
     if layer is not None:
         if layer._prefill is not None:
             layer._empty()
@@ -171,6 +179,10 @@ def restore_attention(model_or_config) -> None:
     implementation goes back to what it was, e.g. for eager-only features. A KVarNCache built on
     this config refuses to run until it is switched to ``"kvarn"`` again."""
     config = getattr(model_or_config, "config", model_or_config)
+    if not hasattr(config, _PREVIOUS_ATTN) and hasattr(config, "get_text_config"):
+        text = config.get_text_config()  # a multimodal model's: KVarNCache switched its language model's config
+        if text is not config and hasattr(text, _PREVIOUS_ATTN):
+            config = model_or_config = text
     if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION or not hasattr(config, _PREVIOUS_ATTN):
         return
     previous = getattr(config, _PREVIOUS_ATTN)
@@ -223,8 +235,9 @@ def _left_padding(visible: np.ndarray) -> list[int]:
         p = int(len(row) - row.sum())
         if p == len(row):
             raise NotImplementedError(
-                f"KVarNCache: batch row {b}'s prompt is all padding here ({p} keys): a chunked prefill whose first "
-                "chunk a row's left padding fills; use a prefill_chunk_size longer than the longest padding"
+                f"KVarNCache: batch row {b}'s keys are all padding here ({p}): an empty prompt, or a chunked prefill "
+                "whose first chunk the row's left padding fills (use a prefill_chunk_size longer than the longest "
+                "padding)"
             )
         if row[:p].any() or not row[p:].all():
             raise NotImplementedError(
@@ -243,23 +256,37 @@ def _restore_attributes(obj, saved: dict) -> None:
 class _StepJournal:
     """What the current forward stored, layer by layer, as undo functions: a step one layer rejects is
     undone in the layers before it too, so a rejected step leaves the whole cache as it was. A forward
-    starts it (KVarNCache.update of layer 0); crop, row changes and reset() stop it (its entries would
-    no longer fit). Layers driven directly, not through KVarNCache.update, record nothing."""
+    starts it (KVarNCache.update of layer 0) and its last layer's attention releases it; crop, row changes
+    and reset() stop it (its entries would no longer fit). Layers driven directly, not through
+    KVarNCache.update, record nothing."""
 
-    def __init__(self):
+    def __init__(self, layers: int = 0):
         self.undo = []
         self.active = False
+        self.layers = layers  # when this many layers have taken the step (attention run), the forward is done
+        self.taken = 0
 
     def __deepcopy__(self, memo):  # a copied cache starts between forwards: nothing to undo
-        return _StepJournal()
+        return _StepJournal(self.layers)
+
+    def __reduce__(self):  # pickled the same way (checkpoints do not pickle)
+        return _StepJournal, (self.layers,)
 
     def start(self) -> None:
         self.undo.clear()
-        self.active = True
+        self.active, self.taken = True, 0
 
     def add(self, fn) -> None:
         if self.active:
             self.undo.append(fn)
+
+    def took(self) -> None:
+        """A layer's attention ran over the step. After the last one nothing is left to undo: the checkpoints
+        (old packed buffers) and snapshots (a sliding window's previous K/V) are released."""
+        if self.active:
+            self.taken += 1
+            if self.taken >= self.layers:
+                self.clear()
 
     def clear(self) -> None:
         self.undo.clear()
@@ -293,9 +320,10 @@ class KVarNLayer(CacheLayerMixin):
         self.crop_window = check_positive_int(crop_window, "crop_window", 0)
         if 0 < self.crop_window <= self.preset.group:
             raise ValueError(
-                f"crop_window: {crop_window} tokens serve no crop into a quantised tile of {self.preset.group} (crops "
-                f"inside the fp16 tail need no window); it must exceed the group: {2 * self.preset.group} serves any "
-                f"crop of up to {self.preset.group} tokens")
+                f"crop_window: {crop_window} tokens cannot hold a quantised tile of {self.preset.group} and the tail "
+                "after it, so only some crops into the tile could be served (assisted decoding would fail part-way; "
+                f"crops inside the fp16 tail need no window); it must exceed the group: {2 * self.preset.group} "
+                f"serves any crop of up to {self.preset.group} tokens")
         self.caches: list[kvarn.KVCache] = []
         self.pads: list[int] = []  # per row: left-padding positions, not stored in its cache
         self.cumulative_length = 0
@@ -409,6 +437,7 @@ class KVarNLayer(CacheLayerMixin):
         self.cumulative_length = n
         if self._journal is not None:
             self._journal.add(self._empty)
+            self._journal.took()
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
         """Appends the kept-aside tokens one at a time, each followed by kvarn decode attention."""
@@ -464,8 +493,9 @@ class KVarNLayer(CacheLayerMixin):
         for b, c in enumerate(self.caches):
             self._remember(b, len(c) - n, k[b], v[b], ring_saved)
         self.cumulative_length += n
-        if journal is not None:  # the checkpoints live until the next forward starts
+        if journal is not None:  # the checkpoints live until every layer has taken the step
             journal.add(functools.partial(self._undo_step, before, n, ring_saved))
+            journal.took()
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -667,6 +697,11 @@ class KVarNCache(Cache):
                 f"config: {type(outer).__name__} is an encoder-decoder model; KVarNCache caches a decoder-only "
                 "model's self-attention (no cross-attention cache): use the model's own cache")
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        cross = getattr(text_config, "cross_attention_layers", None)
+        if cross:
+            raise NotImplementedError(
+                f"config: {type(text_config).__name__} has cross-attention layers ({list(cross)}); KVarNCache caches "
+                "self-attention only: use the model's own cache")
         _check_model_support(outer, text_config)
         head_dim = getattr(text_config, "head_dim", None)
         if not isinstance(head_dim, int) and isinstance(getattr(text_config, "hidden_size", None), int) and \
@@ -706,7 +741,7 @@ class KVarNCache(Cache):
             )
         super().__init__(layers=layers)
         self._failure = [None]
-        self._journal = _StepJournal()
+        self._journal = _StepJournal(len(layers))
         # Per layer index: the index of the last KVarN layer before it (None: none), whose step the
         # attention must have taken by the time this layer's update comes.
         self._previous_kvarn: list[int | None] = []
@@ -801,9 +836,12 @@ class KVarNCache(Cache):
             )
         self._check_previous_step_taken(layer_idx)
         layer = self.layers[layer_idx] if 0 <= layer_idx < len(self.layers) else None
-        if layer is not None and not isinstance(layer, KVarNLayer):  # transformers' layers replace their tensors
-            self._journal.add(functools.partial(_restore_attributes, layer, dict(layer.__dict__)))
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        if layer is None or isinstance(layer, KVarNLayer):
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        self._journal.add(functools.partial(_restore_attributes, layer, dict(layer.__dict__)))  # they replace
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)  # their tensors
+        setattr(keys, _JOURNAL_TAG, self._journal)  # a refusal at this layer's attention undoes the forward
+        return keys, values
 
     def _change_every_layer(self, plan, apply, other) -> None:
         """Checks the cache and every KVarN layer's part (plan(layer) raises, changing nothing), then changes
