@@ -1046,6 +1046,45 @@ def test_attention_twice_per_update_and_sinks_are_refused_at_the_attention_call(
     assert fresh.get_seq_length() == 0 and fresh._prefill is None
 
 
+def test_attention_twice_at_the_last_layer_locks_the_cache_until_reset():
+    """At an earlier layer a second attention call over one update rolls the forward back; at the last
+    layer every layer has stored the step and released its undo state, so the cache refuses further use
+    (naming reset()) instead of keeping a step whose forward raised as if it were valid."""
+    from transformers import AttentionInterface
+
+    from kvarn.integrations.transformers import kvarn_attention
+
+    model = _tiny(__import__("transformers").LlamaConfig, num_hidden_layers=2)
+    ids = torch.randint(1, 256, (1, 50), generator=torch.Generator().manual_seed(5))
+    for twice_at, lengths in ((0, [40, 40]), (1, [41, 41])):
+        cache = KVarNCache(model.config, preset="k4v2_g64", sink_tokens=0)
+        with torch.no_grad():
+            model(ids[:, :40], use_cache=True, **cache_kwargs(model, cache))
+
+        def twice(module, *args, **kwargs):
+            out = kvarn_attention(module, *args, **kwargs)
+            if module.layer_idx == twice_at:
+                kvarn_attention(module, *args, **kwargs)
+            return out
+
+        AttentionInterface.register("kvarn", twice)
+        try:
+            with pytest.raises(NotImplementedError, match="ran attention twice"), torch.no_grad():
+                model(ids[:, 40:41], use_cache=True, **cache_kwargs(model, cache))
+        finally:
+            AttentionInterface.register("kvarn", kvarn_attention)
+        assert [layer.get_seq_length() for layer in cache.layers] == lengths
+        with torch.no_grad():
+            if twice_at == 0:  # rolled back: the next forward is taken
+                model(ids[:, 40:41], use_cache=True, **cache_kwargs(model, cache))
+            else:
+                with pytest.raises(RuntimeError, match="after its last layer had stored the step.*call reset"):
+                    model(ids[:, 41:42], use_cache=True, **cache_kwargs(model, cache))
+                cache.reset()
+                model(ids[:, :40], use_cache=True, **cache_kwargs(model, cache))
+        assert cache.get_seq_length() in (40, 41)
+
+
 def test_hybrid_model_whose_full_layers_carry_a_window_attribute():
     """EXAONE 4's full-attention modules keep the model's sliding_window as an attribute and pass
     sliding_window=None: the passed value decides (it used to be refused at the first decode step)."""

@@ -43,7 +43,8 @@ that long). A forward stopped by something else (an interrupt, an error in the
 model's own code) cannot be undone that way: a cache whose layers then hold different numbers of
 tokens, or a layer left holding a step its attention never took (interrupted between a layer's cache
 update and its attention), refuses the next forward, crop and batch reordering with a RuntimeError
-until ``reset()``. Crop and batch reordering check every layer before changing any. Under
+until ``reset()``; so does a refusal that comes after the last layer has stored the step (attention run
+twice over the last layer's update), whose step cannot be undone any more. Crop and batch reordering check every layer before changing any. Under
 ``torch.compile`` the cache update and the attention run uncompiled (graph breaks).
 A forward whose attention does not run through ``"kvarn"`` would attend a decode step over its own
 token only. If the cache's config is not switched to ``"kvarn"`` (``restore_attention``), the first
@@ -260,21 +261,23 @@ class _StepJournal:
     and reset() stop it (its entries would no longer fit). Layers driven directly, not through
     KVarNCache.update, record nothing."""
 
-    def __init__(self, layers: int = 0):
+    def __init__(self, layers: int = 0, late_refusal=None):
         self.undo = []
-        self.active = False
+        self.active = self.released = False
         self.layers = layers  # when this many layers have taken the step (attention run), the forward is done
         self.taken = 0
+        self.late_refusal = late_refusal  # a refusal after the release: nothing left to undo (see KVarNCache)
 
     def __deepcopy__(self, memo):  # a copied cache starts between forwards: nothing to undo
-        return _StepJournal(self.layers)
+        return _StepJournal(self.layers, self.late_refusal)
 
     def __reduce__(self):  # pickled the same way (checkpoints do not pickle)
-        return _StepJournal, (self.layers,)
+        return _StepJournal, (self.layers, self.late_refusal)
 
     def start(self) -> None:
         self.undo.clear()
         self.active, self.taken = True, 0
+        self.released = False
 
     def add(self, fn) -> None:
         if self.active:
@@ -287,12 +290,16 @@ class _StepJournal:
             self.taken += 1
             if self.taken >= self.layers:
                 self.clear()
+                self.released = True
 
     def clear(self) -> None:
         self.undo.clear()
         self.active = False
+        self.released = False
 
-    def rollback(self) -> None:
+    def rollback(self, why: str = "") -> None:
+        if self.released:  # every layer had stored the step: it stays, and the cache is
+            self.late_refusal = why or "a refusal after the forward's last layer"  # refused until reset()
         while self.undo:
             self.undo.pop()()
 
@@ -360,7 +367,7 @@ class KVarNLayer(CacheLayerMixin):
         """Records a rejected step and undoes what the layers before this one stored of it."""
         self._failure[0] = f"{type(error).__name__}: {error}"
         if self._journal is not None:
-            self._journal.rollback()
+            self._journal.rollback(self._failure[0])
 
     def _restore_ring(self, saved: list) -> None:
         for b, slots, old_k, old_v, old_from in reversed(saved):
@@ -517,6 +524,7 @@ class KVarNLayer(CacheLayerMixin):
         self._failure[0] = None  # Cache.reset() resets every layer: no earlier rejection to report
         if self._journal is not None:
             self._journal.clear()
+            self._journal.late_refusal = None
 
     def offload(self):  # the packed cache lives in host memory already
         pass
@@ -782,6 +790,10 @@ class KVarNCache(Cache):
         lengths = [layer.get_seq_length() for layer in self.layers]
         why = f" (the last rejected step: {self._failure[0]})" if self._failure[0] else ""
         fix = "call reset() on the cache (or start a new one) before using it again"
+        if self._journal.late_refusal:
+            raise RuntimeError(
+                "KVarNCache: a forward was refused after its last layer had stored the step (attention run twice "
+                f"over the last layer's update), which cannot be undone: {self._journal.late_refusal}; {fix}")
         if min(lengths) != max(lengths):
             raise RuntimeError(
                 f"KVarNCache: its layers hold {min(lengths)} to {max(lengths)} tokens: an earlier forward failed or "
