@@ -867,8 +867,7 @@ class KVarNCache(Cache):
                 other(layer)
         except BaseException:
             for layer, state in zip(others, saved):
-                layer.__dict__.clear()
-                layer.__dict__.update(state)
+                _restore_attributes(layer, state)
             raise
         for layer, p in plans:
             apply(layer, p)
