@@ -107,6 +107,23 @@ def test_pickle_keeps_the_subclass_and_its_attributes(rng):
     assert_same_cache(cache, twin, rng.standard_normal((2, D)).astype(np.float32))
 
 
+@pytest.mark.parametrize("cls", [NamedSubclass, NamedFP16Subclass])
+def test_deepcopy_copies_a_subclass_attributes_and_copy_shares_them(cls, rng):
+    cache = cls(H, D)
+    cache.append(*tokens(rng, 5))
+    cache.meta = {"steps": [1]}
+    deep, shallow = copy.deepcopy(cache), copy.copy(cache)
+    deep.meta["steps"].append(2)  # shared with the original before: deepcopy copied only the buffers
+    assert cache.meta == {"steps": [1]} and deep.meta == {"steps": [1, 2]}
+    assert shallow.meta is cache.meta  # copy.copy: a shallow copy of the attributes, fresh buffers
+    if cls is NamedSubclass:  # a checkpoint held by the cache follows it (memo), as in a deep-copied tuple
+        cache.held = cache.checkpoint()
+        cache.append(*tokens(rng, 3))
+        deep = copy.deepcopy(cache)
+        deep.rollback(deep.held)
+        assert len(deep) == 5 and len(cache) == 8
+
+
 class LayerCache(kvarn.KVCache):
     """A subclass whose constructor takes other arguments than KVCache's (an engine's per-layer cache)."""
 

@@ -10,6 +10,7 @@ cache; inputs beyond the fp16 range are rejected.
 """
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 
@@ -608,18 +609,26 @@ class KVCache:
         return self.copy()
 
     def __deepcopy__(self, memo) -> "KVCache":
-        return self.copy()
+        # The buffers are fresh in copy(); attributes beyond a fresh KVCache's (a subclass's, say)
+        # are deep-copied too, which copy() alone would share with this cache.
+        new = memo[id(self)] = self.copy()
+        for key in self._extra_attributes():
+            new.__dict__[key] = copy.deepcopy(self.__dict__[key], memo)
+        return new
 
     # pickle goes through the public parts (the lock and the buffers' spare capacity stay behind): the
     # unpickled cache has the same type, settings and content, and further appends give the same records.
-    _own_attributes = None  # what __init__ sets: built on the first pickle
+    _own_attributes = None  # what __init__ sets: built on first use
+
+    def _extra_attributes(self) -> list:
+        if KVCache._own_attributes is None:
+            KVCache._own_attributes = frozenset(KVCache(1, 16).__dict__) | {"_parts_cache"}
+        return [k for k in self.__dict__ if k not in KVCache._own_attributes]
 
     def __reduce__(self):
         parts = self.to_parts()
         # Instance attributes beyond a fresh KVCache's (a subclass's, say) travel too, as copy() keeps them.
-        if KVCache._own_attributes is None:
-            KVCache._own_attributes = frozenset(KVCache(1, 16).__dict__) | {"_parts_cache"}
-        extra = {k: v for k, v in self.__dict__.items() if k not in KVCache._own_attributes}
+        extra = {k: self.__dict__[k] for k in self._extra_attributes()}
         return KVCache._unpickle, (type(self), parts), extra or None
 
     @staticmethod
@@ -696,8 +705,6 @@ class Checkpoint:
         twin = memo.get(id(self._cache))
         if twin is None:
             return self
-        import copy
-
         # Copies of the state's buffers, not the copied cache's current ones: rollback freezes them
         # there, as on the original (buffers shared by several checkpoints stay shared, through memo).
         return Checkpoint(twin, copy.deepcopy(self._state, memo))

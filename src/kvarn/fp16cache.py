@@ -15,6 +15,7 @@ so it goes through kvarn_attend unchanged.
 """
 from __future__ import annotations
 
+import copy
 import threading
 
 import numpy as np
@@ -91,7 +92,12 @@ class FP16Cache:
         return self.copy()
 
     def __deepcopy__(self, memo) -> "FP16Cache":
-        return self.copy()
+        # Fresh buffers from copy(); attributes beyond a fresh FP16Cache's (a subclass's, say) deep-copied.
+        new = memo[id(self)] = self.copy()
+        own = ("_state", "_append_lock", "_parts_cache", "num_kv_heads", "head_dim")
+        for key in [k for k in self.__dict__ if k not in own]:
+            new.__dict__[key] = copy.deepcopy(self.__dict__[key], memo)
+        return new
 
     def keys_values(self):
         """(K, V) float16 [num_kv_heads, len, head_dim] read-only views (appends write past len in place)."""
