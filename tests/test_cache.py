@@ -445,6 +445,11 @@ def test_custom_presets(rng):
         kvarn.KVCache(1, 128, kvarn.Preset("mine", 4, 2, 32))
     with pytest.raises(ValueError, match="preset: 'k3' has k3/v3 bits"):
         kvarn.quantize_tile(np.ones((128, 128)), np.ones((128, 128)), kvarn.Preset("k3", 3, 3, 128))
+    for wrong in (3, None, b"k4v2_g128"):  # a wrong type is a TypeError (README's rule), a wrong name a ValueError
+        with pytest.raises(TypeError, match="preset: expected a preset name"):
+            kvarn.KVCache(1, 128, wrong)
+    with pytest.raises(ValueError, match="preset: unknown preset 'k4v2'"):
+        kvarn.KVCache(1, 128, "k4v2")
     # A supported combination that is not a named preset works end to end, and survives to_parts.
     p = kvarn.Preset("k2v4_g64", 2, 4, 64)
     cache = kvarn.KVCache(2, 64, p, sink_tokens=64)

@@ -273,6 +273,18 @@ def test_to_from_bytes_round_trip(preset, rng):
     np.testing.assert_array_equal(kvarn.dequantize_tile(back)[0], kvarn.dequantize_tile(tile)[0])
 
 
+def test_records_at_an_odd_address_dequantize(rng):
+    """Records read straight out of a larger buffer (np.frombuffer at an odd offset) were accepted by
+    from_records and then refused by dequantize_tile ("records buffer is not 2-byte aligned")."""
+    tile = kvarn.quantize_tile(kv_like(rng, (2, 128, 64)), kv_like(rng, (2, 128, 64)))
+    blob = b"x" + tile.records.tobytes()
+    odd = np.frombuffer(blob, np.uint8, offset=1).reshape(tile.records.shape)
+    assert odd.ctypes.data % 2
+    wrapped = kvarn.Tile.from_records(odd, tile.preset, 64)
+    for got, want in zip(kvarn.dequantize_tile(wrapped), kvarn.dequantize_tile(tile)):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_from_bytes_rejects_corruption(rng):
     tile = kvarn.quantize_tile(kv_like(rng, (128, 64)), kv_like(rng, (128, 64)))
     data = tile.to_bytes()
@@ -371,10 +383,12 @@ def test_pack_codes_checks_bits_and_range():
         kvarn.pack_codes(np.array([1, 2, 3]), 4)
     with pytest.raises(TypeError, match="codes: expected an integer array"):
         kvarn.pack_codes(np.array([0.5, 1.0]), 4)
-    for bits in (3, 0, 4.0, True):
-        with pytest.raises(ValueError, match="bits: must be one of"):
+    for bits, exc, msg in ((3, ValueError, "bits: must be one of"), (0, ValueError, "bits: must be one of"),
+                           (4.0, TypeError, "bits: expected an int"), (True, TypeError, "bits: expected an int"),
+                           ("4", TypeError, "bits: expected an int")):
+        with pytest.raises(exc, match=msg):
             kvarn.pack_codes(np.zeros(8, np.uint8), bits)
-        with pytest.raises(ValueError, match="bits: must be one of"):
+        with pytest.raises(exc, match=msg):
             kvarn.unpack_codes(np.zeros(2, np.uint8), bits)
     with pytest.raises(TypeError, match="packed: expected a uint8 array"):
         kvarn.unpack_codes(np.zeros(2, np.int32), 4)

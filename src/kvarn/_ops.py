@@ -81,7 +81,9 @@ def get_preset(preset) -> Preset:
         if any(type(getattr(preset, f)) is not int for f in ("kbits", "vbits", "group")):
             preset = Preset(preset.name, int(preset.kbits), int(preset.vbits), int(preset.group))
         return preset
-    if not isinstance(preset, str) or preset not in PRESETS:
+    if not isinstance(preset, str):
+        raise TypeError(f"preset: expected a preset name (str) or a kvarn.Preset, got {type(preset).__name__}")
+    if preset not in PRESETS:
         raise ValueError(f"preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[preset]
 
@@ -364,7 +366,10 @@ def dequantize_records_native(records: np.ndarray, preset: Preset, head_dim: int
     n = records.shape[0]
     k = np.empty((n, preset.group, head_dim), dtype=np.float32)
     v = np.empty_like(k)
-    rc = _native.dequantize_tiles(np.ascontiguousarray(records), preset.kbits, preset.vbits, k, v)
+    records = np.ascontiguousarray(records)
+    if records.ctypes.data % 2:  # a Tile over np.frombuffer(blob, offset=odd): the kernels read fp16 fields
+        records = records.copy()
+    rc = _native.dequantize_tiles(records, preset.kbits, preset.vbits, k, v)
     check_status(rc, "dequantize")
     return k, v
 

@@ -51,7 +51,9 @@ def _field_views(records: np.ndarray, preset: Preset, head_dim: int) -> dict:
 
 
 def _check_bits(bits) -> int:
-    if isinstance(bits, (bool, np.bool_)) or not isinstance(bits, (int, np.integer)) or bits not in SUPPORTED_BITS:
+    if isinstance(bits, (bool, np.bool_)) or not isinstance(bits, (int, np.integer)):
+        raise TypeError(f"bits: expected an int, one of {SUPPORTED_BITS}, got {type(bits).__name__} {bits!r}")
+    if bits not in SUPPORTED_BITS:
         raise ValueError(f"bits: must be one of {SUPPORTED_BITS}, got {bits!r}")
     return int(bits)
 
