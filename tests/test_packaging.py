@@ -6,6 +6,7 @@ from the source tree (editable install or PYTHONPATH=src) rather than from a whe
 """
 import importlib.metadata
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -121,3 +122,39 @@ def test_cmake_leaves_the_x86_simd_files_out_elsewhere(tmp_path):
                           if p.is_file() and p.name in ("build.ninja", "build.make", "Makefile2"))
     assert build_files and "kernels_avx2" not in build_files and "kernels_no_x86" in build_files
     assert "avx2_kernels() { return nullptr; }" in (b / "native" / "cpu" / "kernels_no_x86.cpp").read_text()
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the ISA files exist on x86-64 only")
+def test_isa_files_share_no_code_and_the_baseline_stays_baseline(tmp_path):
+    """Builds the native core at -O0 under a global -march=x86-64-v3 (a distribution's CXXFLAGS) and reads the
+    objects. (1) The AVX2 / AVX-512 files define no weak or unique symbols: an inline function they emit out of
+    line is one symbol shared with the baseline files, and the linker may keep the AVX-512 copy for all
+    (kvarn_layout and TileFormat::layout were, in Debug builds). (2) The baseline files hold no VEX/EVEX
+    instruction, global flags or not (they held AVX and contracted FMAs before -mno-avx / -ffp-contract=off)."""
+    tools = {name: shutil.which(name) for name in ("cmake", "nm", "objdump")}
+    if not all(tools.values()):
+        pytest.skip(f"needs cmake, nm and objdump on PATH (missing: {[n for n, p in tools.items() if not p]})")
+    b = tmp_path / "b"
+    r = subprocess.run([tools["cmake"], "-S", ROOT, "-B", str(b), "-DKVARN_CUDA=OFF", "-DCMAKE_BUILD_TYPE=Debug",
+                        "-DCMAKE_CXX_FLAGS=-march=x86-64-v3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    r = subprocess.run([tools["cmake"], "--build", str(b), "--target", "kvarn_core", "-j2"], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    objects = {p.name.split(".")[0]: p for p in b.rglob("*.o")}
+    isa_files, baseline = ("kernels_avx2", "kernels_avx512"), ("api", "dispatch", "kernels_scalar", "sinkhorn_scalar")
+    assert set(isa_files + baseline) <= set(objects), sorted(objects)
+    for name in isa_files:
+        symbols = subprocess.run([tools["nm"], "-C", str(objects[name])], capture_output=True, text=True).stdout
+        shared = [line for line in symbols.splitlines() if re.match(r"^\S*\s+[WVu]\s", line)]
+        assert not shared, f"{name}: symbols the linker may share with the baseline files: {shared[:10]}"
+        assert "avx" in name and symbols.strip()
+    vex = re.compile(r":\s+v[a-z0-9]+\s")  # AT&T mnemonics of VEX/EVEX-encoded instructions start with v
+    for name in baseline:
+        code = subprocess.run([tools["objdump"], "-d", "--no-show-raw-insn", str(objects[name])], capture_output=True,
+                              text=True).stdout
+        hits = [line.strip() for line in code.splitlines() if vex.search(line)]
+        assert code.count("\n") > 100 and not hits, f"{name}: {len(hits)} VEX/EVEX instructions, e.g. {hits[:5]}"
+    avx2_code = subprocess.run([tools["objdump"], "-d", "--no-show-raw-insn", str(objects["kernels_avx2"])],
+                               capture_output=True, text=True).stdout
+    assert len([line for line in avx2_code.splitlines() if vex.search(line)]) > 1000  # the check sees them

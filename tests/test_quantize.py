@@ -285,6 +285,31 @@ def test_records_at_an_odd_address_dequantize(rng):
         np.testing.assert_array_equal(got, want)
 
 
+def _misaligned(x):
+    """A copy of x whose data starts at an odd address (numpy marks it unaligned)."""
+    out = np.frombuffer(b"x" + np.ascontiguousarray(x).tobytes(), x.dtype, offset=1).reshape(x.shape)
+    assert out.ctypes.data % 2 and not out.flags.aligned
+    return out
+
+
+def test_misaligned_inputs_are_copied_not_refused(rng):
+    """The native code refuses misaligned buffers (undefined behaviour in its scalar kernels); the
+    Python layer copies them, so arrays read out of byte buffers work as before."""
+    k, v = (kv_like(rng, (2, 128, 64)) for _ in range(2))
+    for dtype in (np.float32, np.float16):
+        tile = kvarn.quantize_tile(k.astype(dtype), v.astype(dtype))
+        np.testing.assert_array_equal(
+            kvarn.quantize_tile(_misaligned(k.astype(dtype)), _misaligned(v.astype(dtype))).records, tile.records)
+    cache, odd = kvarn.KVCache(2, 64), kvarn.KVCache(2, 64)
+    k, v = (kv_like(rng, (2, 128 + 2 * 128 + 5, 64)) for _ in range(2))  # tiles quantised from the input itself
+    cache.append(k, v)
+    odd.append(_misaligned(k), _misaligned(v))
+    np.testing.assert_array_equal(odd.records, cache.records)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(kvarn.attend(_misaligned(q), cache), kvarn.attend(q, cache))
+    np.testing.assert_array_equal(kvarn.hadamard(_misaligned(q)), kvarn.hadamard(q))
+
+
 def test_from_bytes_rejects_corruption(rng):
     tile = kvarn.quantize_tile(kv_like(rng, (128, 64)), kv_like(rng, (128, 64)))
     data = tile.to_bytes()

@@ -230,6 +230,10 @@ def _tiles(rng, kind, n, G, D):
     elif kind == "offset":  # means 10^4 x the spread: the statistics' float sums cancel (double fallback)
         k = (rng.uniform(-300, 300, (n, 1, D)) + 0.03 * rng.standard_normal((n, G, D))).astype(np.float32)
         v = (rng.uniform(-300, 300, (n, G, 1)) + 0.03 * rng.standard_normal((n, G, D))).astype(np.float32)
+    elif kind == "signedzeros":  # +0 and -0 mixed: which zero a row minimum keeps was order-dependent (kz, vz)
+        k = np.where(rng.random((n, G, D)) < 0.5, np.float32(-0.0), np.float32(0.0))
+        v = np.where(rng.random((n, G, D)) < 0.5, np.float32(-0.0), np.float32(0.0))
+        v[:, :, ::4] = rng.standard_normal((n, G, (D + 3) // 4))  # rows with zeros beside values too
     else:  # degenerate: constant rows/columns and zeros (RTN scale floor, zero std)
         k = np.zeros((n, G, D), np.float32)
         k[:, :, ::3] = 1.5
@@ -240,7 +244,7 @@ def _tiles(rng, kind, n, G, D):
 
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k2v2_g128", "k8v8_g128"])
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
-@pytest.mark.parametrize("kind", ["gauss", "scaled", "fp16grid", "offset", "degenerate"])
+@pytest.mark.parametrize("kind", ["gauss", "scaled", "fp16grid", "offset", "degenerate", "signedzeros"])
 def test_quantize_records_identical(preset, head_dim, kind, rng):
     p = _ops.get_preset(preset)
     k, v = _tiles(rng, kind, 3, p.group, head_dim)
@@ -390,6 +394,32 @@ def test_attend_large_scores(rng):
     c = _cache(rng, "k4v2_g128", 1, 128, 1000)
     q = (rng.standard_normal((4, 128)) * 30).astype(np.float32)
     _check_attend(c, q, tol_floor=1e-4)
+
+
+@pytest.mark.parametrize("field", ["ka", "kz", "kt", "vc", "va", "vz"])
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g64"])
+def test_a_nan_in_a_record_is_reported_on_every_isa_and_mode(field, preset, rng):
+    """A NaN scale field (records from the C API, or edited after their check) must give
+    KVARN_ERR_OVERFLOW as on the scalar kernels: the SIMD exp clamps used to turn a NaN score
+    into a weight of ~0 or 1e-38, and the int16 weights' NaN into an out-of-range integer sum
+    (undefined behaviour); the output came out finite."""
+    c = _cache(rng, preset, 2, 64, 64 + 3 * _ops.get_preset(preset).group + 5)
+    parts = dict(c._native_parts())
+    records = parts["records"][: c.num_tiles].copy()
+    view = kvarn.Tile(records.reshape(-1, records.shape[-1]), preset, 64).fields()[field]
+    view[3, 1] = np.float16(np.nan)  # tile 1, kv head 1 (records are [tiles * heads, bytes] here)
+    parts["records"] = records
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    for isa in ISAS:
+        kvarn.set_isa(isa)
+        for mode in ("float", "int16", "int8"):
+            if mode != "float" and isa not in MODE_ISAS["int16"]:
+                continue
+            _native.set_score_mode(mode if mode != "int8" or HAS_VNNI else "int16")
+            out = np.zeros_like(q)
+            rc = _native.attend([parts], q, 0.125, out, 2)
+            assert rc == _native.ERR_OVERFLOW, (isa, mode, rc)
+            assert not np.isfinite(out[0, 2:]).all(), (isa, mode)  # query heads 2, 3 read kv head 1
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])

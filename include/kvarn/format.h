@@ -51,7 +51,7 @@ typedef struct kvarn_record_layout {
 #if defined(__CUDACC__)
 __host__ __device__ constexpr inline
 #elif defined(__cplusplus)
-constexpr inline
+static constexpr inline  /* internal linkage: an ISA file's out-of-line copy (-O0) must not serve the others */
 #else
 static inline
 #endif

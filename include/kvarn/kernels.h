@@ -18,8 +18,14 @@ struct TileFormat {
     int vbits;
     int group;     // G, tokens per tile
     int head_dim;  // D
-    kvarn_record_layout layout() const { return kvarn_layout(kbits, vbits, group, head_dim); }
 };
+
+// A free function with internal linkage, not an inline member: an inline member is one weak symbol shared by
+// every file, and the linker may keep the copy compiled with AVX-512 flags for the baseline code to call.
+static inline kvarn_record_layout record_layout(const TileFormat& f)
+{
+    return kvarn_layout(f.kbits, f.vbits, f.group, f.head_dim);
+}
 
 // Running online-softmax state of one GQA group (n_q query heads sharing a KV
 // head). Caller-owned. Scores are already multiplied by the softmax scale

@@ -9,10 +9,18 @@
  * buffer's size: every buffer must hold what its shape says.
  *
  * Buffers: all caller-owned; the library keeps no pointer after a call returns.
- * Alignment: float arrays 4 bytes, fp16 arrays 2 bytes, and every record (records
- * pointer and record strides) 2 bytes (the scalar kernels store fp16 fields in
- * place); no wider alignment is needed. Outputs must not overlap any input or
- * each other, except kvarn_hadamard_*, which work in place.
+ * Alignment: float arrays 4 bytes (double 8), fp16 arrays 2 bytes, and every record
+ * (records pointer and record strides) 2 bytes (the scalar kernels read and store fp16
+ * fields in place); no wider alignment is needed. A misaligned pointer or record stride
+ * is KVARN_ERR_ARGUMENT. Outputs must not overlap any input or each other, except
+ * kvarn_hadamard_*, which work in place.
+ *
+ * Values: inputs must be finite (the Python layer checks). Non-finite k or v give
+ * records of no meaning or KVARN_ERR_OVERFLOW, never undefined behaviour; a NaN or
+ * Inf in a record's fields makes kvarn_attend return KVARN_ERR_OVERFLOW (a non-finite
+ * output) on every ISA.
+ *
+ * num_threads: <= 0 means all cores; above KVARN_MAX_THREADS is KVARN_ERR_ARGUMENT.
  *
  * Threads: kernel calls (hadamard, quantize, dequantize, attend, balance) may run
  * concurrently from any number of threads; they share one internal thread pool,
@@ -63,7 +71,8 @@ const char* kvarn_isa_error(void);
  * head) and dotted exactly in int32 with the codes (vpdpwssd where the CPU has
  * AVX-512 VNNI resp. AVX-VNNI, else vpmaddwd + vpaddd: the same sums); 2 the query
  * in int8 (vpdpbusd; avx512 with VNNI only, coarser). Environment:
- * KVARN_SCORES=float|int16|int8. int8 without AVX-512 VNNI, int16 without AVX2:
+ * KVARN_SCORES=float|int16|int8 (the library ignores any other value, i.e. runs int16;
+ * the Python module refuses one at import). int8 without AVX-512 VNNI, int16 without AVX2:
  * KVARN_ERR_ISA. kvarn_score_mode: the mode the active kernels run (float on the
  * scalar kernels; int16 for int8 where int8 cannot run). */
 int kvarn_set_score_mode(int32_t mode);
@@ -87,6 +96,8 @@ int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim);
  * (SPEC's default is KVARN_SINKHORN_ITERS); more is KVARN_ERR_ARGUMENT, so that a bad
  * value cannot stall a call for minutes. The Python layer uses the same bound. */
 #define KVARN_MAX_SINKHORN_ITERS 1000
+/* Most threads a num_threads argument may ask for (the Python layer's bound too). */
+#define KVARN_MAX_THREADS 4096
 
 /* k, v: [n_tiles][group][head_dim] float32, original frame. records:
  * [n_tiles][record bytes] (kvarn_layout().total each). iters in [0,

@@ -72,6 +72,14 @@ int resolve_threads(int32_t requested)
     return requested > 0 ? requested : kvarn_default_threads();
 }
 
+// num_threads as the kernels take it: <= 0 (all cores) or at most KVARN_MAX_THREADS, which bounds the
+// split layout an attend builds from it (a huge count meant millions of work items and GBs of state).
+bool threads_ok(int32_t requested) { return requested <= KVARN_MAX_THREADS; }
+
+// The alignment kvarn.h asks of a pointer (fp16 fields and values are read and written as uint16_t,
+// floats as float): checked, because a misaligned one is undefined behaviour in the scalar kernels.
+bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
+
 
 // ---- thread pool ----------------------------------------------------------------
 // Runs fn(i) for i in [0, n) on up to `threads` threads, the caller included,
@@ -305,7 +313,7 @@ int32_t kvarn_default_threads(void)
 
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
 {
-    if (!x || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(float)))
+    if (!x || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(float)) || !aligned(x, 4))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
@@ -315,7 +323,7 @@ int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
 
 int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim)
 {
-    if (!x || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(double)))
+    if (!x || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(double)) || !aligned(x, 8))
         return KVARN_ERR_ARGUMENT;
     kvarn::hadamard_f64_rows(x, rows, head_dim);
     return KVARN_OK;
@@ -327,12 +335,14 @@ int kvarn_quantize_tiles_typed(const void* k, const void* v, int32_t input_type,
 {
     if (!k || !v || !records || n_tiles < 0 || iters < 0 || iters > KVARN_MAX_SINKHORN_ITERS ||
         !format_ok(kbits, vbits, group, head_dim) || !tiles_fit(n_tiles, kbits, vbits, group, head_dim) ||
-        (input_type != KVARN_INPUT_F32 && input_type != KVARN_INPUT_F16 && input_type != KVARN_INPUT_F32_AS_F16))
+        (input_type != KVARN_INPUT_F32 && input_type != KVARN_INPUT_F16 && input_type != KVARN_INPUT_F32_AS_F16) ||
+        !threads_ok(num_threads) || !aligned(records, 2) ||
+        !aligned(k, input_type == KVARN_INPUT_F16 ? 2 : 4) || !aligned(v, input_type == KVARN_INPUT_F16 ? 2 : 4))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
     const TileFormat fmt{kbits, vbits, group, head_dim};
-    const size_t rec_bytes = fmt.layout().total;
+    const size_t rec_bytes = record_layout(fmt).total;
     const size_t tile_elems = (size_t)group * head_dim;
     const size_t tile_bytes = tile_elems * (input_type == KVARN_INPUT_F16 ? 2 : 4);
     const char* k_bytes = static_cast<const char*>(k);
@@ -380,7 +390,7 @@ int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbit
                            int32_t head_dim, float* k, float* v)
 {
     if (!records || !k || !v || n_tiles < 0 || !format_ok(kbits, vbits, group, head_dim) ||
-        !tiles_fit(n_tiles, kbits, vbits, group, head_dim))
+        !tiles_fit(n_tiles, kbits, vbits, group, head_dim) || !aligned(k, 4) || !aligned(v, 4))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
@@ -422,16 +432,16 @@ static bool view_ok(const kvarn_cache_view& c, int32_t num_q_heads)
     if (!kvarn_head_dim_supported(c.head_dim)) return false;
     if (c.sink_len < 0 || c.num_tiles < 0 || c.tail_len < 0) return false;
     const int64_t Hk = c.num_kv_heads, D = c.head_dim;
-    if (c.sink_len > 0 && (!c.sink_k || !c.sink_v || c.sink_row_stride < D ||
+    if (c.sink_len > 0 && (!c.sink_k || !c.sink_v || !aligned(c.sink_k, 2) || !aligned(c.sink_v, 2) || c.sink_row_stride < D ||
                            !span_fits(Hk, c.sink_head_stride, c.sink_len, c.sink_row_stride, D, 2)))
         return false;
-    if (c.tail_len > 0 && (!c.tail_k || !c.tail_v || c.tail_row_stride < D ||
+    if (c.tail_len > 0 && (!c.tail_k || !c.tail_v || !aligned(c.tail_k, 2) || !aligned(c.tail_v, 2) || c.tail_row_stride < D ||
                            !span_fits(Hk, c.tail_head_stride, c.tail_len, c.tail_row_stride, D, 2)))
         return false;
     if (c.num_tiles > 0) {
         if (!c.records || !format_ok(c.kbits, c.vbits, c.group, c.head_dim)) return false;
         const int64_t rec = (int64_t)kvarn_layout(c.kbits, c.vbits, c.group, c.head_dim).total;
-        if (c.record_tile_stride < rec ||
+        if (c.record_tile_stride < rec || !aligned(c.records, 2) || c.record_tile_stride % 2 || c.record_head_stride % 2 ||
             !span_fits(Hk, c.record_head_stride, c.num_tiles, c.record_tile_stride, rec, 1))
             return false;
     }
@@ -443,7 +453,8 @@ static bool view_ok(const kvarn_cache_view& c, int32_t num_q_heads)
 int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, int32_t num_q_heads, float scale,
                  float* out, int32_t num_threads)
 {
-    if (!caches || !q || !out || batch <= 0 || num_q_heads <= 0 || !std::isfinite(scale))
+    if (!caches || !q || !out || batch <= 0 || num_q_heads <= 0 || !std::isfinite(scale) || !threads_ok(num_threads) ||
+        !aligned(q, 4) || !aligned(out, 4))
         return KVARN_ERR_ARGUMENT;
     const int D = caches[0].head_dim;
     if (!fits(batch, (uint64_t)num_q_heads * (uint64_t)(D > 0 ? D : 0) * sizeof(float))) return KVARN_ERR_ARGUMENT;
@@ -582,7 +593,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
 int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper, int64_t* finished,
                              int32_t* faulted)
 {
-    if (n_items <= 0 || !finished || !faulted) return KVARN_ERR_ARGUMENT;
+    if (n_items <= 0 || !finished || !faulted || !threads_ok(num_threads)) return KVARN_ERR_ARGUMENT;
     const std::thread::id caller = std::this_thread::get_id();
     std::atomic<int64_t> done{0};
     std::atomic<bool> thrown{false};

@@ -180,8 +180,7 @@ namespace {
 // quantisation's own error) wherever the active kernels run it (score_mode()), else float.
 // float (within 1e-5 of float64) and int8 (coarser, ~4e-2) by KVARN_SCORES or
 // set_score_mode; see docs/simd.md.
-std::atomic<int> g_score_mode{-1};  // -1: not read from the environment yet
-std::string g_score_env_error;
+std::atomic<int> g_score_mode{-1};  // -1: not read from the environment yet (another value than the three: int16)
 
 int score_mode_flag()
 {

@@ -20,7 +20,7 @@ SUPPORTED_BITS = (2, 4, 8)
 SUPPORTED_GROUPS = (64, 128)
 SINKHORN_ITERS = 8
 MAX_SINKHORN_ITERS = 1000  # a bound, so a typo cannot stall a call for hours (SPEC's default is 8)
-MAX_THREADS = 4096
+MAX_THREADS = 4096  # KVARN_MAX_THREADS (kvarn.h)
 
 
 @dataclass(frozen=True)
@@ -337,6 +337,8 @@ def quantize_tiles_native(k3: np.ndarray, v3: np.ndarray, preset: Preset, iters:
     round_to_f16: float32 values are rounded to fp16 first (what a cache storing fp16 quantises).
     describe(i) names pair i in the error raised when its scales overflow fp16."""
     n, _, head_dim = k3.shape
+    # The native code refuses misaligned buffers (a user's array read from a byte buffer, say): copy those.
+    k3, v3 = (np.require(x, requirements=("C", "A")) for x in (k3, v3))
     records = np.empty((n, preset.record_bytes(head_dim)), dtype=np.uint8) if out is None else out
     threads = resolve_threads(num_threads)
     if k3.dtype == np.float16:
@@ -382,7 +384,7 @@ def balance_scales(x, iters: int = SINKHORN_ITERS):
     if x.shape[0] < 2 or x.shape[1] < 2:
         raise ValueError(f"x: needs at least 2 rows and 2 columns, got shape {x.shape}")
     iters = check_iters(iters)
-    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    x32 = np.require(x, np.float32, ("C", "A"))
     r = np.empty(x.shape[0], np.float32)
     c = np.empty(x.shape[1], np.float32)
     check_status(_native.balance(x32, iters, r, c), "balance_scales")
@@ -481,7 +483,7 @@ def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
 
 def run_attend(q, caches, scale: float, num_threads, names) -> np.ndarray:
     """The native call for validated queries [B, Hq, D] and caches (names: for errors)."""
-    q32 = np.ascontiguousarray(q, dtype=np.float32)
+    q32 = np.require(q, np.float32, ("C", "A"))  # a misaligned q (refused by the native code) is copied
     out = np.empty_like(q32)
     parts = [c._native_parts() for c in caches]  # the snapshots attended
     for name, p in zip(names, parts):

@@ -258,6 +258,88 @@ int main()
         CHECK(kvarn_balance(buf, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::max(), 1, buf,
                             buf) == KVARN_ERR_ARGUMENT);
     }
+    // Misaligned pointers and record strides, and thread counts past KVARN_MAX_THREADS: refused (the scalar
+    // kernels read fp16 fields as uint16_t; a huge count meant millions of split items).
+    {
+        const int G = 64, D = 16;
+        const size_t rec = kvarn_layout(4, 2, G, D).total;
+        std::vector<float> kk(2 * G * D + 1), vv(kk.size());
+        for (auto& x : kk) x = normal(gen);
+        for (auto& x : vv) x = normal(gen);
+        std::vector<uint8_t> records(2 * rec + 2);
+        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 2, 4, 2, G, D, 8, records.data(), 1, nullptr) == KVARN_OK);
+        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 2, 4, 2, G, D, 8, records.data() + 1, 1, nullptr) ==
+              KVARN_ERR_ARGUMENT);
+        const void* odd_floats = reinterpret_cast<const char*>(kk.data()) + 2;
+        CHECK(kvarn_quantize_tiles(static_cast<const float*>(odd_floats), vv.data(), 1, 4, 2, G, D, 8, records.data(),
+                                   1, nullptr) == KVARN_ERR_ARGUMENT);
+        std::vector<uint16_t> halves(G * D + 1);
+        for (auto& x : halves) x = to_half(normal(gen));
+        CHECK(kvarn_quantize_tiles_typed(halves.data() + 1, halves.data(), KVARN_INPUT_F16, 1, 4, 2, G, D, 8,
+                                         records.data(), 1, nullptr) == KVARN_OK);  // fp16 input needs 2 bytes only
+        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 2, 4, 2, G, D, 8, records.data(), KVARN_MAX_THREADS + 1,
+                                   nullptr) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 2, 4, 2, G, D, 8, records.data(), 1, nullptr) == KVARN_OK);
+        kvarn_cache_view c{};
+        c.num_kv_heads = 1;
+        c.head_dim = D;
+        c.group = G;
+        c.kbits = 4;
+        c.vbits = 2;
+        c.records = records.data();
+        c.num_tiles = 2;
+        c.record_tile_stride = rec;
+        c.record_head_stride = rec;
+        std::vector<float> q(4 * D + 1), out(4 * D + 1);
+        for (auto& x : q) x = normal(gen);
+        CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), 2) == KVARN_OK);
+        CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), KVARN_MAX_THREADS) == KVARN_OK);
+        CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), KVARN_MAX_THREADS + 1) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_attend(&c, 1, q.data() + 1, 4, 0.25f, out.data(), 2) == KVARN_OK);  // 4-byte aligned: fine
+        CHECK(kvarn_attend(&c, 1, reinterpret_cast<const float*>(reinterpret_cast<const char*>(q.data()) + 2), 4, 0.25f,
+                           out.data(), 2) == KVARN_ERR_ARGUMENT);
+        c.record_tile_stride = rec + 1;  // odd: the second record's fp16 fields misaligned
+        CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), 2) == KVARN_ERR_ARGUMENT);
+        c.record_tile_stride = rec;
+        c.records = records.data() + 1;
+        CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), 2) == KVARN_ERR_ARGUMENT);
+        c.records = records.data();
+        std::vector<uint16_t> sink(D + 1, 0x3c00);
+        c.sink_k = sink.data() + 0;
+        c.sink_v = reinterpret_cast<const uint16_t*>(reinterpret_cast<const char*>(sink.data()) + 1);
+        c.sink_len = 1;
+        c.sink_head_stride = D;
+        c.sink_row_stride = D;
+        CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), 2) == KVARN_ERR_ARGUMENT);
+        c.sink_len = 0;
+        // A NaN or Inf in any scale field: a non-finite output, reported, in every score mode the ISA runs (the
+        // int16 weights' NaN used to make an integer overflow here, which UBSan reports).
+        const kvarn_record_layout L = kvarn_layout(4, 2, G, D);
+        const size_t fields[] = {L.ka, L.kz, L.kt, L.vc, L.va, L.vz};
+        for (int mode : {0, 1, 2}) {
+            if (kvarn_set_score_mode(mode) != KVARN_OK) continue;
+            for (size_t off : fields)
+                for (uint16_t bad : {(uint16_t)0x7e00, (uint16_t)0x7c00}) {
+                    std::vector<uint8_t> broken(records);
+                    std::memcpy(broken.data() + rec + off + 2, &bad, 2);  // tile 1, second element of the field
+                    c.records = broken.data();
+                    CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), 2) == KVARN_ERR_OVERFLOW);
+                }
+        }
+        c.records = records.data();
+        kvarn_set_score_mode(1);
+    }
+    // A row of +0 and -0 keeps +0 as its minimum on every ISA (records compare byte for byte).
+    {
+        const int G = 64, D = 16;
+        std::vector<float> zk(G * D), zv(G * D);
+        for (size_t i = 0; i < zk.size(); ++i) zk[i] = zv[i] = (i * 7 % 5 == 0) ? -0.0f : 0.0f;
+        const kvarn_record_layout L = kvarn_layout(4, 2, G, D);
+        std::vector<uint8_t> rec(L.total);
+        CHECK(kvarn_quantize_tiles(zk.data(), zv.data(), 1, 4, 2, G, D, 8, rec.data(), 1, nullptr) == KVARN_OK);
+        for (size_t i = 0; i < (size_t)D; ++i) CHECK(rec[L.kz + 2 * i + 1] == 0);    // kz: no sign bit
+        for (size_t i = 0; i < (size_t)G; ++i) CHECK(rec[L.vz + 2 * i + 1] == 0);    // vz: no sign bit
+    }
     // A throwing pool item (helper or calling thread) is an error after all other items finished.
     for (int on_helper : {1, 0}) {
         if (on_helper && kvarn_default_threads() < 2) continue;  // one CPU: no helper thread runs items

@@ -107,7 +107,7 @@ static void check_table(const KernelTable* t)
     for (auto& f : fmts)
         for (int D : {16, 48, 64, 128}) {
             const TileFormat fmt{f[0], f[1], f[2], D};
-            const size_t G = fmt.group, rec = fmt.layout().total;
+            const size_t G = fmt.group, rec = record_layout(fmt).total;
             // Quantise 3 tiles: identical records.
             const int T = 3;
             const size_t stride = rec + 64;  // records strided apart, as in a cache with heads

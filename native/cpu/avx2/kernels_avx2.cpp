@@ -75,12 +75,13 @@ inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
 // exp(x) for x <= 0 (softmax): Cephes-style range reduction x = n ln2 + r,
 // |r| <= ln2/2, degree-6 polynomial, 2^n by exponent arithmetic. Measured max
 // relative error vs double exp on [-87, 0]: < 2.5e-7 (about 2 ulp). Below
-// -87.3 (where exp < FLT_MIN) returns 0.
+// -87.3 (where exp < FLT_MIN) returns 0. NaN stays NaN (max/min return their second
+// operand when one is NaN), so a corrupt record's NaN reaches the output's finiteness check.
 inline __m256 exp_ps(__m256 x)
 {
     const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
     const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+    x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lo, x));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -100,10 +101,10 @@ inline __m256 exp_ps(__m256 x)
 // the avx512 file's 2^(x log2 e) with the same degree-5 polynomial for 2^f (<= 2.4e-7
 // relative, plus |x| 2^-24 from rounding x log2 e); 2^n built in the exponent bits
 // (exact for n >= -126; below that the result is 0, where avx512's vscalefps would
-// give a subnormal that the int16 weights round away).
+// give a subnormal that the int16 weights round away). NaN stays NaN, as in exp_ps.
 inline __m256 exp_int_mode_ps(__m256 x)
 {
-    const __m256 t = _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(-127.0f));
+    const __m256 t = _mm256_max_ps(_mm256_set1_ps(-127.0f), _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)));
     const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_sub_ps(t, n);
     __m256 y = _mm256_set1_ps(1.327647129073739e-3f);
@@ -115,6 +116,15 @@ inline __m256 exp_int_mode_ps(__m256 x)
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     const __m256 under = _mm256_cmp_ps(t, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
     return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// qmax / max, the factor that rounds values up to max to integers up to qmax. 0 (every integer 0) for max <= 0,
+// NaN, or below ~1e-34, where the quotient is inf and inf (or 0 * inf) products would convert to INT_MIN:
+// values that small add nothing next to the softmax's largest weight (1) and the query's other tiles.
+inline float inverse_scale(float qmax, float max)
+{
+    const float inv = qmax / max;
+    return max > 0.0f && inv <= FLT_MAX ? inv : 0.0f;
 }
 
 inline void f16_to_f32(const uint16_t* src, float* dst, int n)  // n % 8 == 0
@@ -427,7 +437,8 @@ void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w1
         }
         for (int h = 0; h < NH; ++h) {
             const __m256 sc = _mm256_set1_ps(0.5f * wscale[h]), off = _mm256_set1_ps(1.5f * wsum[h]);
-            const __m256i w3 = _mm256_set1_epi32(3 * w16_sum[h]);
+            // unsigned: wraps instead of overflowing where a NaN weight (a corrupt record) made w16_sum garbage
+            const __m256i w3 = _mm256_set1_epi32((int32_t)(3u * (uint32_t)w16_sum[h]));
             // sum_t w16 (2c - 3) per channel, then as the avx512 file: (wscale y + 3 wsum) / 2
             const __m256 f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(a0[h], 1), w3)), sc, off);
             const __m256 f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(a1[h], 1), w3)), sc, off);
@@ -522,7 +533,7 @@ inline void int_mode_weights(float* sh, const float* va, const float* vz, float 
     *wsum = hsum(wsm);
     const float wmax = hmax(wmx);
     *wscale = wmax > 0.0f ? wmax / 32767.0f : 0.0f;
-    const __m256 inv = _mm256_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
+    const __m256 inv = _mm256_set1_ps(inverse_scale(32767.0f, wmax));
     __m256i isum = _mm256_setzero_si256();
     for (int t = 0; t < G; t += 16) {
         // min: a product rounded past 32767 saturates, and W16 must sum what is stored
@@ -542,7 +553,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                        int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
 {
     const int G = fmt.group, D = fmt.head_dim;
-    const kvarn_record_layout L = fmt.layout();
+    const kvarn_record_layout L = record_layout(fmt);
     // int16 mode: 4-bit key scores and 2-bit value sums in integers (other widths stay float)
     const bool int_on = score_mode() != kScoresFloat;
     const bool int_scores = KB == 4 && int_on, int_values = VB == 2 && int_on, int_mode = int_scores || int_values;
@@ -571,21 +582,23 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
             float qz[kHeadGroup], qscale[kHeadGroup];
             for (int h = 0; h < nh; ++h) {
                 const float* q = q_rot + (size_t)(h0 + h) * D;
-                __m256 z = _mm256_setzero_ps(), amax = _mm256_setzero_ps();
+                __m256 z = _mm256_setzero_ps(), amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
                 const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
                 for (int d = 0; d < D; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(q + d);
                     const __m256 a = _mm256_mul_ps(qv, _mm256_load_ps(ka + d));
                     _mm256_store_ps(qa + h * D + d, a);
                     amax = _mm256_max_ps(amax, _mm256_and_ps(a, abs_mask));
+                    if (int_scores) nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
                     z = _mm256_fmadd_ps(qv, _mm256_load_ps(kz + d), z);
                 }
                 qz[h] = hsum(z);
                 if (int_scores) {
                     // Symmetric, as avx512: q_int = round(qa * 32767 / max|qa|), saturating narrow.
                     const float mx = hmax(amax);
-                    qscale[h] = mx > 0.0f ? mx / 32767.0f : 0.0f;
-                    const __m256 inv = _mm256_set1_ps(mx > 0.0f ? 32767.0f / mx : 0.0f);
+                    // A NaN in ka (a corrupt record) would convert to a finite integer: carry it in the scale.
+                    qscale[h] = _mm256_movemask_ps(nan) ? NAN : mx > 0.0f ? mx / 32767.0f : 0.0f;
+                    const __m256 inv = _mm256_set1_ps(inverse_scale(32767.0f, mx));
                     for (int d = 0; d < D; d += 16) {
                         const __m256i r0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qa + h * D + d), inv));
                         const __m256i r1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qa + h * D + d + 8), inv));

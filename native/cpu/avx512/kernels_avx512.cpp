@@ -48,12 +48,14 @@ struct Prefetcher {
 };
 
 // exp(x) for x <= 0: the same range reduction and polynomial as the avx2
-// file (<= 2 ulp on [-87, 0]); below -87.3 returns 0.
+// file (<= 2 ulp on [-87, 0]); below -87.3 returns 0. NaN stays NaN (the mask keeps
+// unordered lanes; max/min return their second operand when one is NaN), so a corrupt
+// record's NaN reaches the output's finiteness check, as on the scalar kernels.
 inline __m512 exp_ps(__m512 x)
 {
     const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
-    const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
+    x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -87,6 +89,15 @@ inline __m512 exp_int_mode_ps(__m512 x)
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931469440460205e-1f));
     y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0000001192092896f));
     return _mm512_scalef_ps(y, n);
+}
+
+// qmax / max, the factor that rounds values up to max to integers up to qmax. 0 (every integer 0) for max <= 0,
+// NaN, or below ~1e-34, where the quotient is inf and inf (or 0 * inf) products would convert to INT_MIN:
+// values that small add nothing next to the softmax's largest weight (1) and the query's other tiles.
+inline float inverse_scale(float qmax, float max)
+{
+    const float inv = qmax / max;
+    return max > 0.0f && inv <= FLT_MAX ? inv : 0.0f;
 }
 
 inline void f16_to_f32(const uint16_t* src, float* dst, int n)  // n % 16 == 0
@@ -534,7 +545,8 @@ inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D
     }
     for (int h = 0; h < NH; ++h) {
         const __m512 sc = _mm512_set1_ps(0.5f * wscale[h]), off = _mm512_set1_ps(1.5f * wsum[h]);
-        const __m512i w3 = _mm512_set1_epi32(3 * w16_sum[h]);
+        // unsigned: wraps instead of overflowing where a NaN weight (a corrupt record) made w16_sum garbage
+        const __m512i w3 = _mm512_set1_epi32((int32_t)(3u * (uint32_t)w16_sum[h]));
         for (int c = 0; c < C; ++c) {
             const __m512i y = _mm512_sub_epi32(_mm512_slli_epi32(a[h][c], 1), w3);  // sum_t w16 (2c - 3)
             _mm512_store_ps(tmp + h * D + d0 + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(y), sc, off));
@@ -684,7 +696,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                        int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
 {
     const int G = fmt.group, D = fmt.head_dim;
-    const kvarn_record_layout L = fmt.layout();
+    const kvarn_record_layout L = record_layout(fmt);
     const int mode = KB == 4 ? score_mode() : kScoresFloat;
     alignas(64) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
     alignas(64) float kt[128], va[128], vz[128];
@@ -714,11 +726,13 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
             for (int h = 0; h < nh; ++h) {
                 const float* q = q_rot + (size_t)(h0 + h) * D;
                 __m512 z = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
+                __mmask16 nan = 0;
                 for (int d = 0; d < D; d += 16) {
                     const __m512 qv = _mm512_loadu_ps(q + d);
                     const __m512 a = _mm512_mul_ps(qv, _mm512_load_ps(ka + d));
                     _mm512_store_ps(qa + h * D + d, a);
                     amax = _mm512_max_ps(amax, _mm512_abs_ps(a));
+                    if (mode != kScoresFloat) nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
                     z = _mm512_fmadd_ps(qv, _mm512_load_ps(kz + d), z);
                 }
                 qz[h] = _mm512_reduce_add_ps(z);
@@ -726,8 +740,9 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     // Symmetric: q_int = round(qa * qmax / max|qa|), |q_int| <= qmax (saturating narrow).
                     const float qmax = mode == kScoresInt8 ? 127.0f : 32767.0f;
                     const float mx = _mm512_reduce_max_ps(amax);
-                    qscale[h] = mx > 0.0f ? mx / qmax : 0.0f;
-                    const __m512 inv = _mm512_set1_ps(mx > 0.0f ? qmax / mx : 0.0f);
+                    // A NaN in ka (a corrupt record) would convert to a finite integer: carry it in the scale.
+                    qscale[h] = nan ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
+                    const __m512 inv = _mm512_set1_ps(inverse_scale(qmax, mx));
                     for (int d = 0; d < D; d += 16) {
                         const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(qa + h * D + d), inv));
                         if (mode == kScoresInt8)
@@ -778,7 +793,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     wsum[h] = _mm512_reduce_add_ps(wsm);
                     const float wmax = _mm512_reduce_max_ps(wmx);
                     wscale[h] = wmax > 0.0f ? wmax / 32767.0f : 0.0f;
-                    const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
+                    const __m512 inv = _mm512_set1_ps(inverse_scale(32767.0f, wmax));
                     __m512i isum = _mm512_setzero_si512();
                     for (int t = 0; t < G; t += 16) {
                         // min: a product rounded past 32767 saturates, and W16 must sum what is stored

@@ -113,13 +113,14 @@ void rtn_pack_row(const float* b, int n, int bits, uint8_t* packed, float* scale
         lo = std::min(lo, b[i]);
         hi = std::max(hi, b[i]);
     }
+    lo += 0.0f;  // -0 -> +0: which zero a row of mixed zeros keeps depends on the order of comparisons
     const float qmax = (float)((1 << bits) - 1);
     const float scale = std::max((hi - lo) / qmax, KVARN_RTN_SCALE_MIN);
     const int per_byte = 8 / bits;
     std::memset(packed, 0, (size_t)n / per_byte);
     for (int i = 0; i < n; ++i) {
         float c = std::nearbyint((b[i] - lo) / scale);  // default rounding: half to even
-        c = std::min(std::max(c, 0.0f), qmax);
+        c = c > 0.0f ? std::min(c, qmax) : 0.0f;  // NaN (non-finite input) -> 0: converting NaN is undefined
         packed[i / per_byte] |= (uint8_t)((unsigned)c << ((i % per_byte) * bits));
     }
     *scale_out = scale;
@@ -160,7 +161,7 @@ bool quantize_matrix(const float* X, int rows, int cols, int bits, int iters, ui
 int quantize_tile_scalar(const float* k, const float* v, const TileFormat& fmt, int iters, uint8_t* record, int parts)
 {
     const int G = fmt.group, D = fmt.head_dim;
-    const kvarn_record_layout L = fmt.layout();
+    const kvarn_record_layout L = record_layout(fmt);
     std::vector<float> rotated((size_t)G * D), xk((size_t)D * G);
     bool ok = true;
 
@@ -220,7 +221,7 @@ void attend_tiles_scalar(const float* q_rot, int n_q, const TileFormat& fmt, con
                          int64_t n_tiles, int64_t tile_stride, SoftmaxState st)
 {
     const int G = fmt.group, D = fmt.head_dim;
-    const kvarn_record_layout L = fmt.layout();
+    const kvarn_record_layout L = record_layout(fmt);
     const size_t k_row_bytes = kvarn_packed_row_bytes(G, fmt.kbits);
     const size_t v_row_bytes = kvarn_packed_row_bytes(D, fmt.vbits);
     std::vector<float> qa(D), s(G), tmp(D);
