@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import kvarn
@@ -34,6 +35,29 @@ def test_demo_runs_on_the_shipped_real_sample():
     assert ratio == pytest.approx(expected, abs=0.006)  # printed with 2 decimals
     # The demo's point: KVarN's k4v2 error is below KIVI's at the same bits (deterministic sample).
     assert 0 < kvarn_err < 0.25 and kvarn_err < kivi_err < 1.0
+
+
+def test_demo_errors_are_causal(monkeypatch):
+    """The query at position p is scored over tokens 0..p, as decoding meets it; the demo used to score the
+    last positions' queries against all 896 tokens (up to 37 % of a layer's reference came from tokens the
+    model had not seen), and its 'tail stays fp16' held for no query (896 tokens fill every tile)."""
+    from kvarn import baselines, demo
+
+    seen = []
+    exact = baselines.attention_numpy
+
+    def spy(q, k, v, scale, dtype=np.float32):
+        if dtype == np.float64:
+            seen.append(k.shape[1])
+        return exact(q, k, v, scale, dtype)
+
+    monkeypatch.setattr(baselines, "attention_numpy", spy)
+    lines = []
+    demo.run_demo(max_queries=3, repeats=1, out=lines.append)
+    n_layers, _, n, _ = load_sample(False)["k"].shape
+    # per query: the exact reference and KIVI's, both over the tokens up to the query
+    assert seen == [end for _ in range(n_layers) for end in (n - 2, n - 2, n - 1, n - 1, n, n)]
+    assert any("each over the tokens up to it" in line for line in lines)
 
 
 def test_demo_synthetic_and_other_preset():
