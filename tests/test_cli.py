@@ -117,7 +117,13 @@ def test_bad_preset_is_a_clean_error():
         (["--presets", ","], "--presets: unknown empty list"),
         (["--model", "gpt-5"], "--model: unknown model 'gpt-5'"),
         (["--decode-steps", "1"], "--decode-steps: use 0 (skip) or at least 2"),
-        (["--tokens", "1000"], "--decode-prefix + --decode-steps: must not exceed --tokens"),  # 1024 + 192
+        (["--tokens", "1000", "--decode-prefix", "900"],
+         "--decode-prefix + --decode-steps: 900 + 192 must not exceed --tokens (1000)"),
+        (["--tokens", "300", "--sink", "200", "--gen-prompts", "0"],
+         "--tokens, --sink: no scored position sees a quantised tile (200 sink tokens and a 128-token tile need "
+         "--tokens >= 330)"),
+        (["--gen-prompt-tokens", "100", "--gen-tokens", "10"],
+         "--gen-prompt-tokens, --gen-tokens: 100 + 10 tokens never reach a quantised tile"),
         (["--threads", "0"], "argument --threads"),
         (["--threads", "5000"], "argument --threads: must be <= 4096"),
         (["--gen-methods", "kvran,kivi"], "--gen-methods: unknown ['kvran']"),
@@ -154,6 +160,35 @@ def test_eval_refuses_an_unusable_out_folder_before_the_run_and_creates_nothing(
                      (str(tmp_path / "a_file" / ".." / "new"), "is not a folder")):
         with pytest.raises(ValueError, match=f"--out: .*{msg}"):
             _check_args(build_parser().parse_args(["eval", "--out", out]))
+
+
+def test_eval_defaults_fit_a_short_window():
+    """--tokens 512 alone used to fail on two options the user had not given (--decode-prefix 1024 +
+    --decode-steps 192 > 512): the prefix now defaults to what the window leaves."""
+    from kvarn.cli import build_parser
+    from kvarn.eval import _check_args
+
+    args = build_parser().parse_args(["eval", "--tokens", "512"])
+    _check_args(args)
+    assert (args.decode_prefix, args.decode_steps) == (320, 192)
+    args = build_parser().parse_args(["eval"])
+    _check_args(args)
+    assert args.decode_prefix == 1024
+
+
+def test_python_m_kvarn_eval_reports_errors_as_kvarn_eval_does():
+    r = subprocess.run([sys.executable, "-m", "kvarn.eval", "--tokens", "200"], capture_output=True, text=True,
+                       cwd="/", timeout=600)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "kvarn: error: --eval-from: 256 leaves nothing to score in 200 tokens" in r.stderr
+
+
+def test_every_preset_meets_the_baselines_at_its_own_bits():
+    from kvarn.eval import build_methods
+
+    names = {m.name for m in build_methods(64, presets=("k8v8_g128", "k4v2_g64"))}
+    for tag in ("k8v8_g128", "k4v2_g64", "k4v2_g128", "k4v4_g128", "k2v2_g128"):  # the presets', the table's
+        assert {f"KIVI {tag}", f"rotation-only {tag}", f"normalisation-only {tag}"} <= names, tag
 
 
 def test_gen_method_families_are_the_methods_families():

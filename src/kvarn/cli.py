@@ -80,9 +80,6 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, RuntimeError) as exc:
-        print(f"kvarn: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         # The reader left (`kvarn demo | head`): stop quietly, as Unix tools do; point stdout at
         # devnull so the interpreter's final flush does not raise again.
@@ -90,6 +87,9 @@ def main(argv=None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the signal
+    except (ValueError, TypeError, RuntimeError, OSError) as exc:  # OSError: e.g. a model file that cannot be read
+        print(f"kvarn: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -78,11 +79,11 @@ def build_methods(head_dim: int, presets=PAPER_PRESETS, baselines: bool = True, 
                                   lambda k, v, a=p.kbits, b=p.vbits: eq.kvarn_ref(k, v, a, b)))
     if baselines:
         rtn = eq.rtn_bits_per_element
-        # Baselines at the tile size of every preset asked for, so each preset meets KIVI at its
-        # own bits: all BASELINE_BITS at `group`, and the presets' own bit pairs at other sizes.
+        # Baselines at every preset's own bits and tile size, so each preset meets KIVI there (k8v8_g128 or a
+        # custom preset too), besides all BASELINE_BITS at `group` (the comparison the published table makes).
         pairs = [(kb, vb, group) for kb, vb in BASELINE_BITS]
         for p in chosen:
-            if p.group != group and (p.kbits, p.vbits, p.group) not in pairs:
+            if (p.kbits, p.vbits, p.group) not in pairs:
                 pairs.append((p.kbits, p.vbits, p.group))
         for kb, vb, g in pairs:
             tag = f"k{kb}v{vb}_g{g}"
@@ -373,7 +374,8 @@ def add_eval_parser(subparsers):
                    + " (those evaluated)")
     p.add_argument("--decode-steps", type=int, default=192,
                    help="real decode steps (KVarNCache) compared with pseudo-decode per preset (0: skip)")
-    p.add_argument("--decode-prefix", type=int, default=1024, help="prefill length before those steps")
+    p.add_argument("--decode-prefix", type=int, default=None,
+                   help="prefill length before those steps (default: 1024, or what --tokens leaves)")
     p.add_argument("--out", default="kvarn_eval", help="output folder for results.json and kl_vs_bits.png")
     p.add_argument("--threads", type=int_at_least(1, MAX_THREADS), default=None, help="torch and kvarn threads")
     p.set_defaults(func=run_eval)
@@ -381,6 +383,8 @@ def add_eval_parser(subparsers):
 
 
 def _check_args(args):
+    if args.decode_prefix is None:  # 1024, or what the window leaves after the steps (a short --tokens)
+        args.decode_prefix = max(1, min(1024, args.tokens - args.decode_steps))
     for name in ("tokens", "eval_from", "gen_prompt_tokens", "gen_tokens", "decode_prefix"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
@@ -412,7 +416,20 @@ def _check_args(args):
     if args.decode_steps == 1:
         raise ValueError("--decode-steps: use 0 (skip) or at least 2 (one scored position needs a next token)")
     if args.decode_steps and args.decode_prefix + args.decode_steps > args.tokens:
-        raise ValueError("--decode-prefix + --decode-steps: must not exceed --tokens")
+        raise ValueError(f"--decode-prefix + --decode-steps: {args.decode_prefix} + {args.decode_steps} must not exceed "
+                         f"--tokens ({args.tokens}); --decode-steps 0 skips the decode-path check")
+    # A run in which nothing is ever quantised reports fp16-level KL for every method, which reads as a pass.
+    group = max(kvarn.PRESETS[p].group for p in args.presets.split(",") if p)
+    if not args.no_baselines:
+        group = max(group, 128)  # the baselines' tile
+    if args.tokens - 2 < args.sink + group:
+        raise ValueError(f"--tokens, --sink: no scored position sees a quantised tile ({args.sink} sink tokens and a "
+                         f"{group}-token tile need --tokens >= {args.sink + group + 2}); every method would equal "
+                         "the fp16 cache")
+    if args.gen_prompts and args.gen_prompt_tokens + args.gen_tokens < args.sink + group + 2:
+        raise ValueError(f"--gen-prompt-tokens, --gen-tokens: {args.gen_prompt_tokens} + {args.gen_tokens} tokens never "
+                         f"reach a quantised tile after {args.sink} sink tokens (need >= {args.sink + group + 2}); "
+                         "--gen-prompts 0 skips generation")
     _check_out_folder(args.out)
 
 
@@ -456,8 +473,14 @@ def run_eval(args) -> int:
     methods = build_methods(head_dim, presets, baselines=not args.no_baselines, reference=args.reference)
     gen_families = (set(m.family for m in methods) if args.gen_methods == "all"
                     else set(DEFAULT_GEN_FAMILIES) if args.gen_methods is None else set(args.gen_methods.split(",")))
-    text_ids, prompts = story_ids(tok, assets.verne_text(), args.tokens, args.offset, args.gen_prompts,
-                                  args.gen_prompt_tokens, args.gen_tokens)
+    try:
+        text_ids, prompts = story_ids(tok, assets.verne_text(), args.tokens, args.offset, args.gen_prompts,
+                                      args.gen_prompt_tokens, args.gen_tokens)
+    except ValueError as e:
+        raise ValueError(f"--tokens, --offset: {e}") from None
+    if len(prompts) < args.gen_prompts:
+        print(f"kvarn eval: only {len(prompts)} of --gen-prompts {args.gen_prompts} prompts fit in the story after the "
+              f"window", file=sys.stderr)
 
     gen_methods = [m for m in methods if m.family in gen_families]
     dec_presets = [m for m in methods if m.family == "kvarn"] if args.decode_steps else []
@@ -507,7 +530,8 @@ def run_eval(args) -> int:
                           if m.quantize is None else "simulated (dequantised tiles)"),
             }
             bar.update()
-        gen = {"prompts": len(prompts), "prompt_tokens": args.gen_prompt_tokens, "new_tokens": args.gen_tokens,
+        gen = {"prompts": len(prompts), "prompts_asked": args.gen_prompts, "prompt_tokens": args.gen_prompt_tokens,
+               "new_tokens": args.gen_tokens,
                "fp32_texts": [tok.decode(g) for g in ref_gen]}
 
     # 3. Real decode path vs pseudo-decode (same prefill, same positions).
@@ -627,13 +651,10 @@ def plot_kl_vs_bits(result, path):
 
 
 def main(argv=None) -> int:
-    """``python -m kvarn.eval`` (the same as ``kvarn eval``)."""
-    import argparse
+    """``python -m kvarn.eval`` (the same as ``kvarn eval``, errors included)."""
+    from .cli import main as cli_main
 
-    parser = argparse.ArgumentParser(prog="kvarn")
-    add_eval_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["eval", *(argv if argv is not None else __import__("sys").argv[1:])])
-    return run_eval(args)
+    return cli_main(["eval", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":
