@@ -1,5 +1,5 @@
 # Seventeenth session: the int16 score mode's deviation from the exact float path (max |int16 - float| / max |float|)
-# found by a review; run on the Zen 3 box: PYTHONPATH=<install> python zen3_s17_int16_error.py
+# found by a review; run on the Zen 3 box: PYTHONPATH=<install> python zen3_s52_int16_error.py
 import os, numpy as np, kvarn
 rng = np.random.default_rng(6)
 Hk, Hq, D, N = 2, 6, 64, 700
