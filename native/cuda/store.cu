@@ -431,6 +431,7 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
                 lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
                 hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
             }
+            lo = __fadd_rn(lo, 0.0f);  // -0 -> +0, as the CPU kernels: which zero fminf keeps is unspecified
             const float scale = fmaxf(__fdiv_rn(__fsub_rn(hi, lo), qmax), 1e-10f);
             if (lane == 0) {
                 rlo[i] = lo;
