@@ -59,3 +59,9 @@ def pytest_configure(config):
         missing = [m for m in needed if importlib.util.find_spec(m) is None]
         if missing:
             raise pytest.UsageError(f"KVARN_REQUIRE_MODEL is set but {', '.join(missing)} is not installed")
+    # Likewise KVARN_REQUIRE_ISAS=avx2[,avx512]: the SIMD-vs-scalar tests skip where an ISA is absent.
+    required = [i for i in os.environ.get("KVARN_REQUIRE_ISAS", "").split(",") if i]
+    absent = [i for i in required if i not in ISAS]
+    if absent:
+        raise pytest.UsageError(f"KVARN_REQUIRE_ISAS names {', '.join(absent)}, which this machine cannot run "
+                                f"(available: {', '.join(ISAS)})")

@@ -93,6 +93,23 @@ def test_store_matches_cpu_records(preset, head_dim):
 
 @gpu
 @need_torch
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v4_g64"])
+def test_store_matches_cpu_records_with_signed_zeros(preset):
+    """Rows of +0 and -0 (and rows of zeros beside values): the row minimum's zero was order-dependent (fminf
+    leaves it unspecified); every backend now keeps +0, so kz / vz carry no sign bit and records stay equal."""
+    rng = np.random.default_rng(_seed("signed zeros", preset))
+    p = kvarn.PRESETS[preset]
+    k = np.where(rng.random((3, p.group, 128)) < 0.5, np.float32(-0.0), np.float32(0.0))
+    v = np.where(rng.random((3, p.group, 128)) < 0.5, np.float32(-0.0), np.float32(0.0))
+    v[:, :, ::4] = rng.standard_normal((3, p.group, 32))
+    gpu_rec = kc.quantize_tiles(dev(k), dev(v), preset).cpu().numpy()
+    cpu = kvarn.Tile(kvarn.quantize_tile(k, v, preset).records, p, 128)
+    np.testing.assert_array_equal(gpu_rec, cpu.records)
+    assert not (cpu.fields()["kz"].view(np.uint16) & 0x8000).any()
+
+
+@gpu
+@need_torch
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_store_input_dtypes(dtype):
     rng = np.random.default_rng(7)
@@ -104,7 +121,8 @@ def test_store_input_dtypes(dtype):
     v_in = dev(v, tdt).float().cpu().numpy()
     ref = kvarn.quantize_tile(k_in, v_in, "k4v2_g128").records
     print(f"\n[store vs cpu] {dtype} input: {100 * np.mean(rec == ref):.4f}% of record bytes identical")
-    assert np.mean(rec == ref) > 0.995
+    # Measured 100 % in every device call (it was bounded at 99.5 %: room for a corrupt fp16 scale vector).
+    np.testing.assert_array_equal(rec, ref)
 
 
 @gpu
@@ -155,7 +173,7 @@ def test_keys_decoding_beyond_the_q_bound_are_refused_by_the_gpu_cache():
     assert (cache.length(s), cache.free_pages) == state
     rec = kc.quantize_tiles(torch.from_numpy(bad).cuda(), torch.ones(1, 128, 64, device="cuda")).cpu().numpy()
     ref = kvarn.quantize_tile(bad, np.ones_like(bad)).records
-    assert np.mean(rec == ref) > 0.995
+    np.testing.assert_array_equal(rec, ref)
 
 
 @gpu
@@ -473,7 +491,7 @@ def test_gpu_cache_records_match_cpu_cache():
     g = cache.to_cpu(sid)
     assert (g.sink_len, g.num_tiles, g.tail_len) == (cpu.sink_len, cpu.num_tiles, cpu.tail_len)
     print(f"\n[gpu cache vs cpu cache] {100 * np.mean(g.records == cpu.records):.4f}% of record bytes identical")
-    assert np.mean(g.records == cpu.records) > 0.995
+    np.testing.assert_array_equal(g.records, cpu.records)  # measured 100 % in every device call
     np.testing.assert_array_equal(g._tail_k[:, : g.tail_len], cpu._tail_k[:, : cpu.tail_len])
 
 

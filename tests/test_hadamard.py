@@ -20,6 +20,7 @@ def test_equals_explicit_sylvester_matrix(d, isa):
 @pytest.mark.parametrize("d", SAMPLE_DIMS)
 def test_orthonormal_and_involution(d, isa):
     h = kvarn.hadamard(np.eye(d))  # float64 path
+    np.testing.assert_allclose(h, oracle.hadamard_matrix(d), atol=1e-12)  # SPEC's H, not another orthonormal one
     np.testing.assert_allclose(h @ h.T, np.eye(d), atol=1e-12)
     np.testing.assert_allclose(kvarn.hadamard(h), np.eye(d), atol=1e-12)
 

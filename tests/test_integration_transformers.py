@@ -92,6 +92,15 @@ def test_prefill_is_exact_and_decode_uses_packed_cache(smol):
     assert layer.caches[0].tail_len == 201 - 128
     assert not torch.allclose(step, full, atol=1e-3), "2-bit tiles should change the logits"
     assert float(torch.corrcoef(torch.stack([step, full]))[0, 1]) > 0.9
+    # And it reads them as they are: pseudo-decode over the same exact prefill (tile 0 quantised by the same
+    # C++ quantiser, the tail exact) gives the same logits up to float summation order. Logits correlate
+    # across contexts, so the checks above alone passed with every tile left out of the decode step.
+    m = kev.build_methods(64, presets=("k2v2_g128",), baselines=False)[1]
+    with torch.no_grad():
+        pseudo = kev.forward_logits(model, ids[:201], kev.PseudoDecode(m, 0, 128, exact_prefix=200))[-1]
+    near, far = float((step - pseudo).abs().max()), float((step - full).abs().max())
+    print(f"max |dlogit|: decode step vs pseudo-decode {near:.4f}, vs fp32 {far:.4f}")
+    assert near < 0.05 and far > 10 * near
 
 def test_decode_with_grad_enabled_is_refused_and_prefill_stays_differentiable(smol):
     """kvarn decode attention runs through numpy: with grad enabled, a decode step whose query or K/V

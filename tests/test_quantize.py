@@ -59,6 +59,39 @@ def assert_codes_match(native_codes, oracle_part):
     assert diff.mean() < 0.01
 
 
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g64", "k2v2_g128"])
+def test_exact_rounding_ties_round_half_to_even(preset, isa, rng):
+    """SPEC §4 rounds half to even. The oracle comparison forgives a code off by one near a tie (float32
+    against float64 quotients), so it cannot see the rule itself: here every quotient is exact. The input is
+    H·y for integer rows y (head_dim 64: H's 1/8 and the butterflies are exact in float32), iters=0 keeps
+    r = c = 1, and each row spans 2·qmax, so scale = 2 and every odd offset from the row minimum is a tie."""
+    p = kvarn.PRESETS[preset]
+    D, G = 64, p.group
+
+    def rows(n, length, qmax):  # integer rows spanning exactly 2*qmax, ends present, odd offsets common
+        lo = rng.integers(-10, 10, (n, 1))
+        y = lo + rng.integers(0, 2 * qmax + 1, (n, length))
+        y[:, 0], y[:, 1] = lo[:, 0], lo[:, 0] + 2 * qmax
+        return y.astype(np.float64)
+
+    yk = rows(D, G, 2**p.kbits - 1).T  # keys: rows are channels over the tile's tokens -> y[t, d]
+    yv = rows(G, D, 2**p.vbits - 1)  # values: rows are tokens over channels
+    H = oracle.hadamard_matrix(D)
+    k, v = (y @ H for y in (yk, yv))  # multiples of 1/8, exact in float32; the kernel's rotation gives y back
+    assert np.array_equal(kvarn.hadamard(k.astype(np.float32)), yk.astype(np.float32))
+    tile = kvarn.quantize_tile(k.astype(np.float32), v.astype(np.float32), p, iters=0)
+    f = tile.fields()
+    for name, y, bits, axis in (("k", yk.T, p.kbits, 1), ("v", yv, p.vbits, 1)):
+        q = (y - y.min(axis=axis, keepdims=True)) / 2.0  # exact quotients
+        ties = q - np.floor(q) == 0.5
+        assert ties.sum() > y.size // 8 and (np.floor(q + 0.5) != np.rint(q)).sum() > y.size // 20  # not vacuous
+        codes = kvarn.unpack_codes(f[f"{name}_codes"][0], bits)
+        np.testing.assert_array_equal(codes, np.rint(q), err_msg=f"{name}: exact ties must round half to even")
+        a, z = ("ka", "kz") if name == "k" else ("va", "vz")
+        np.testing.assert_array_equal(f[a][0].astype(np.float32), 2.0)
+        np.testing.assert_array_equal(f[z][0].astype(np.float32), y.min(axis=axis))
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("d", [64, 128, 96])
 def test_codes_and_scales_match_oracle(preset, d, isa, rng):

@@ -31,6 +31,14 @@ MODE_ISAS = {
 }
 
 
+def simd_isas():
+    """The SIMD ISAs to compare with scalar; skips the test where there are none (a loop over an empty list
+    would pass having compared nothing). CI requires avx2 (KVARN_REQUIRE_ISAS, conftest.py)."""
+    if not SIMD_ISAS:
+        pytest.skip("no SIMD ISA on this CPU: nothing to compare with the scalar kernels")
+    return SIMD_ISAS
+
+
 @pytest.fixture(autouse=True)
 def restore_isa():
     before = kvarn.active_isa()
@@ -149,7 +157,7 @@ def test_env_unknown_score_mode_is_error():
 
 
 def test_vnni_switch():
-    for isa in SIMD_ISAS:
+    for isa in simd_isas():
         kvarn.set_isa(isa)
         has = _native.cpu_has_vnni() if isa == "avx512" else _native.cpu_has_avx_vnni()
         try:
@@ -211,7 +219,7 @@ def test_score_mode_api():
 def test_hadamard_identical(head_dim, rows, rng):
     x = rng.standard_normal((rows, head_dim)).astype(np.float32) * 10
     ref = run_isa("scalar", kvarn.hadamard, x)
-    for isa in SIMD_ISAS:
+    for isa in simd_isas():
         out = run_isa(isa, kvarn.hadamard, x)
         assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), isa
 
@@ -249,7 +257,7 @@ def test_quantize_records_identical(preset, head_dim, kind, rng):
     p = _ops.get_preset(preset)
     k, v = _tiles(rng, kind, 3, p.group, head_dim)
     ref = run_isa("scalar", _ops.quantize_tiles_native, k, v, p, _ops.SINKHORN_ITERS, 1)
-    for isa in SIMD_ISAS:
+    for isa in simd_isas():
         rec = run_isa(isa, _ops.quantize_tiles_native, k, v, p, _ops.SINKHORN_ITERS, 1)
         diff = np.flatnonzero((rec != ref).any(axis=0))
         assert diff.size == 0, f"{isa}: {diff.size} record bytes differ, first at {diff[:5]}"
@@ -260,7 +268,7 @@ def test_quantize_identical_iters(iters, rng):
     p = _ops.get_preset("k4v2_g128")
     k, v = _tiles(rng, "scaled", 2, 128, 128)
     ref = run_isa("scalar", _ops.quantize_tiles_native, k, v, p, iters, 1)
-    for isa in SIMD_ISAS:
+    for isa in simd_isas():
         assert np.array_equal(run_isa(isa, _ops.quantize_tiles_native, k, v, p, iters, 2), ref), isa
 
 
@@ -320,7 +328,7 @@ def _check_attend(cache, q, tol_floor=2e-5, modes=("float",), int8_limit=None):
     scale = 1.0 / np.sqrt(cache.head_dim)
     ref = reference(q, K, V, scale)
     base = rel_err(run_isa("scalar", kvarn.attend, q, cache), ref)
-    for isa in SIMD_ISAS:
+    for isa in simd_isas():
         for mode in modes:
             if isa not in MODE_ISAS[mode]:
                 continue
@@ -412,10 +420,9 @@ def test_a_nan_in_a_record_is_reported_on_every_isa_and_mode(field, preset, rng)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
     for isa in ISAS:
         kvarn.set_isa(isa)
-        for mode in ("float", "int16", "int8"):
-            if mode != "float" and isa not in MODE_ISAS["int16"]:
-                continue
-            _native.set_score_mode(mode if mode != "int8" or HAS_VNNI else "int16")
+        for mode in [m for m in ("float", "int16", "int8") if m == "float" or isa in MODE_ISAS[m]]:
+            _native.set_score_mode(mode)
+            assert _native.score_mode() == mode
             out = np.zeros_like(q)
             rc = _native.attend([parts], q, 0.125, out, 2)
             assert rc == _native.ERR_OVERFLOW, (isa, mode, rc)
@@ -509,7 +516,7 @@ def test_fp16_cache(n, head_dim, groups, rng):
     ref = reference(q, k, v, 1 / np.sqrt(head_dim))
     base = rel_err(run_isa("scalar", f.attend, q), ref)
     assert base < 1e-5, base  # the scalar path itself against the float64 oracle
-    for isa in SIMD_ISAS:
+    for isa in simd_isas():
         err = rel_err(run_isa(isa, f.attend, q), ref)
         assert err <= max(2 * base, 2e-5), (isa, err, base)
 
@@ -560,9 +567,24 @@ def test_int_score_error_measured(rng):
     # error is capped loosely (a gross bug), and the mean over INT_SCORE_DRAWS draws is bounded: a
     # query rounded to 7 bits instead of 8 gave 1.76x one draw's error (0.068 vs 0.0386). Means of 8
     # draws resampled from the 320: honest >= 0.056 in 0.02 %, 1.76x the error >= 0.056 in 99.85 %.
-    limit = {"float": 1e-5, "int16": 1e-3, "int8": 0.12}
+    limit = {"float": 1e-5, "int16": 5e-4, "int8": 0.12}
     for (isa, mode), err in e.items():
         assert err < limit[mode], (isa, mode, err)
+    # int16, the default mode: one draw's error (9e-5 to 3.1e-4 over 48 seeds on avx2) hides a coarser
+    # rounding, so the mean over INT_SCORE_DRAWS draws is bounded too. Means of 8 draws, avx2: honest
+    # 1.66-2.02e-4 (six means); with the value weights rounded to 14 bits instead of 15 (a review's
+    # mutant, which passed the single-draw bound of 1e-3 used before) 3.70-4.02e-4.
+    for isa in MODE_ISAS["int16"]:
+        int16 = [e[isa, "int16"]]
+        for _ in range(INT_SCORE_DRAWS - 1):
+            c_i = _cache(rng, "k4v2_g128", 8, 128, 4096 + 77)
+            q_i = rng.standard_normal((32, 128)).astype(np.float32)
+            ref_i = reference(q_i, *c_i.dequantize(), 1 / np.sqrt(128))
+            _native.set_score_mode("int16")
+            out = run_isa(isa, kvarn.attend, q_i, c_i)
+            _native.set_score_mode("float")
+            int16.append(np.linalg.norm(out - ref_i) / np.linalg.norm(ref_i))
+        assert max(int16) < limit["int16"] and np.mean(int16) < 2.7e-4, (isa, int16)
     if MODE_ISAS["int8"]:
         int8 = [e["avx512", "int8"]]
         for _ in range(INT_SCORE_DRAWS - 1):
