@@ -126,17 +126,18 @@ def test_cmake_leaves_the_x86_simd_files_out_elsewhere(tmp_path):
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the ISA files exist on x86-64 only")
 def test_isa_files_share_no_code_and_the_baseline_stays_baseline(tmp_path):
-    """Builds the native core at -O0 under a global -march=x86-64-v3 (a distribution's CXXFLAGS) and reads the
-    objects. (1) The AVX2 / AVX-512 files define no weak or unique symbols: an inline function they emit out of
-    line is one symbol shared with the baseline files, and the linker may keep the AVX-512 copy for all
-    (kvarn_layout and TileFormat::layout were, in Debug builds). (2) The baseline files hold no VEX/EVEX
-    instruction, global flags or not (they held AVX and contracted FMAs before -mno-avx / -ffp-contract=off)."""
+    """Builds the native core at -O0 under a global -march=x86-64-v4 (a distribution's CXXFLAGS, or -march=native
+    on an AVX-512 build host) and reads the objects. (1) The AVX2 / AVX-512 files define no weak or unique
+    symbols: an inline function they emit out of line is one symbol shared with the baseline files, and the
+    linker may keep the AVX-512 copy for all (kvarn_layout and TileFormat::layout were, in Debug builds).
+    (2) The baseline files hold no VEX/EVEX instruction, global flags or not (they held AVX and contracted FMAs
+    before -mno-avx / -ffp-contract=off). (3) The avx2 file holds no EVEX (AVX-512) instruction either."""
     tools = {name: shutil.which(name) for name in ("cmake", "nm", "objdump")}
     if not all(tools.values()):
         pytest.skip(f"needs cmake, nm and objdump on PATH (missing: {[n for n, p in tools.items() if not p]})")
     b = tmp_path / "b"
     r = subprocess.run([tools["cmake"], "-S", ROOT, "-B", str(b), "-DKVARN_CUDA=OFF", "-DCMAKE_BUILD_TYPE=Debug",
-                        "-DCMAKE_CXX_FLAGS=-march=x86-64-v3"], capture_output=True, text=True, timeout=300)
+                        "-DCMAKE_CXX_FLAGS=-march=x86-64-v4"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     r = subprocess.run([tools["cmake"], "--build", str(b), "--target", "kvarn_core", "-j2"], capture_output=True,
                        text=True, timeout=900)
@@ -158,3 +159,18 @@ def test_isa_files_share_no_code_and_the_baseline_stays_baseline(tmp_path):
     avx2_code = subprocess.run([tools["objdump"], "-d", "--no-show-raw-insn", str(objects["kernels_avx2"])],
                                capture_output=True, text=True).stdout
     assert len([line for line in avx2_code.splitlines() if vex.search(line)]) > 1000  # the check sees them
+
+    def evex(name):  # instructions whose first byte (after an optional address-size or segment prefix) is 62
+        dump = subprocess.run([tools["objdump"], "-d", str(objects[name])], capture_output=True, text=True).stdout
+        hits = []
+        for line in dump.splitlines():
+            parts = line.split("\t")
+            if len(parts) >= 3 and re.fullmatch(r"\s*[0-9a-f]+:", parts[0]):
+                code = parts[1].split()
+                if code[:1] == ["62"] or (code[:1] in (["67"], ["2e"], ["3e"], ["26"], ["64"], ["65"], ["36"])
+                                          and code[1:2] == ["62"]):
+                    hits.append(parts[2].strip())
+        return hits
+
+    assert not evex("kernels_avx2"), f"kernels_avx2: AVX-512 instructions, e.g. {evex('kernels_avx2')[:5]}"
+    assert len(evex("kernels_avx512")) > 1000  # the check sees them

@@ -333,6 +333,11 @@ def test_misaligned_inputs_are_copied_not_refused(rng):
         tile = kvarn.quantize_tile(k.astype(dtype), v.astype(dtype))
         np.testing.assert_array_equal(
             kvarn.quantize_tile(_misaligned(k.astype(dtype)), _misaligned(v.astype(dtype))).records, tile.records)
+        # quantize_tile widens fp16 to float32 (a fresh, aligned copy); the fp16 path itself is reached here
+        p = kvarn.PRESETS["k4v2_g128"]
+        np.testing.assert_array_equal(
+            kvarn._ops.quantize_tiles_native(_misaligned(k.astype(dtype)), _misaligned(v.astype(dtype)), p, 8, 1),
+            kvarn._ops.quantize_tiles_native(k.astype(dtype), v.astype(dtype), p, 8, 1))
     cache, odd = kvarn.KVCache(2, 64), kvarn.KVCache(2, 64)
     k, v = (kv_like(rng, (2, 128 + 2 * 128 + 5, 64)) for _ in range(2))  # tiles quantised from the input itself
     cache.append(k, v)
@@ -494,10 +499,17 @@ def test_tile_describing_fields_are_read_only_and_native_buffers_are_checked(rng
     size = kvarn._native.record_layout(4, 2, 128, 64)["total"]
     odd = np.zeros(3 * size + 1, np.uint8)[1:].reshape(3, size)
     for call in (lambda: kvarn._native.quantize_tiles(k, k.copy(), 4, 2, 8, odd, 1),
-                 lambda: kvarn._native.quantize_tiles_f16(*(np.zeros((3, 128, 64), np.uint16),) * 2, 4, 2, 8, odd, 1),
-                 lambda: kvarn._native.dequantize_tiles(odd, 4, 2, k, k.copy())):
+                 lambda: kvarn._native.quantize_tiles_f16(*(np.zeros((3, 128, 64), np.uint16),) * 2, 4, 2, 8, odd, 1)):
         with pytest.raises(ValueError, match="not 2-byte aligned"):
             call()
+    # Reading needs no alignment (the fields are read with memcpy): odd records dequantize as they are.
+    even = np.zeros_like(odd)
+    assert kvarn._native.quantize_tiles(kv_like(rng, (3, 128, 64)), kv_like(rng, (3, 128, 64)), 4, 2, 8, even, 1)[0] == 0
+    odd[:] = even
+    got, want = (np.zeros_like(k), np.zeros_like(k)), (np.zeros_like(k), np.zeros_like(k))
+    assert kvarn._native.dequantize_tiles(odd, 4, 2, *got) == kvarn._native.dequantize_tiles(even, 4, 2, *want) == 0
+    for x, y in zip(got, want):
+        np.testing.assert_array_equal(x, y)
     cache = kvarn.KVCache(1, 64, sink_tokens=0)
     cache.append(kv_like(rng, (1, 128, 64)), kv_like(rng, (1, 128, 64)))
     parts = dict(cache._native_parts())

@@ -16,9 +16,10 @@
  * kvarn_hadamard_*, which work in place.
  *
  * Values: inputs must be finite (the Python layer checks). Non-finite k or v give
- * records of no meaning or KVARN_ERR_OVERFLOW, never undefined behaviour; a NaN or
- * Inf in a record's fields makes kvarn_attend return KVARN_ERR_OVERFLOW (a non-finite
- * output) on every ISA.
+ * records of no meaning or KVARN_ERR_OVERFLOW, never undefined behaviour; a NaN in a
+ * record's fields makes kvarn_attend return KVARN_ERR_OVERFLOW (a non-finite output) on
+ * every ISA and score mode, an Inf wherever it makes the output non-finite (an infinite
+ * kz or kt can instead give a token, or a tile, weight 0).
  *
  * num_threads: <= 0 means all cores; above KVARN_MAX_THREADS is KVARN_ERR_ARGUMENT.
  *

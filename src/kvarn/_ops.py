@@ -338,7 +338,7 @@ def quantize_tiles_native(k3: np.ndarray, v3: np.ndarray, preset: Preset, iters:
     describe(i) names pair i in the error raised when its scales overflow fp16."""
     n, _, head_dim = k3.shape
     # The native code refuses misaligned buffers (a user's array read from a byte buffer, say): copy those.
-    k3, v3 = (np.require(x, requirements=("C", "A")) for x in (k3, v3))
+    k3, v3 = (x if x.flags.aligned else x.copy() for x in (k3, v3))
     records = np.empty((n, preset.record_bytes(head_dim)), dtype=np.uint8) if out is None else out
     threads = resolve_threads(num_threads)
     if k3.dtype == np.float16:
@@ -370,10 +370,7 @@ def dequantize_records_native(records: np.ndarray, preset: Preset, head_dim: int
     n = records.shape[0]
     k = np.empty((n, preset.group, head_dim), dtype=np.float32)
     v = np.empty_like(k)
-    records = np.ascontiguousarray(records)
-    if records.ctypes.data % 2:  # a Tile over np.frombuffer(blob, offset=odd): the kernels read fp16 fields
-        records = records.copy()
-    rc = _native.dequantize_tiles(records, preset.kbits, preset.vbits, k, v)
+    rc = _native.dequantize_tiles(np.ascontiguousarray(records), preset.kbits, preset.vbits, k, v)
     check_status(rc, "dequantize")
     return k, v
 
@@ -483,7 +480,9 @@ def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
 
 def run_attend(q, caches, scale: float, num_threads, names) -> np.ndarray:
     """The native call for validated queries [B, Hq, D] and caches (names: for errors)."""
-    q32 = np.require(q, np.float32, ("C", "A"))  # a misaligned q (refused by the native code) is copied
+    q32 = np.ascontiguousarray(q, np.float32)
+    if not q32.flags.aligned:  # refused by the native code; np.require would cost ~2 us on every call
+        q32 = q32.copy()
     out = np.empty_like(q32)
     parts = [c._native_parts() for c in caches]  # the snapshots attended
     for name, p in zip(names, parts):
