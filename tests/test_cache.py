@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import kvarn
 import oracle
+from kvarn import _ops
 from conftest import kv_like
 
 LENGTHS = [1, 2, 127, 128, 129, 255, 256, 257, 1000, 3000]
@@ -410,6 +411,21 @@ def test_nonfinite_fp16_input_is_refused_in_any_layout(layout, bad, rng):
     k[1, 149, 63] = bad
     with pytest.raises(ValueError, match="k: contains NaN or Inf"):
         cache.append(k, np.zeros((2, 150, 64), np.float16))
+    assert_unchanged(cache, snap)
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_nonfinite_fp16_input_is_refused_in_a_long_prompt(where, rng):
+    """A contiguous fp16 prompt above one check chunk (2^20 elements) is checked a chunk at a time:
+    a NaN in the first or the partial last chunk is still caught."""
+    cache, _, _ = filled(rng, 2, 64, 250)
+    snap = snapshot(cache)
+    n = (1 << 20) // 128 + 5  # 2 x n x 64 elements: one whole chunk and a partial one
+    k = np.zeros((2, n, 64), np.float16)
+    assert _ops._F16_CHECK_CHUNK < k.size < 2 * _ops._F16_CHECK_CHUNK
+    k[(0, 0, 0) if where == "first" else (1, n - 1, 63)] = np.nan
+    with pytest.raises(ValueError, match="k: contains NaN or Inf"):
+        cache.append(k, np.zeros_like(k))
     assert_unchanged(cache, snap)
 
 
