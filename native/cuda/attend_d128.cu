@@ -20,7 +20,7 @@ int launch_attend_d128(int kbits, int vbits, int group, AttendArgs& a, int batch
         // 74.6-75.6 us, 4K x 8: 27.6-27.7 -> 23.0-23.2 us), at <= 8 splits (below).
         // KVARN_ATTEND_VARIANT (read once) selects for same-run A/B timings: 12 = the s7 default (pairs as
         // VAR 12, else VAR 5 at <= 8 tiles per split, else VAR 6: the s5 tile loop with finish_states +
-        // cluster_merge), 5, 6, 14 or 16 always (no pairs).
+        // cluster_merge), 5, 6 or 14 always (no pairs; 16 is the default above, pairs included).
         static const int variant = [] {
             const char* e = std::getenv("KVARN_ATTEND_VARIANT");
             return e ? std::atoi(e) : 16;

@@ -1,4 +1,5 @@
-"""The `kvarn` command line: `kvarn demo`, `kvarn info`, and `kvarn eval` when the eval extra is installed."""
+"""The `kvarn` command line: `kvarn demo`, `kvarn info` and `kvarn eval` (which needs the eval extra: without it,
+it stops with an error naming the extra)."""
 from __future__ import annotations
 
 import argparse

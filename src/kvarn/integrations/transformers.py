@@ -2,7 +2,7 @@
 
     from kvarn.integrations.transformers import KVarNCache
     cache = KVarNCache(model.config, preset="k4v2_g128")
-    out = model.generate(ids, cache=cache, max_new_tokens=64)   # past_key_values=cache before 5.x
+    out = model.generate(ids, cache=cache, max_new_tokens=64)   # past_key_values=cache: the older name, until 6.0
 
 How it works
 - ``KVarNCache(config)`` registers an attention function named ``"kvarn"`` with transformers'
@@ -19,11 +19,11 @@ How it works
   returned key tensor; the attention function then, token by token, appends the token to the
   kvarn cache and calls ``kvarn.attend_batch`` over the packed codes. No dequantised copy of the
   cache is ever made (transformers' own QuantizedCache dequantises the whole cache every step).
-- Sliding-window layers (Gemma 3's local layers; every layer of a config with ``sliding_window``
-  and no ``layer_types``, as Mistral-7B-v0.1) keep transformers' full-precision
+- Sliding-window layers (Gemma 3's local layers) keep transformers' full-precision
   ``DynamicSlidingWindowLayer``: they hold at most ``sliding_window`` tokens, and kvarn's attention
-  has no window. A config with no full-attention layer at all (nothing to compress) or with logit
-  soft-capping is refused when the cache is built.
+  has no window. A config with no full-attention layer at all (nothing to compress: one with
+  ``sliding_window`` and no ``layer_types``, as Mistral-7B-v0.1's, makes every layer sliding) or with
+  logit soft-capping is refused when the cache is built.
 
 Batch rows can be reordered, repeated and selected (beam search, ``num_return_sequences``): a
 row that appears twice gets a copy of its ``kvarn.KVCache``. Left-padded batches (what
@@ -59,10 +59,11 @@ decode step with grad enabled and a query, key or value that requires grad raise
 what it stores is a detached copy.
 Threads: kvarn's decode calls use ``kvarn.set_num_threads`` (default: every core), next to torch's own
 pool. On a machine with few cores, short contexts can decode faster with ``kvarn.set_num_threads(1)``
-(inside SmolLM2 on 2 cores, a 1K-token layer call took 55-59 µs on one thread against 75-89 µs on two:
-waking kvarn's sleeping helper costs more than the work; at 4K tokens the two took the same, ~150 µs).
+(inside SmolLM2 on 2 cores, a 256-token layer call took 43 µs on one thread against 67 µs on two:
+waking kvarn's sleeping helper costs more than the work; at 4K tokens the two took the same, ~150 µs;
+benchmarks/RESULTS.md §5).
 Measured end to end: ``benchmarks/bench_generate.py``.
-Needs the ``eval`` extra (torch, transformers >= 5).
+Needs the ``eval`` extra (torch, transformers >= 5.24, < 6).
 """
 from __future__ import annotations
 
