@@ -168,6 +168,30 @@ def test_fp16cache_pickle_round_trip(cls, rng):
     assert copy.deepcopy(cache).note == "kept"
 
 
+def test_fp16cache_unpickling_checks_what_it_restores(rng):
+    """A corrupt pickle is refused where it is read (as KVCache's, through from_parts), not served: a NaN
+    in the buffers would make attend report a float32 overflow blamed on the query."""
+    cache = FP16Cache(H, D)
+    k, v = tokens(rng, 5)
+    cache.append(k, v)
+    state = cache.__getstate__()
+    kbuf, vbuf, length = state["_state"]
+    nan_k = np.array(kbuf)
+    nan_k[1, 4, 7] = np.nan
+    bad_states = [
+        ({**state, "_state": (nan_k, vbuf, length)}, "K buffer contains NaN or Inf"),
+        ({**state, "_state": (kbuf, vbuf, length + 1)}, r"K buffer must be float16 \[2, 6, 64\]"),
+        ({**state, "_state": (kbuf.astype(np.float32), vbuf, length)}, "K buffer must be float16"),
+        ({**state, "head_dim": 24}, "head_dim"),
+        ({k: val for k, val in state.items() if k != "_state"}, "_state"),
+    ]
+    for bad, msg in bad_states:
+        with pytest.raises(ValueError, match=msg):
+            object.__new__(FP16Cache).__setstate__(bad)
+    twin = pickle.loads(pickle.dumps(cache))  # the intact state still loads
+    assert all(same_bytes(x, y) for x, y in zip(cache.keys_values(), twin.keys_values()))
+
+
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
 def test_pickling_a_checkpoint_says_what_to_do_instead(protocol, rng):
     cache = kvarn.KVCache(H, D)

@@ -330,6 +330,57 @@ def test_rejected_decode_step_restores_every_row(what):
     assert [len(c) for c in layer.caches] == [n + 1, n + 1] and layer.cumulative_length == n + 1
 
 
+def test_malformed_steps_are_refused_by_name_and_change_nothing():
+    """What update / the kvarn attention get from custom code (a normal forward cannot give them):
+    tensors of the wrong type, dtype or shape, token counts that differ between query, keys and
+    values, another layer's index. Each is refused naming the argument, before any state changes, and
+    decoding goes on (a step stored with fewer tokens than counted would shift every later position)."""
+    cache = _tiny_cache(layers=1, preset="k4v2_g64", sink_tokens=0)
+    layer = cache.kvarn_layers[0]
+    _prefill(layer, *_kv(2, 10, 0))
+    before = _snapshot(layer)
+    k, v = _kv(2, 1, 1)
+    q = torch.randn(2, 4, 1, 16)
+    bad_updates = [
+        ((k.numpy(), v), TypeError, "key_states: expected a torch.Tensor"),
+        ((k, v.to(torch.complex64)), TypeError, "value_states: dtype torch.complex64"),
+        ((k.to(torch.int32), v), TypeError, "key_states: dtype torch.int32"),
+        ((k[0], v[0]), ValueError, "key_states: expected a 4-D tensor"),
+        ((k, torch.cat([v, v], dim=2)), ValueError, "value_states: shape"),
+        ((k[:1], v[:1]), ValueError, "key_states: batch 1 differs"),
+        ((k[..., :8], v[..., :8]), ValueError, "key_states: shape"),
+    ]
+    for (kk, vv), exc, msg in bad_updates:
+        with pytest.raises(exc, match=msg):
+            cache.update(kk, vv, 0)
+        assert layer._pending is None and layer._prefill is None  # nothing stashed for a later forward
+        _assert_same(_snapshot(layer), before)
+    for idx, exc, msg in [(-1, ValueError, "layer_idx: -1 is out of range"), (True, TypeError, "layer_idx"),
+                          (1, ValueError, "layer_idx: 1 is out of range for 1 layers")]:
+        with pytest.raises(exc, match=msg):
+            cache.update(k, v, idx)
+        _assert_same(_snapshot(layer), before)
+    for kk, vv, qq, msg in [(*_kv(2, 2, 3), q, "query: shape"),  # two new tokens, one query
+                            (k, v, torch.randn(2, 4, 2, 16), "query: shape"),  # one token, two queries
+                            (k, v, q.to(torch.complex64), "query: dtype")]:
+        cache.update(kk, vv, 0)
+        with pytest.raises((TypeError, ValueError), match=msg):
+            layer.attend_pending(qq, None, 0.25)
+        _assert_same(_snapshot(layer), before)  # one layer: nothing else stored the step, decoding goes on
+    cache.update(k, v, 0)
+    assert layer.attend_pending(q, None, 0.25).shape == (2, 1, 4, 16)
+    assert [len(c) for c in layer.caches] == [11, 11] and cache.get_seq_length() == 11
+
+
+def test_a_config_without_layers_is_refused_plainly():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=0, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=100)
+    with pytest.raises(ValueError, match="config: no attention layers"):
+        KVarNCache(cfg)
+
+
 def test_a_step_a_later_layer_rejects_is_undone_in_every_layer():
     """Through KVarNCache.update, as a model's forward goes: the second layer rejects the step, and the
     first (which stored it, a crop ring too) and a sliding-window layer between them go back to before

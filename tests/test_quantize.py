@@ -481,6 +481,23 @@ def test_tile_round_trip_keeps_its_shape_and_reads_version_1(rng):
     assert kvarn.Tile.from_bytes(tc.to_bytes()).preset.name == "k2v4_g64"
 
 
+def test_tile_built_from_unchecked_records_is_refused_when_read(rng):
+    """Tile() wraps records as they are (from_records validates them); a NaN scale must then be refused by
+    dequantize_tile, not returned as NaN values. squeeze is a bool, as every flag."""
+    t = kvarn.quantize_tile(kv_like(rng, (2, 128, 64)), kv_like(rng, (2, 128, 64)))
+    records = t.records.copy()
+    ka = kvarn.Tile(records, t.preset, 64).fields()["ka"]
+    ka[1, 3] = np.nan  # a view into records
+    bad = kvarn.Tile(records, t.preset, 64)
+    with pytest.raises(ValueError, match="tile: corrupt record"):
+        kvarn.dequantize_tile(bad)
+    with pytest.raises(ValueError, match="field ka holds NaN"):
+        kvarn.Tile.from_records(records, t.preset, 64)
+    assert all(np.isfinite(x).all() for x in kvarn.dequantize_tile(t))  # the intact tile still reads
+    with pytest.raises(TypeError, match="squeeze: expected a bool"):
+        kvarn.Tile(t.records, t.preset, 64, squeeze="no")
+
+
 def test_tile_describing_fields_are_read_only_and_native_buffers_are_checked(rng):
     t = kvarn.quantize_tile(kv_like(rng, (128, 64)), kv_like(rng, (128, 64)))
     for name, value in (("records", np.zeros((20000, 1), np.uint8)), ("head_dim", 1024),

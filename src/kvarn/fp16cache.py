@@ -73,7 +73,8 @@ class FP16Cache:
         """An independent cache with the same contents."""
         kbuf, vbuf, length = self._state  # one snapshot
         new = object.__new__(type(self))  # a subclass copies into its own type
-        new.__setstate__(self.__getstate__())
+        new.__dict__.update(self.__getstate__())  # known-good state: not __setstate__'s checks
+        new._append_lock = threading.Lock()
         new._state = (kbuf[:, :length].copy(), vbuf[:, :length].copy(), length)
         return new
 
@@ -85,7 +86,23 @@ class FP16Cache:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        # Unpickled bytes are checked as an append checks its input (KVCache's go through from_parts):
+        # a NaN here would surface in attend as a float32 overflow blamed on the query.
+        try:
+            H = check_positive_int(state["num_kv_heads"], "num_kv_heads")
+            D = check_head_dim(state["head_dim"])
+            kbuf, vbuf, length = state["_state"]
+            length = check_positive_int(length, "length", 0)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"FP16Cache state: {e}") from None
+        for name, buf in (("K", kbuf), ("V", vbuf)):
+            if not isinstance(buf, np.ndarray) or buf.dtype != np.float16 or buf.shape != (H, length, D):
+                raise ValueError(f"FP16Cache state: {name} buffer must be float16 [{H}, {length}, {D}], got "
+                                 f"{getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}")
+            if not _ops._f16_all_finite(buf):
+                raise ValueError(f"FP16Cache state: {name} buffer contains NaN or Inf")
         self.__dict__.update(state)
+        self._state = (np.ascontiguousarray(kbuf), np.ascontiguousarray(vbuf), length)
         self._append_lock = threading.Lock()
 
     def __copy__(self) -> "FP16Cache":  # a shallow copy would share the buffers appends write into

@@ -102,6 +102,8 @@ class Tile:
                 f"records: expected shape [H, {rec_bytes}] (H >= 1) for {self.preset.name} with head_dim "
                 f"{self.head_dim}, got {records.shape}"
             )
+        if not isinstance(squeeze, (bool, np.bool_)):
+            raise TypeError(f"squeeze: expected a bool, got {type(squeeze).__name__}")
         if squeeze and records.shape[0] != 1:
             raise ValueError(f"squeeze: a 2-D tile has one head, got {records.shape[0]}")
         self._records = np.ascontiguousarray(records)
@@ -248,6 +250,10 @@ def dequantize_tile(tile: Tile):
     if not isinstance(tile, Tile):
         raise TypeError(f"tile: expected a kvarn.Tile, got {type(tile).__name__}")
     k, v = dequantize_records_native(tile.records, tile.preset, tile.head_dim)
+    # Tile() takes records as they are (from_records validates them): a NaN or Inf scale must not
+    # come back as NaN values.
+    if not (np.isfinite(k).all() and np.isfinite(v).all()):
+        raise ValueError("tile: corrupt record: its scales decode to NaN or Inf (Tile.from_records names the field)")
     if tile.squeeze:
         return k[0], v[0]
     return k, v

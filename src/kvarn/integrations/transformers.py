@@ -215,6 +215,21 @@ def cache_kwargs(model, cache) -> dict:
     return {"cache" if "cache" in params else "past_key_values": cache}
 
 
+_FLOAT_TENSOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_tensor(x, name: str, ndim: int = 4) -> None:
+    """A float torch tensor of ndim dimensions (kvarn's core refuses other dtypes too: an int, bool or
+    complex tensor cast to float32 would lose its values silently)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_TENSOR_DTYPES:
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16, bfloat16, float32 or float64")
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor [batch, heads, tokens, head_dim], got shape "
+                         f"{tuple(x.shape)}")
+
+
 def _to_numpy(x: torch.Tensor) -> np.ndarray:
     return x.detach().to("cpu", torch.float32).numpy()
 
@@ -406,6 +421,16 @@ class KVarNLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
+        # Before any state changes: a rejected step leaves nothing stashed that later forwards would refuse.
+        _check_tensor(key_states, "key_states")
+        _check_tensor(value_states, "value_states")
+        if value_states.shape != key_states.shape:
+            raise ValueError(f"value_states: shape {tuple(value_states.shape)} does not match key_states' "
+                             f"{tuple(key_states.shape)}")
+        if self.is_initialized and self.caches and (key_states.shape[1], key_states.shape[3]) != (
+                self.caches[0].num_kv_heads, self.caches[0].head_dim):
+            raise ValueError(f"key_states: shape {tuple(key_states.shape)} does not match the cache's "
+                             f"[batch, {self.caches[0].num_kv_heads}, tokens, {self.caches[0].head_dim}]")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != len(self.caches):
@@ -460,6 +485,15 @@ class KVarNLayer(CacheLayerMixin):
             )
             self._fail(error)  # this layer is as before the step; the ones before it stored it
             raise error
+        try:
+            _check_tensor(query, "query")
+            if (query.shape[0], query.shape[2], query.shape[3]) != (
+                    key_states.shape[0], key_states.shape[2], key_states.shape[3]):
+                raise ValueError(f"query: shape {tuple(query.shape)} does not match this step's key_states "
+                                 f"{tuple(key_states.shape)} (batch, tokens and head_dim must agree)")
+        except (TypeError, ValueError) as error:
+            self._fail(error)  # this layer is as before the step
+            raise
         B, Hq, n, D = query.shape
         # The mask must hide exactly the prompt's left padding. No mask (an unpadded batch's decode
         # step) shows every key: right when no row was padded. Every layer of a forward gets the
@@ -732,6 +766,11 @@ class KVarNCache(Cache):
                     else "chunked_attention" if getattr(text_config, "attention_chunk_size", None) is not None
                     else "full_attention")
             layer_types = [kind] * text_config.num_hidden_layers
+        n_layers = getattr(text_config, "num_hidden_layers", None)
+        if not layer_types:
+            raise ValueError(f"config: no attention layers (num_hidden_layers={n_layers}); nothing to cache")
+        if isinstance(n_layers, int) and len(layer_types) != n_layers:
+            raise ValueError(f"config: {len(layer_types)} layer_types for num_hidden_layers={n_layers}")
         layers = []
         for t in layer_types:
             if t == "full_attention":
@@ -837,6 +876,13 @@ class KVarNCache(Cache):
 
     @torch.compiler.disable  # see kvarn_attention
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        # An index as transformers' layers pass it: -1 or True would address another layer and skip the
+        # new-forward checks below.
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, (int, np.integer)):
+            raise TypeError(f"layer_idx: expected an int, got {type(layer_idx).__name__}")
+        if not 0 <= layer_idx < len(self.layers):
+            raise ValueError(f"layer_idx: {layer_idx} is out of range for {len(self.layers)} layers")
+        layer_idx = int(layer_idx)
         if layer_idx == 0:  # a new forward, before any layer (a sliding one too) stores its tokens
             self._check_consistent()
             self._journal.start()  # the previous forward's step stays
@@ -848,8 +894,8 @@ class KVarNCache(Cache):
                 "with kvarn.integrations.transformers.use_kvarn_attention(model))"
             )
         self._check_previous_step_taken(layer_idx)
-        layer = self.layers[layer_idx] if 0 <= layer_idx < len(self.layers) else None
-        if layer is None or isinstance(layer, KVarNLayer):
+        layer = self.layers[layer_idx]
+        if isinstance(layer, KVarNLayer):
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
         self._journal.add(functools.partial(_restore_attributes, layer, dict(layer.__dict__)))  # they replace
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)  # their tensors
