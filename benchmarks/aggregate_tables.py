@@ -1,8 +1,10 @@
 """Medians over several runs of the CPU benchmarks' summary tables (KVARN_BENCH_TABLE files).
 
-This shared host is noisy: one run can put a row in a slow spell. RESULTS.md reports, per point,
-the median over runs of each row's minimum, the ratios of those medians, and the range of the
-per-run ratios.
+This shared host is noisy: one run can put a row in a slow spell. Per point: the median over runs of
+each row's minimum (times), and every ratio as the median over runs of that run's ratio, with the
+range (a ratio of two medians could pair times from different runs; until 2026-12-01 the warm
+columns were such ratios). Warm interleaved groups (test_decode_warm_interleaved): the median and
+range of each run's interleaved ratios.
 
     python benchmarks/aggregate_tables.py results/epyc_2t_table_s3_run1.md results/..._run2.md ...
 
@@ -31,6 +33,10 @@ def parse(text):
             m = re.search(r"= ([0-9.]+)% of a ([0-9.]+) ms", line)
             if m:
                 notes["share"] = (float(m.group(1)), float(m.group(2)))
+            if line.startswith("warm, interleaved"):
+                kv = re.search(r"kvarn ([0-9.]+) ms", line)
+                pairs = re.findall(r"([0-9.]+)x ([a-z0-9-]+) \(([0-9.]+) ms\)", line)
+                notes["warm"] = (float(kv.group(1)), {name: float(r) for r, name, _ in pairs})
         groups[lines[0]] = (rows, notes)
     return copy, groups
 
@@ -54,16 +60,27 @@ def main(paths):
             best = mins[key]
             per_run = [min(v[0] for k, v in p[0].items() if k.startswith("fp16")) / p[0][key][0] for p in present]
             gbps = impls[key][1] / best  # MB / ms
-            ratio = lambda k: f"{mins[k] / best:.1f}x" if k in mins else "–"  # noqa: E731
+
+            def ratio(k):  # median over runs of that run's ratio, and the range
+                runs_k = [p[0][k][0] / p[0][key][0] for p in present if k in p[0]]
+                return f"{median(runs_k):.1f}x ({min(runs_k):.1f}–{max(runs_k):.1f})" if runs_k else "–"
+
             # what an AVX2-only CPU gets: its default (int16) against the fp16 kernel of the same ISA
             a2, f2 = "kvarn-avx2-int16", "fp16-avx2"
             a2_runs = [p[0][f2][0] / p[0][a2][0] for p in present if a2 in p[0] and f2 in p[0]]
-            a2_cell = (f"{mins[f2] / mins[a2]:.2f}x ({min(a2_runs):.2f}–{max(a2_runs):.2f})"
-                       if a2 in mins and f2 in mins and a2_runs else "–")
+            a2_cell = f"{median(a2_runs):.2f}x ({min(a2_runs):.2f}–{max(a2_runs):.2f})" if a2_runs else "–"
             print(f"| {group[7:]} | {best:.3f} | {fmt(mins.get('kvarn-avx512-float'))} | {fmt(mins.get(a2))} | "
                   f"{fmt(mins.get('kvarn-avx2-float'))} | {fp16:.3f} | {fmt(mins.get(f2))} | {fmt(mins.get('numpy'))} | "
-                  f"{fmt(mins.get('torch'))} | **{fp16 / best:.2f}x** ({min(per_run):.2f}–{max(per_run):.2f}) | "
+                  f"{fmt(mins.get('torch'))} | **{median(per_run):.2f}x** ({min(per_run):.2f}–{max(per_run):.2f}) | "
                   f"{ratio('numpy')} | {ratio('torch')} | {gbps:.1f} | {a2_cell} |")
+        elif group.startswith("warm "):
+            warm = [p[1]["warm"] for p in present if "warm" in p[1]]
+            names = list(warm[0][1])
+            cells = []
+            for name in names:
+                r = [w[1][name] for w in warm if name in w[1]]
+                cells.append(f"**{median(r):.2f}x** ({min(r):.2f}–{max(r):.2f})")
+            print(f"| {group[5:]} | {median(w[0] for w in warm):.4f} | " + " | ".join(cells) + f" |  <- vs {', '.join(names)}")
         elif group.startswith("cold "):
             cold = [p[1]["cold"] for p in present]
             ratios = [c[3] for c in cold]

@@ -19,13 +19,18 @@ Caches, alternating round by round in one process:
   (``attend_fp16_batch``, same native driver and threads) in place of the packed cache. Its
   ``attend_pending`` skips KVarNLayer's per-row checkpoint/rollback, mask check and crop-window
   bookkeeping: slightly less host work per step, a bias against kvarn.
-Reported: the median and minimum forward time per generated token; the time inside the cache +
+Reported: the median, mean and minimum forward time per generated token; the time inside the cache +
 attention (cache update and SDPA for the fp32 caches; the KVarNCache append + kvarn attention),
 summed over the 30 layers; the bytes of the cache's buffers at the end (for kvarn also the bytes
 of the tokens held, ``KVCache.nbytes``: its fp16 tail buffer always holds a whole tile and its record
 buffer grows by a quarter); and how many of the greedy tokens equal
 the dynamic cache's (the same model: a short identical prefix is a numerics flip, not an error).
 The rest of a forward (projections, MLP, lm_head) is the same work for every cache.
+Quantisation: a KVarNCache step that completes a tile (every 128th token) also quantises it; the
+median leaves such a step out, the mean over --steps that are a multiple of 128 carries one per
+128 tokens (its amortised cost). The default 32 steps after the default contexts complete no tile
+("tiles completed" in the output says how many did); bench_attend.py's test_quantize_share
+measures that cost per token against a decode step.
 """
 import argparse
 import functools
@@ -195,6 +200,7 @@ def measure(args, model, ids, timers, threads) -> dict:
         with torch.inference_mode():
             logits = model(x, use_cache=True, **kw).logits
             nxt = logits[:, -1:].argmax(-1)
+            tiles = [c.num_tiles for c in cache.kvarn_layers[0].caches] if kind == "kvarn" else None
             for _ in range(args.steps):
                 tokens.append(int(nxt))
                 timers.seconds = 0.0
@@ -203,6 +209,7 @@ def measure(args, model, ids, timers, threads) -> dict:
                 steps.append(time.perf_counter() - t)
                 inside.append(timers.seconds)
                 nxt = logits[:, -1:].argmax(-1)
+        completed = sum(c.num_tiles for c in cache.kvarn_layers[0].caches) - sum(tiles) if kind == "kvarn" else 0
         if kind == "kvarn":
             held = cache.nbytes
             allocated = sum(c.allocated_nbytes for layer in cache.kvarn_layers for c in layer.caches)
@@ -215,7 +222,7 @@ def measure(args, model, ids, timers, threads) -> dict:
             held = allocated = sum(int(t.numel() * t.element_size()) for layer in cache.layers
                                    for t in (layer.keys, layer.values) if t is not None)
         return {"step_ms": [s * 1e3 for s in steps], "cache_attn_ms": [s * 1e3 for s in inside],
-                "tokens": tokens, "cache_bytes": allocated, "held_bytes": held}
+                "tokens": tokens, "cache_bytes": allocated, "held_bytes": held, "tiles_completed": completed}
 
     print(f"SmolLM2-135M, fp32 weights, {threads} threads, kvarn ISA {kvarn.active_isa()} "
           f"(scores {kvarn.score_mode()}), preset {args.preset}, {args.steps} greedy steps x {args.rounds} rounds",
@@ -232,6 +239,8 @@ def measure(args, model, ids, timers, threads) -> dict:
             steps = [s for r in rs for s in r["step_ms"]]
             inside = [s for r in rs for s in r["cache_attn_ms"]]
             point[kind] = {"median_step_ms": statistics.median(steps), "min_step_ms": min(steps),
+                           "mean_step_ms": statistics.fmean(steps),
+                           "tiles_completed": rs[0]["tiles_completed"],  # per layer, in a run's timed steps
                            "median_cache_attn_ms": statistics.median(inside), "cache_bytes": rs[0]["cache_bytes"],
                            "held_bytes": rs[0]["held_bytes"], "tokens": rs[0]["tokens"]}
         results["points"].append(point)
@@ -239,9 +248,11 @@ def measure(args, model, ids, timers, threads) -> dict:
         for kind in args.caches:
             r = point[kind]
             same = "" if ref is None else f", tokens = dynamic's for {identical_prefix(r['tokens'], ref)}/{args.steps}"
-            print(f"  ctx {context:5d} {kind:8s} step {r['median_step_ms']:7.2f} ms (min {r['min_step_ms']:6.2f}), "
+            done = f", tiles completed {r['tiles_completed']}" if kind == "kvarn" else ""
+            print(f"  ctx {context:5d} {kind:8s} step {r['median_step_ms']:7.2f} ms (min {r['min_step_ms']:6.2f}, "
+                  f"mean {r['mean_step_ms']:6.2f}), "
                   f"cache+attention {r['median_cache_attn_ms']:6.2f} ms, cache {r['cache_bytes'] / 2**20:7.1f} MiB "
-                  f"allocated ({r['held_bytes'] / 2**20:.1f} held){same}",
+                  f"allocated ({r['held_bytes'] / 2**20:.1f} held){same}{done}",
                   flush=True)
     return results
 

@@ -86,8 +86,8 @@ def _table():
         lines.append("| impl | min ms | median ms | MB moved | GB/s | % of copy bw | vs fp16 | vs numpy | vs torch |")
         lines.append("|---|---|---|---|---|---|---|---|---|")
 
-        def find(prefix):
-            c = [r for r in rows if r[5].get("impl", "").startswith(prefix)]
+        def find(prefix):  # a reference row: one call of that implementation (not a compare=False row)
+            c = [r for r in rows if r[5].get("impl", "").startswith(prefix) and r[5].get("compare", True)]
             return min((r[2] for r in c), default=None)
 
         ref = {k: find(k) for k in ("fp16", "numpy", "torch")}
@@ -106,6 +106,11 @@ def _table():
                 lines.append(
                     f"cold ({extra['layers']} layer copies read in turn): kvarn {extra['kvarn_ms']} ms, "
                     f"fp16 {extra['fp16_ms']} ms per call (minima) -> kvarn {extra['ratio']}x faster"
+                )
+            if "warm_ratios" in extra:
+                lines.append(
+                    "warm, interleaved in blocks: kvarn " + f"{extra['warm_ms']['kvarn']} ms -> "
+                    + ", ".join(f"{r}x {name} ({extra['warm_ms'][name]} ms)" for name, r in extra["warm_ratios"].items())
                 )
             if "share_pct" in extra:
                 lines.append(

@@ -32,17 +32,19 @@ def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
     assert passed and int(passed.group(1)) >= 20, r.stdout[-2000:]
     text = table.read_text()
     for group in ("## attend hq32-hk8-d128 ctx=1024 batch=1", "## attend smollm2-hq9-hk3-d64 ctx=1024 batch=1",
-                  "## membw", "## quantize"):
+                  "## warm hq32-hk8-d128 ctx=1024 batch=1", "## membw", "## quantize"):
         assert group in text, group
     rows = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")}
-    expected = {"numpy", "kvarn-scalar", "quantize-scalar", "hadamard-scalar", "numpy-read-1thread"}
+    expected = {"numpy", "kvarn-scalar", "quantize-scalar", "hadamard-scalar", "numpy-read-1thread", "numpy-copy-1thread",
+                "kvarn-" + kvarn.available_isas()[-1] + "-interleaved", "numpy-interleaved"}
     try:
         import torch  # noqa: F401
 
-        expected |= {"torch", "torch-folded"}
+        expected |= {"torch", "torch-folded", "torch-interleaved", "torch-folded-interleaved"}
     except ImportError:
         pass
     for isa in kvarn.available_isas():
         if isa != "scalar":  # the int16 default and the fp16 baseline on every SIMD ISA here
             expected |= {f"kvarn-{isa}-int16", f"fp16-{isa}", f"quantize-{isa}"}
     assert expected <= rows, sorted(expected - rows)
+    assert re.search(r"warm, interleaved in blocks: kvarn [0-9.]+ ms -> [0-9.]+x fp16", text), text[-2000:]

@@ -1239,25 +1239,28 @@ def test_bench_generate_script_runs_and_reports(tmp_path):
     kvarn_threads, torch_threads = kvarn._ops._num_threads, torch.get_num_threads()  # the script sets both
     out = tmp_path / "gen.json"
     try:
-        assert bench.main(["--contexts", "300", "--steps", "3", "--rounds", "1", "--threads", "1",
+        assert bench.main(["--contexts", "254", "--steps", "3", "--rounds", "1", "--threads", "1",
                            "--out", str(out)]) == 0
     finally:
         kvarn.set_num_threads(kvarn_threads)
         torch.set_num_threads(torch_threads)
     assert F.scaled_dot_product_attention is sdpa and DynamicLayer.update is update
     point = json.loads(out.read_text())["points"][0]
-    assert point["context"] == 300
+    assert point["context"] == 254
     for kind in ("dynamic", "static", "kvarn-fp16", "kvarn"):
         r = point[kind]
         assert len(r["tokens"]) == 3 and r["median_step_ms"] > 0 and r["median_cache_attn_ms"] > 0, kind
+        assert r["mean_step_ms"] > 0, kind
         assert r["tokens"][0] == point["dynamic"]["tokens"][0], kind
+    # 254 + 3 tokens after a 128-token sink: the second timed step completes the first tile
+    assert point["kvarn"]["tiles_completed"] == (257 - 128) // 128 - (254 - 128) // 128 == 1
     # The fp16 kernel baseline holds every token uncompressed (fp16: half of fp32) in buffers preallocated
     # to context + steps, and decodes the fp32 caches' greedy tokens (no quantisation).
-    assert point["kvarn-fp16"]["held_bytes"] == 30 * 2 * 3 * 303 * 64 * 2
-    assert point["kvarn-fp16"]["cache_bytes"] == 30 * 2 * 3 * 303 * 64 * 2
+    assert point["kvarn-fp16"]["held_bytes"] == 30 * 2 * 3 * 257 * 64 * 2
+    assert point["kvarn-fp16"]["cache_bytes"] == 30 * 2 * 3 * 257 * 64 * 2
     assert point["kvarn-fp16"]["tokens"] == point["dynamic"]["tokens"]
-    assert point["static"]["cache_bytes"] == point["dynamic"]["cache_bytes"] == 30 * 2 * 3 * 303 * 64 * 4
-    # 303 tokens: the fp16 sink, one quantised tile, an fp16 tail of 47 (fp16 alone would be half);
+    assert point["static"]["cache_bytes"] == point["dynamic"]["cache_bytes"] == 30 * 2 * 3 * 257 * 64 * 4
+    # 257 tokens: the fp16 sink, one quantised tile, an fp16 tail of 1 (fp16 alone would be half);
     # allocated: the tail buffer holds a whole tile, the record buffer 4.
     assert point["dynamic"]["held_bytes"] == point["dynamic"]["cache_bytes"]
     assert point["kvarn"]["held_bytes"] < 0.4 * point["dynamic"]["cache_bytes"]
