@@ -308,7 +308,7 @@ def test_attend(benchmark, shape, ctx, batch, impl):
 # The rows the targets compare, interleaved call by call (test_decode_cold's scheme, warm):
 # test_attend times each row in its own window, and on a shared host one window can fall in a slow
 # spell (one Zen 3 run's warm fp16 minimum at 32K was 55 % above the same kernel's cold one).
-WARM_DENSE = ("numpy", "torch-folded", "torch")
+SETTLE_S = float(os.environ.get("KVARN_BENCH_SETTLE_S", "0.25"))  # pause before each interleaved block
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -349,20 +349,23 @@ def test_decode_warm_interleaved(benchmark, shape, ctx, batch):
 
             calls["torch-folded"] = (lambda: sdpa(tq_folded, False), 2 * k.nbytes)
             calls["torch"] = (lambda: sdpa(tq, True), 2 * k.nbytes)
-    # Blocks of calls (>= 3, ~10 ms) rather than single calls: numpy's BLAS, torch and kvarn keep their own
-    # thread pools, whose workers spin for a while after a call, and one call each in turn measured that
-    # contention (1K: kvarn 0.49 ms interleaved call by call against 0.18 alone); the minimum over a block
-    # is a call after the other pools have settled. Blocks are short against the host's slow spells.
+    # Blocks of calls (>= 3, ~50 ms), each after a pause and one untimed call: numpy's BLAS, torch and
+    # kvarn keep their own thread pools, whose workers spin after a call (OpenBLAS's for ~0.1 s: torch's
+    # SDPA right after numpy's matmul took 39 ms against 19.5 alone on the 2-core box, and one call each
+    # in turn measured that contention: kvarn 0.49 ms at 1K against 0.18 alone). The pause lets the
+    # previous block's pool settle; blocks stay short against the host's slow spells.
     block = {}
     for name, (fn, _) in calls.items():
         fn()
         t = _timed(fn)
-        block[name] = max(3, min(50, int(0.01 / max(t, 1e-6))))
+        block[name] = max(3, min(50, int(0.05 / max(t, 1e-6))))
     times = {name: [] for name in calls}
     outs = {}
 
     def step():
         for name, (fn, _) in calls.items():
+            time.sleep(SETTLE_S)
+            fn()
             for _ in range(block[name]):
                 t = time.perf_counter()
                 outs[name] = fn()

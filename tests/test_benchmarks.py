@@ -20,7 +20,7 @@ BENCH_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 
 def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
     table = tmp_path / "table.md"
     env = dict(os.environ, KVARN_BENCH_QUICK="1", KVARN_BENCH_CONTEXTS="1024", KVARN_BENCH_BUDGET="0.01",
-               KVARN_BENCH_THREADS="1", KVARN_BENCH_TABLE=str(table))
+               KVARN_BENCH_THREADS="1", KVARN_BENCH_TABLE=str(table), KVARN_BENCH_SETTLE_S="0.01")
     env.pop("KVARN_ISA", None)  # the benchmarks select each ISA themselves
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "bench_attend.py", "bench_quantize.py",
