@@ -17,8 +17,9 @@ import sys
 
 def parse(text):
     """-> (copy GB/s or None, {group: (rows {impl: (min_ms, MB)}, notes {kind: tuple})})"""
-    m = re.search(r"copy bandwidth.*?([0-9.]+)\s*$", text.split("\n")[0])
-    copy = float(m.group(1)) if m else None
+    first = text.split("\n")[0]  # "copy bandwidth (...): impl GB/s, impl GB/s": the floor is the fastest copy
+    rates = re.findall(r" ([0-9.]+)(?=,|\s*$)", first) if first.startswith("copy bandwidth") else []
+    copy = max(float(x) for x in rates) if rates else None
     groups = {}
     for block in text.split("\n## ")[1:]:
         lines = block.strip().split("\n")
