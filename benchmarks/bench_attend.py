@@ -415,8 +415,8 @@ def test_decode_cold(benchmark, shape, ctx, batch, isa):
     one copy's fp16 bytes): between two reads of one copy the other M - 1 copies of both stream
     through (with M = 1, one copy's fp16 cache alone is >= COLD_BYTES); per-call minima of both and
     their ratio are recorded. The per-impl rows above re-read one warm cache, which favours
-    whatever fits in the last-level cache (the fp16 cache at short contexts).
-    Timing only: the outputs are those test_attend checks."""
+    whatever fits in the last-level cache (the fp16 cache at short contexts). The last layer's
+    outputs are checked against the float64 references, as test_attend's."""
     hq, hk, d = SHAPES[shape]
     dense_bytes = 2 * hk * ctx * d * 2 * batch
     if batch > 1 and ctx >= 131072:
@@ -436,10 +436,12 @@ def test_decode_cold(benchmark, shape, ctx, batch, isa):
     f16_layers = [[clone(dd["f16"]) for _ in range(batch)] for _ in range(layers)]
     t_kv, t_f16 = [], []
 
+    outs = {}
+
     def step():  # one token through every layer
         for kc, fc in zip(kv_layers, f16_layers):
-            t_f16.append(_timed(lambda: attend_fp16_batch(q, fc, num_threads=THREADS)))
-            t_kv.append(_timed(lambda: kvarn.attend_batch(q, kc, num_threads=THREADS)))
+            t_f16.append(_timed(lambda: outs.__setitem__("fp16", attend_fp16_batch(q, fc, num_threads=THREADS))))
+            t_kv.append(_timed(lambda: outs.__setitem__("kvarn", kvarn.attend_batch(q, kc, num_threads=THREADS))))
 
     benchmark.group = f"cold {shape} ctx={ctx} batch={batch}" + ("" if isa == COLD_ISAS[0] else f" {isa}")
     rounds = rounds_for(step)
@@ -456,6 +458,14 @@ def test_decode_cold(benchmark, shape, ctx, batch, isa):
            ratio=round(ratio, 3))
     record_calls(benchmark, f"kvarn-{isa}-cold-call-1-layer", t_kv, kv_bytes)
     record_calls(benchmark, f"fp16-{isa}-cold-call-1-layer", t_f16, f16_bytes)
+    # The last layer's outputs (batch row 0) against the float64 references test_attend uses.
+    scale = float(1.0 / np.sqrt(d))
+    mode = _native.score_mode()
+    for name, what in (("kvarn", "cache"), ("fp16", "f16")):
+        got, want = np.asarray(outs[name], np.float32)[0], reference(dd, what, scale)
+        err = (np.linalg.norm(got - want) / np.linalg.norm(want) if name == "kvarn"
+               else np.abs(got - want).max() / np.abs(want).max())
+        assert err < (KVARN_RTOL[mode] if name == "kvarn" else 1e-3), f"cold {name}: {err:.3g}"
 
 
 @pytest.mark.parametrize("ctx", CONTEXTS)
