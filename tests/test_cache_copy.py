@@ -190,6 +190,9 @@ def test_fp16cache_unpickling_checks_what_it_restores(rng):
             object.__new__(FP16Cache).__setstate__(bad)
     twin = pickle.loads(pickle.dumps(cache))  # the intact state still loads
     assert all(same_bytes(x, y) for x, y in zip(cache.keys_values(), twin.keys_values()))
+    for capacity in (0, 10):  # and an empty cache's (zero-size buffers)
+        empty = pickle.loads(pickle.dumps(FP16Cache(H, D, capacity=capacity)))
+        assert len(empty) == 0 and empty.keys_values()[0].shape == (H, 0, D)
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))

@@ -355,8 +355,8 @@ def test_malformed_steps_are_refused_by_name_and_change_nothing():
             cache.update(kk, vv, 0)
         assert layer._pending is None and layer._prefill is None  # nothing stashed for a later forward
         _assert_same(_snapshot(layer), before)
-    for idx, exc, msg in [(-1, ValueError, "layer_idx: -1 is out of range"), (True, TypeError, "layer_idx"),
-                          (1, ValueError, "layer_idx: 1 is out of range for 1 layers")]:
+    for idx, exc, msg in [(-1, ValueError, "layer_idx: must be >= 0, got -1"), (True, TypeError, "layer_idx"),
+                          (1, ValueError, "layer_idx: must be <= 0, got 1")]:
         with pytest.raises(exc, match=msg):
             cache.update(k, v, idx)
         _assert_same(_snapshot(layer), before)
@@ -381,7 +381,8 @@ def test_a_config_without_layers_is_refused_plainly():
         KVarNCache(cfg)
 
 
-def test_a_step_a_later_layer_rejects_is_undone_in_every_layer():
+@pytest.mark.parametrize("bad", ["NaN key, refused by its attention", "complex value, refused by its update"])
+def test_a_step_a_later_layer_rejects_is_undone_in_every_layer(bad):
     """Through KVarNCache.update, as a model's forward goes: the second layer rejects the step, and the
     first (which stored it, a crop ring too) and a sliding-window layer between them go back to before
     the forward; decoding then goes on as in a cache that never saw the step."""
@@ -398,9 +399,11 @@ def test_a_step_a_later_layer_rejects_is_undone_in_every_layer():
         out = []
         for i, layer in enumerate(cache.layers):
             k, v = kv
-            if bad and i == 2:
+            if bad and i == 2 and bad.startswith("NaN"):
                 k = k.clone()
                 k[1, 0, 0, 3] = float("nan")
+            elif bad and i == 2:
+                v = v.to(torch.complex64)
             keys, values = cache.update(k, v, i)
             out.append(layer.attend_pending(q, None, 0.25) if i != 1 else keys)
         return out
@@ -415,8 +418,8 @@ def test_a_step_a_later_layer_rejects_is_undone_in_every_layer():
                 layer.store_prefill(None)
     first, sliding, last = cache.layers
     before = _snapshot(first), sliding.keys, sliding.cumulative_length, first._ring_k.copy()
-    with pytest.raises(ValueError, match="batch row 1.*NaN"):
-        step(cache, _kv(2, 1, 1), q, bad=True)
+    with pytest.raises((ValueError, TypeError), match="batch row 1.*NaN" if bad.startswith("NaN") else "value_states: dtype"):
+        step(cache, _kv(2, 1, 1), q, bad=bad)
     _assert_same(_snapshot(first), before[0])
     assert first.caches[0].num_tiles == 0  # the tile the step completed was undone
     assert sliding.keys is before[1] and sliding.cumulative_length == before[2] == 63

@@ -421,20 +421,15 @@ class KVarNLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        # Before any state changes: a rejected step leaves nothing stashed that later forwards would refuse.
-        _check_tensor(key_states, "key_states")
-        _check_tensor(value_states, "value_states")
-        if value_states.shape != key_states.shape:
-            raise ValueError(f"value_states: shape {tuple(value_states.shape)} does not match key_states' "
-                             f"{tuple(key_states.shape)}")
-        if self.is_initialized and self.caches and (key_states.shape[1], key_states.shape[3]) != (
-                self.caches[0].num_kv_heads, self.caches[0].head_dim):
-            raise ValueError(f"key_states: shape {tuple(key_states.shape)} does not match the cache's "
-                             f"[batch, {self.caches[0].num_kv_heads}, tokens, {self.caches[0].head_dim}]")
+        # Before any state changes: a rejected step leaves nothing stashed that later forwards would refuse,
+        # and the layers before this one give back what they stored of it (_fail), as for any refused step.
+        try:
+            self._check_step(key_states, value_states)
+        except (TypeError, ValueError) as error:
+            self._fail(error)
+            raise
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if key_states.shape[0] != len(self.caches):
-            raise ValueError(f"key_states: batch {key_states.shape[0]} differs from the cache's {len(self.caches)}")
         if self._pending is not None or self._prefill is not None:
             raise RuntimeError("KVarNCache: the previous step's attention never ran; is attn_implementation 'kvarn'?")
         if self.cumulative_length == 0:
@@ -447,6 +442,21 @@ class KVarNLayer(CacheLayerMixin):
         self._pending = (key_states, value_states)
         setattr(key_states, _TAG, self)
         return key_states, value_states
+
+    def _check_step(self, key_states, value_states) -> None:
+        _check_tensor(key_states, "key_states")
+        _check_tensor(value_states, "value_states")
+        if value_states.shape != key_states.shape:
+            raise ValueError(f"value_states: shape {tuple(value_states.shape)} does not match key_states' "
+                             f"{tuple(key_states.shape)}")
+        if not self.is_initialized:
+            return
+        if key_states.shape[0] != len(self.caches):
+            raise ValueError(f"key_states: batch {key_states.shape[0]} differs from the cache's {len(self.caches)}")
+        if self.caches and (key_states.shape[1], key_states.shape[3]) != (
+                self.caches[0].num_kv_heads, self.caches[0].head_dim):
+            raise ValueError(f"key_states: shape {tuple(key_states.shape)} does not match the cache's "
+                             f"[batch, {self.caches[0].num_kv_heads}, tokens, {self.caches[0].head_dim}]")
 
     def store_prefill(self, attention_mask) -> None:
         """Appends the prompt's K/V to each row's cache, without the row's left padding."""
@@ -853,7 +863,7 @@ class KVarNCache(Cache):
         kvarn attention. If not, this forward's attention does not run through "kvarn" (a model whose config
         is not this cache's, e.g. another instance of the checkpoint): that layer attended a decode step over
         its own token only. Its untaken step is dropped (the layer is as before the step) and this raises."""
-        i = self._previous_kvarn[layer_idx] if 0 <= layer_idx < len(self._previous_kvarn) else None
+        i = self._previous_kvarn[layer_idx]  # update checked the index
         if i is None:
             return
         layer = self.layers[i]
@@ -878,11 +888,7 @@ class KVarNCache(Cache):
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         # An index as transformers' layers pass it: -1 or True would address another layer and skip the
         # new-forward checks below.
-        if isinstance(layer_idx, bool) or not isinstance(layer_idx, (int, np.integer)):
-            raise TypeError(f"layer_idx: expected an int, got {type(layer_idx).__name__}")
-        if not 0 <= layer_idx < len(self.layers):
-            raise ValueError(f"layer_idx: {layer_idx} is out of range for {len(self.layers)} layers")
-        layer_idx = int(layer_idx)
+        layer_idx = check_positive_int(layer_idx, "layer_idx", 0, len(self.layers) - 1)
         if layer_idx == 0:  # a new forward, before any layer (a sliding one too) stores its tokens
             self._check_consistent()
             self._journal.start()  # the previous forward's step stays
