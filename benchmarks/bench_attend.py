@@ -175,6 +175,30 @@ def reference(dd, what, scale, row=0):
 KVARN_RTOL = {"float": 2e-5, "int16": 1e-3, "int8": 0.15}
 
 
+def check_output(dd, impl_kind, got, scale, mode, row=0, label=""):
+    """One output row of a timed call against its float64 reference (never kvarn against kvarn):
+    kvarn ("kvarn") over the cache's dequantised K/V, relative L2 within KVARN_RTOL[mode]; any other
+    implementation over the fp16 tokens, max error within 1e-3 of the largest output."""
+    if impl_kind == "kvarn":
+        want = reference(dd, "cache", scale, row)
+        err, tol = np.linalg.norm(got - want) / np.linalg.norm(want), KVARN_RTOL[mode]
+    else:
+        want = reference(dd, "f16", scale, row)
+        err, tol = np.abs(got - want).max() / np.abs(want).max(), 1e-3
+    assert err < tol, f"{label}, batch row {row}: {err:.3g}"
+
+
+def use_default_mode(isa):
+    """Selects isa (for kvarn and the fp16 kernel alike) and its default score mode: int16 where the
+    SIMD kernels run it (float is AVX-512-without-VNNI's setting otherwise), VNNI on (a "-novnni"
+    attend row before may have turned it off). Returns the score mode the kernels run."""
+    kvarn.set_isa(isa)
+    if isa != "scalar":
+        _native.set_score_mode("int16")
+        _native.set_vnni(True)
+    return _native.score_mode()
+
+
 def rounds_for(fn):
     t = time.perf_counter()
     fn()
@@ -298,15 +322,9 @@ def test_attend(benchmark, shape, ctx, batch, impl):
     # kvarn): kvarn rows over the cache's dequantised K/V, dense rows over the fp16 tokens.
     out = np.asarray(out, dtype=np.float32).reshape(batch, hq, d)
     # Every batch row up to 4K tokens (a fault in rows >= 1 only would pass a row-0 check), row 0 beyond.
+    kind, mode = ("kvarn", parts[2] if len(parts) > 2 else "float") if impl.startswith("kvarn-") else (impl, None)
     for row in range(batch if ctx <= 4096 else 1):
-        if impl.startswith("kvarn-"):
-            want = reference(dd, "cache", scale, row)
-            mode = parts[2] if len(parts) > 2 else "float"
-            err, tol = np.linalg.norm(out[row] - want) / np.linalg.norm(want), KVARN_RTOL[mode]
-        else:
-            want = reference(dd, "f16", scale, row)
-            err, tol = np.abs(out[row] - want).max() / np.abs(want).max(), 1e-3
-        assert err < tol, f"{impl}, batch row {row}: {err:.3g}"
+        check_output(dd, kind, out[row], scale, mode, row, impl)
 
 
 # The rows the issue's targets compare, interleaved call by call (test_decode_cold's scheme, warm):
@@ -333,11 +351,7 @@ def test_decode_warm_interleaved(benchmark, shape, ctx, batch):
     q = np.ascontiguousarray(dd["q"][:batch])
     scale = float(1.0 / np.sqrt(d))
     best = "avx512" if "avx512" in ISAS else ISAS[-1]
-    kvarn.set_isa(best)
-    if best != "scalar":
-        _native.set_score_mode("int16")  # the default (float on AVX-512 without VNNI)
-        _native.set_vnni(True)  # a "-novnni" attend row before may have turned it off
-    mode = _native.score_mode()
+    mode = use_default_mode(best)
     kv, f16 = batched(dd, "cache", batch), batched(dd, "f16", batch)
     calls = {"kvarn": (lambda: kvarn.attend_batch(q, kv, num_threads=THREADS), sum(c.nbytes for c in kv)),
              "fp16": (lambda: attend_fp16_batch(q, f16, num_threads=THREADS), sum(c.nbytes for c in f16))}
@@ -394,11 +408,7 @@ def test_decode_warm_interleaved(benchmark, shape, ctx, batch):
         record_calls(benchmark, f"{name}-{best}-interleaved" if name in ("kvarn", "fp16") else f"{name}-interleaved",
                      times[name], nbytes)
     for name, out in outs.items():
-        got = np.asarray(out, dtype=np.float32).reshape(batch, hq, d)[0]
-        want = reference(dd, "cache" if name == "kvarn" else "f16", scale)
-        err = (np.linalg.norm(got - want) / np.linalg.norm(want) if name == "kvarn"
-               else np.abs(got - want).max() / np.abs(want).max())
-        assert err < (KVARN_RTOL[mode] if name == "kvarn" else 1e-3), f"{name}: {err:.3g}"
+        check_output(dd, name, np.asarray(out, dtype=np.float32).reshape(batch, hq, d)[0], scale, mode, label=name)
 
 
 # fp16 bytes touched between two reads of one layer's cache: several times the last-level cache
@@ -434,10 +444,7 @@ def test_decode_cold(benchmark, shape, ctx, batch, isa):
     q = np.ascontiguousarray(dd["q"][:batch])
     if isa != COLD_ISAS[0] and (batch > 1 or shape != "hq32-hk8-d128"):
         pytest.skip("the second ISA: batch 1 at the headline shape suffices")
-    kvarn.set_isa(isa)  # for kvarn and fp16 alike
-    if isa != "scalar":
-        _native.set_score_mode("int16")  # the default (float on AVX-512 without VNNI)
-        _native.set_vnni(True)  # a "-novnni" attend row before may have turned it off
+    mode = use_default_mode(isa)
     kv_layers = [[clone(dd["cache"]) for _ in range(batch)] for _ in range(layers)]
     f16_layers = [[clone(dd["f16"]) for _ in range(batch)] for _ in range(layers)]
     t_kv, t_f16 = [], []
@@ -465,13 +472,8 @@ def test_decode_cold(benchmark, shape, ctx, batch, isa):
     record_calls(benchmark, f"kvarn-{isa}-cold-call-1-layer", t_kv, kv_bytes)
     record_calls(benchmark, f"fp16-{isa}-cold-call-1-layer", t_f16, f16_bytes)
     # The last layer's outputs (batch row 0) against the float64 references test_attend uses.
-    scale = float(1.0 / np.sqrt(d))
-    mode = _native.score_mode()
-    for name, what in (("kvarn", "cache"), ("fp16", "f16")):
-        got, want = np.asarray(outs[name], np.float32)[0], reference(dd, what, scale)
-        err = (np.linalg.norm(got - want) / np.linalg.norm(want) if name == "kvarn"
-               else np.abs(got - want).max() / np.abs(want).max())
-        assert err < (KVARN_RTOL[mode] if name == "kvarn" else 1e-3), f"cold {name}: {err:.3g}"
+    for name in ("kvarn", "fp16"):
+        check_output(dd, name, np.asarray(outs[name], np.float32)[0], float(1.0 / np.sqrt(d)), mode, label=f"cold {name}")
 
 
 @pytest.mark.parametrize("ctx", CONTEXTS)
@@ -486,10 +488,7 @@ def test_quantize_share(benchmark, shape, ctx):
     hq, hk, d = SHAPES[shape]
     dd = data(shape, ctx)
     best = "avx512" if "avx512" in ISAS else ISAS[-1]
-    kvarn.set_isa(best)
-    if best != "scalar":
-        _native.set_score_mode("int16")  # the default (float on AVX-512 without VNNI)
-        _native.set_vnni(True)  # a "-novnni" attend row before may have turned it off
+    use_default_mode(best)
     preset = kvarn.PRESETS[kvarn.DEFAULT_PRESET]
     G = preset.group
     k = np.ascontiguousarray(dd["k"][:, :G])  # one tile per kv head: [Hk, G, D], fp16 as a model gives it

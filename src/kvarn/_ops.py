@@ -396,6 +396,18 @@ def balance_scales(x, iters: int = SINKHORN_ITERS):
 
 
 # ---- shared by KVCache and FP16Cache ----------------------------------------------------------
+_OWN_ATTRIBUTES = {}  # cache class -> the instance attributes a fresh one sets (built on first use)
+
+
+def extra_attributes(obj, base) -> list:
+    """Names of obj's instance attributes beyond what a fresh base(1, 16) sets (a subclass's, say):
+    what a copy or a pickle must carry besides the cache's own state."""
+    own = _OWN_ATTRIBUTES.get(base)
+    if own is None:
+        own = _OWN_ATTRIBUTES[base] = frozenset(base(1, 16).__dict__) | {"_parts_cache"}
+    return [k for k in obj.__dict__ if k not in own]
+
+
 def check_kv(k, v, num_kv_heads: int, head_dim: int):
     """Checks one append's k, v: [num_kv_heads, n, head_dim], float, finite, inside the fp16 range."""
     k = as_float_array(k, "k", ndim=3, fp16_range=True)

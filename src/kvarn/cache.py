@@ -612,23 +612,16 @@ class KVCache:
         # The buffers are fresh in copy(); attributes beyond a fresh KVCache's (a subclass's, say)
         # are deep-copied too, which copy() alone would share with this cache.
         new = memo[id(self)] = self.copy()
-        for key in self._extra_attributes():
+        for key in _ops.extra_attributes(self, KVCache):
             new.__dict__[key] = copy.deepcopy(self.__dict__[key], memo)
         return new
 
     # pickle goes through the public parts (the lock and the buffers' spare capacity stay behind): the
     # unpickled cache has the same type, settings and content, and further appends give the same records.
-    _own_attributes = None  # what __init__ sets: built on first use
-
-    def _extra_attributes(self) -> list:
-        if KVCache._own_attributes is None:
-            KVCache._own_attributes = frozenset(KVCache(1, 16).__dict__) | {"_parts_cache"}
-        return [k for k in self.__dict__ if k not in KVCache._own_attributes]
-
     def __reduce__(self):
         parts = self.to_parts()
         # Instance attributes beyond a fresh KVCache's (a subclass's, say) travel too, as copy() keeps them.
-        extra = {k: self.__dict__[k] for k in self._extra_attributes()}
+        extra = {k: self.__dict__[k] for k in _ops.extra_attributes(self, KVCache)}
         return KVCache._unpickle, (type(self), parts), extra or None
 
     @staticmethod

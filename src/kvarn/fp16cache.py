@@ -111,8 +111,7 @@ class FP16Cache:
     def __deepcopy__(self, memo) -> "FP16Cache":
         # Fresh buffers from copy(); attributes beyond a fresh FP16Cache's (a subclass's, say) deep-copied.
         new = memo[id(self)] = self.copy()
-        own = ("_state", "_append_lock", "_parts_cache", "num_kv_heads", "head_dim")
-        for key in [k for k in self.__dict__ if k not in own]:
+        for key in _ops.extra_attributes(self, FP16Cache):
             new.__dict__[key] = copy.deepcopy(self.__dict__[key], memo)
         return new
 
