@@ -329,6 +329,51 @@ def test_calls_keep_the_callers_current_device():
     torch.cuda.set_device(0)
 
 
+@gpu
+@need_torch
+def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
+    """A __cuda_array_interface__ array does not say which GPU it is on: the pointer is asked
+    (cudaPointerGetAttributes). One on the cache's GPU is taken, host memory is refused by name, and
+    with two GPUs one on the other GPU is refused before any kernel (the kernels would fault, ending
+    the process's CUDA context). The cache and its results refuse copy and pickle (a copy would free
+    their device memory twice) and keep working."""
+    import copy
+    import pickle
+
+    class CAI:
+        def __init__(self, ptr, shape, keep):
+            self.ptr, self.shape, self.keep = ptr, shape, keep
+
+        @property
+        def __cuda_array_interface__(self):
+            return {"shape": self.shape, "typestr": "<f4", "data": (self.ptr, False), "version": 3,
+                    "strides": None, "stream": None}
+
+    rng = np.random.default_rng(_seed("cai-pointer"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024, device=0)
+    s = cache.add_sequence()
+    k = torch.from_numpy(kv_like(rng, (1, 300, 2, 128))).cuda(0)
+    cache.append([s], CAI(k.data_ptr(), tuple(k.shape), k), CAI(k.data_ptr(), tuple(k.shape), k))
+    q = kv_like(rng, (1, 8, 128))
+    qt = torch.from_numpy(q).cuda(0)
+    out = cache.attend(CAI(qt.data_ptr(), tuple(qt.shape), qt), [s])  # a DeviceArray, on q's stream
+    assert isinstance(out, kc.DeviceArray) and out.device == 0
+    check_attention(cache, [s], q, out.to_numpy(), 1.0 / np.sqrt(128))
+    host = np.zeros((1, 8, 128), np.float32)
+    with pytest.raises(ValueError, match="^q: data pointer 0x[0-9a-f]+ is not CUDA memory"):
+        cache.attend(CAI(host.ctypes.data, host.shape, host), [s])
+    if torch.cuda.device_count() > 1:
+        k1 = k.cuda(1)
+        with pytest.raises(ValueError, match="^k: on cuda:1, but the kernels run on cuda:0"):
+            cache.append([s], CAI(k1.data_ptr(), tuple(k1.shape), k1), CAI(k1.data_ptr(), tuple(k1.shape), k1))
+    for obj in (cache, out, cache.plan([s])):
+        for op in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="cannot be copied or pickled"):
+                op(obj)
+    assert cache.length(s) == 300
+    np.testing.assert_array_equal(cache.attend(qt, [s]).cpu().numpy(), out.to_numpy())
+
+
 def force_splits(cache, want):
     """Makes cache's attend/plan split every sequence's tiles into ~want programs (the heuristic
     alone rarely picks 2..8 splits on small test caches): covers the direct path's clusters of
@@ -1068,15 +1113,18 @@ class FakeCuda:
 
     def __init__(self):
         self.mem = {}  # base address -> uint8 array
+        self.device_of = {}  # base address -> the "GPU" it was allocated on
         self.next = 1 << 32
         self.calls = []
         self.events, self.stream_ops, self.capturing = 0, [], set()
+        self.current = 0
 
     def alloc_host(self, arr):
         """Registers a host array as 'device memory'; returns its address."""
         ptr = self.next
         self.next += ((arr.nbytes + 4095) // 4096 + 1) * 4096
         self.mem[ptr] = arr.reshape(-1).view(np.uint8)
+        self.device_of[ptr] = self.current
         return ptr
 
     def _find(self, ptr, n):
@@ -1087,8 +1135,21 @@ class FakeCuda:
 
     last_error = staticmethod(lambda: "")
     device_count = staticmethod(lambda: (0, 1))
-    set_device = staticmethod(lambda d: 0)
-    get_device = staticmethod(lambda: (0, 0))
+
+    def set_device(self, d):
+        self.current = d
+        return 0
+
+    def get_device(self):
+        return 0, self.current
+
+    def pointer_device(self, ptr):
+        """As cudaPointerGetAttributes: (status, cudaMemoryType 2 = device, its GPU), 0 = unregistered."""
+        for base, buf in self.mem.items():
+            if base <= ptr < base + buf.nbytes:
+                return 0, 2, self.device_of[base]
+        return 0, 0, -1
+
     device_props = staticmethod(lambda d: (0, dict(multiprocessors=132, major=9, minor=0, max_smem_optin=232448,
                                                    l2_bytes=60 << 20)))
     free = staticmethod(lambda ptr: 0)
@@ -1209,18 +1270,24 @@ def test_pre_hopper_device_is_refused_by_name(fake, monkeypatch):
     and a cache on one is refused before any allocation, rather than failing at the first launch."""
     props = {0: (9, 0), 1: (8, 0)}
     monkeypatch.setattr(fake, "device_count", lambda: (0, 2))
-    monkeypatch.setattr(fake, "get_device", lambda: (0, current[0]))
     monkeypatch.setattr(fake, "device_props", lambda d: (0, dict(multiprocessors=108, major=props[d][0],
                                                                  minor=props[d][1], max_smem_optin=0, l2_bytes=0)))
-    current = [1]
+    fake.current = 1
     assert kc.unavailable_reason() == ("cuda:1 has compute capability 8.0; kvarn's CUDA kernels need 9.0 "
                                        "(Hopper) or later")
     assert not kc.is_available()
+    assert kc.is_available(0) and not kc.is_available(1)
+    assert kc.unavailable_reason(2) == "cuda:2 is not visible here (2 device(s))"
     with pytest.raises(RuntimeError, match="kvarn.cuda: cuda:1 has compute capability 8.0"):
         kc.PagedKVCache(1, 128)
-    current[0] = 0
+    # A cache on the Hopper GPU while the old one is current: its GPU is what counts (it was refused
+    # because of the current device), and the caller's current device is left as it was.
+    cache = kc.PagedKVCache(1, 128, max_seqs=1, max_seq_len=256, device=0)
+    assert cache.device == 0 and fake.current == 1
+    assert {fake.device_of[p] for p in fake.mem} == {0}  # every buffer allocated on cuda:0
+    fake.current = 0
     assert kc.is_available()
-    fake.calls.clear()
+    fake.mem.clear()
     with pytest.raises(RuntimeError, match="kvarn.cuda: cuda:1 has compute capability 8.0"):
         kc.PagedKVCache(1, 128, device=1)
     assert not fake.mem  # nothing allocated
@@ -1536,6 +1603,131 @@ def test_fake_plan_layer_batch_limit_and_check_bits(fake, monkeypatch):
     t = FakeDevArray(fake, kv_like(rng, (1, 128, 128)))
     kc.quantize_tiles(t, t)
     assert bits == [(fake.FLAG_K_NONFINITE, fake.FLAG_K_RANGE), (fake.FLAG_V_NONFINITE, fake.FLAG_V_RANGE)]
+
+
+def test_fake_copies_and_pickles_are_refused(fake):
+    """The cache, its plans, DeviceArray and events own raw device pointers and handles that they free
+    when collected: a copy or an unpickled twin would share them and free them twice (a copied cache
+    would also write its original's pages). Each refuses by name, and the original keeps working."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(_seed("fake-copy"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a = cache.add_sequence()
+    k = FakeDevArray(fake, kv_like(rng, (1, 300, 2, 128)))
+    cache.append([a], k, k)
+    plan = cache.plan([a])
+    q = FakeDevArray(fake, kv_like(rng, (1, 8, 128)))
+    cache.attend(q, plan=plan)
+    objects = {"PagedKVCache": cache, "AttendPlan": plan, "DeviceArray": kc.DeviceArray((4,), np.float32),
+               "_Event": plan._done}
+    hints = {"PagedKVCache": "to_cpu", "AttendPlan": "plan()", "DeviceArray": "to_numpy", "_Event": ""}
+    for name, obj in objects.items():
+        for op in (copy.copy, copy.deepcopy, pickle.dumps, lambda o: copy.deepcopy({"cache": [o]})):
+            with pytest.raises(TypeError, match=f"^{name}: cannot be copied or pickled .*{hints[name]}"):
+                op(obj)
+    fake.calls.clear()
+    cache.append([a], k, k)
+    cache.attend(q, [a])
+    assert cache.length(a) == 600 and fake.calls[-1] == "attend"
+
+
+def test_fake_device_arrays_pointers_and_streams(fake, monkeypatch):
+    """DeviceArray takes the dtypes its array interface can name and sizes that do not wrap; a
+    __cuda_array_interface__ array on another GPU than the cache's is refused before any kernel
+    (the interface does not say which GPU: the pointer is asked), as is a pointer CUDA does not know;
+    DeviceArray reads and writes order after its last write by default; plan's stream is checked."""
+    with pytest.raises(TypeError, match="^dtype: float64 is not supported; use one of uint8, int32, float32, float16"):
+        kc.DeviceArray((2, 8, 128), np.float64)
+    with pytest.raises(ValueError, match=r"^shape: negative extent in \(2, -1\)"):
+        kc.DeviceArray((2, -1), np.float32)
+    with pytest.raises(MemoryError, match="more than any GPU holds"):
+        kc.DeviceArray((2**40, 2**40), np.float32)  # 2**82 bytes: an int64 product wraps to 0
+    # every buffer size was a wrapping int64 product: this cache got 2 KB of buffers in all
+    with pytest.raises(MemoryError, match="more than any GPU holds"):
+        kc.PagedKVCache(2**30, 256, num_layers=2**10, max_seqs=2**9, max_seq_len=256, num_pages=2**16)
+
+    monkeypatch.setattr(fake, "device_count", lambda: (0, 2))
+    rng = np.random.default_rng(_seed("fake-pointers"))
+    fake.current = 1
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024, device=1)
+    fake.current = 0
+    a = cache.add_sequence()
+    k1 = FakeDevArray(fake, kv_like(rng, (1, 130, 2, 128)))  # allocated on cuda:0
+    k0_own = kc.DeviceArray.from_numpy(kv_like(rng, (1, 130, 2, 128)))  # kvarn's own, on cuda:0
+    q0 = FakeDevArray(fake, kv_like(rng, (1, 8, 128)))
+    fake.calls.clear()
+    for bad in (k1, k0_own):
+        with pytest.raises(ValueError, match="^k: on cuda:0, but the kernels run on cuda:1"):
+            cache.append([a], bad, bad)
+    unknown = FakeDevArray(fake, np.zeros((1, 8, 128), np.float32), ptr=8 << 40)  # no allocation there
+    with pytest.raises(ValueError, match="^q: data pointer 0x[0-9a-f]+ is not CUDA memory"):
+        cache.attend(unknown, [0])
+    assert fake.calls == [] and cache.length(a) == 0
+    fake.current = 1
+    good = FakeDevArray(fake, kv_like(rng, (1, 130, 2, 128)))
+    cache.append([a], good, good)
+    with pytest.raises(ValueError, match="^q: on cuda:0, but the kernels run on cuda:1"):
+        cache.attend(q0, [a])
+    assert cache.length(a) == 130 and fake.calls == ["check", "check", "write_tokens"]  # sink + 2 tail tokens
+
+    # streams: to_numpy / zero_ default to the stream of kvarn's last write; plan's is checked
+    fake.current = 0
+    used = []
+    real_dtoh, real_memset = fake.memcpy_dtoh, fake.memset
+    monkeypatch.setattr(fake, "memcpy_dtoh", lambda dst, src, stream: used.append(("dtoh", stream)) or
+                        real_dtoh(dst, src, stream))
+    monkeypatch.setattr(fake, "memset", lambda ptr, value, n, stream: used.append(("memset", stream)) or
+                        real_memset(ptr, value, n, stream))
+    x = kc.DeviceArray.from_numpy(np.arange(4, dtype=np.float32), stream=7)
+    np.testing.assert_array_equal(x.to_numpy(), np.arange(4, dtype=np.float32))
+    x.zero_()
+    x.to_numpy(stream=0)
+    assert used == [("dtoh", 7), ("memset", 7), ("dtoh", 0)]
+    assert x.stream == 7 and not x.to_numpy().any()
+    for stream, exc, match in ((1.5, TypeError, "^stream: expected a cudaStream_t handle as an int"),
+                               (True, TypeError, "^stream: expected a cudaStream_t handle"),
+                               (-1, ValueError, "^stream: -1 is not a cudaStream_t handle")):
+        with pytest.raises(exc, match=match):
+            cache.plan([a], stream=stream)
+        with pytest.raises(exc, match=match):
+            x.to_numpy(stream=stream)
+
+
+def test_fake_launch_limits_and_nothing_queued_by_a_refused_attend(fake, monkeypatch):
+    """attend refuses a GQA shape whose programs exceed a grid dimension and append a batch whose token
+    rows do (both were CUDA launch errors after work was queued); a refused attend queues nothing, its
+    metadata upload included."""
+    rng = np.random.default_rng(_seed("fake-limits"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a = cache.add_sequence()
+    k = FakeDevArray(fake, kv_like(rng, (1, 10, 2, 128)))
+    cache.append([a], k, k)
+    uploads = []
+    real_htod = fake.memcpy_htod
+    monkeypatch.setattr(fake, "memcpy_htod", lambda dst, src, stream: uploads.append(dst) or real_htod(dst, src, stream))
+    q = FakeDevArray(fake, kv_like(rng, (1, 34, 128)))  # 17 query heads per kv head: 3 programs each
+    monkeypatch.setattr(kc, "MAX_GRID_YZ", 5)
+    fake.calls.clear()
+    with pytest.raises(ValueError, match="^q: 34 query heads over 2 kv heads need 6 programs per split; the CUDA "
+                                         "launch takes at most 5"):
+        cache.attend(q, [a])
+    monkeypatch.setattr(kc, "MAX_GRID_YZ", 6)
+    cache.attend(q, [a])
+    assert fake.calls == ["check", "attend"]
+    fake.calls.clear()
+    uploads.clear()
+    with pytest.raises(ValueError, match="^out: the array is read-only"):
+        cache.attend(q, [a], out=FakeDevArray(fake, np.zeros((1, 34, 128), np.float32), readonly=True))
+    assert uploads == [] and fake.calls == []
+    rows = 2**30  # x 2 kv heads: one row past the launch's 2**31 - 1
+    huge = type("Huge", (), {"__cuda_array_interface__": {"shape": (1, rows, 2, 128), "typestr": "<f4",
+                                                          "data": (k.ptr, False), "version": 3,
+                                                          "strides": (0, 0, 0, 4), "stream": None}})()
+    with pytest.raises(ValueError, match=r"^k: 1 x 1073741824 tokens x 2 kv heads is more than one append launches"):
+        cache.append([a], huge, huge)
+    assert uploads == [] and fake.calls == [] and cache.length(a) == 10
 
 
 def test_elements_overlap_never_misses_an_overlap():

@@ -78,6 +78,12 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaEventSynchronize(cudaEvent_t event)
     cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
     cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status)
+    ctypedef enum cudaMemoryType:
+        cudaMemoryTypeUnregistered
+    ctypedef struct cudaPointerAttributes:
+        cudaMemoryType type
+        int device
+    cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr)
     cudaError_t cudaGetLastError()
     const char* cudaGetErrorName(cudaError_t error)
     const char* cudaGetErrorString(cudaError_t error)
@@ -344,3 +350,13 @@ def stream_capturing(uintptr_t stream):
     cdef cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone
     rc = runtime_status(cudaStreamIsCapturing(<cudaStream_t>stream, &st))
     return rc, st != cudaStreamCaptureStatusNone
+
+
+def pointer_device(uintptr_t ptr):
+    """(status, memory type, device) of a pointer; cudaMemoryType: 0 unregistered (not CUDA memory),
+    1 host, 2 device, 3 managed. __cuda_array_interface__ does not say which GPU its pointer is on."""
+    cdef cudaPointerAttributes a
+    a.type = cudaMemoryTypeUnregistered
+    a.device = -1
+    rc = runtime_status(cudaPointerGetAttributes(&a, <const void*>ptr))
+    return rc, <int>a.type, a.device

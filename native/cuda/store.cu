@@ -556,6 +556,7 @@ extern "C" int kvarn_cuda_store(const kvarn_cuda_cache* c, const kvarn_cuda_tens
 {
     if (!c || !k || !v || !jobs || !flag || n_jobs < 0 || iters < 0) return KVARN_CUDA_ERR_ARGUMENT;
     if (!kvarn_cuda_format_supported(c->kbits, c->vbits, c->group, c->head_dim)) return KVARN_CUDA_ERR_ARGUMENT;
+    if ((int64_t)n_jobs * c->num_kv_heads > 0x7fffffff) return KVARN_CUDA_ERR_ARGUMENT;  // the grid's x dimension
     if (n_jobs == 0) return KVARN_CUDA_OK;
     StoreArgs a;
     a.c = *c;

@@ -39,12 +39,14 @@ GPU_HEAD_DIMS = (64, 128, 256)
 FP16_MAX = 65504.0
 _DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 _DTYPE_BYTES = {0: 4, 1: 2, 2: 2}
-MAX_ATTEND_BATCH = 65535  # sequences per attend: the batch is a grid dimension (y/z at most 65535)
+MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's y and z dimensions
+MAX_ATTEND_BATCH = MAX_GRID_YZ  # sequences per attend: the batch is a grid dimension
 
 
 # ---- availability -------------------------------------------------------------
-def unavailable_reason():
-    """None when the GPU path can run here, else a sentence saying why not."""
+def unavailable_reason(device: int | None = None):
+    """None when the GPU path can run here, on cuda:``device`` (default: the current device), else a
+    sentence saying why not."""
     if _cuda is None:
         return (
             f"kvarn was built without its CUDA module (kvarn._cuda: {_IMPORT_ERROR}); "
@@ -56,6 +58,10 @@ def unavailable_reason():
         if "InsufficientDriver" in error:  # also what the runtime says when there is no driver at all
             error += "; no NVIDIA driver is loaded, or it is older than the CUDA runtime kvarn was built with"
         return f"no CUDA device is visible ({error})"
+    if device is not None:
+        if not 0 <= device < n:
+            return f"cuda:{device} is not visible here ({n} device(s))"
+        return _unsupported_device(device)
     rc, device = _cuda.get_device()
     if rc != _cuda.OK:
         return f"the current CUDA device cannot be read ({_cuda.last_error()})"
@@ -77,12 +83,13 @@ def _unsupported_device(device: int):
     return None
 
 
-def is_available() -> bool:
-    return unavailable_reason() is None
+def is_available(device: int | None = None) -> bool:
+    """Whether the GPU path can run on cuda:``device`` (default: the current device)."""
+    return unavailable_reason(device) is None
 
 
-def _require():
-    reason = unavailable_reason()
+def _require(device=None):
+    reason = unavailable_reason(device)
     if reason is not None:
         raise RuntimeError(f"kvarn.cuda: {reason}")
 
@@ -95,8 +102,31 @@ def _check(rc, what):
     raise RuntimeError(f"{what}: CUDA error: {_cuda.last_error()}")
 
 
+def _check_stream(stream, name="stream"):
+    """A cudaStream_t handle as an int (0: the legacy default stream)."""
+    if isinstance(stream, (bool, np.bool_)) or not isinstance(stream, (int, np.integer)):
+        raise TypeError(f"{name}: expected a cudaStream_t handle as an int (torch: stream.cuda_stream, CuPy: "
+                        f"stream.ptr), got {type(stream).__name__}")
+    if not 0 <= stream < 2**64:
+        raise ValueError(f"{name}: {stream} is not a cudaStream_t handle")
+    return int(stream)
+
+
+class _OwnsDeviceResources:
+    """Holds raw device pointers or handles that it frees when collected: a copy or an unpickled
+    twin would share them and free them twice (or, in another process, point at nothing)."""
+
+    _copy_instead = ""
+
+    def _refuse_copy(self, *args):
+        raise TypeError(f"{type(self).__name__}: cannot be copied or pickled (it owns GPU memory that a copy "
+                        f"would share and free twice){self._copy_instead}")
+
+    __copy__ = __deepcopy__ = __reduce_ex__ = __reduce__ = _refuse_copy
+
+
 # ---- device arrays ------------------------------------------------------------------
-class DeviceArray:
+class DeviceArray(_OwnsDeviceResources):
     """A cudaMalloc'd buffer owned by kvarn, exported through ``__cuda_array_interface__``
     (so ``torch.as_tensor(a, device='cuda')`` and ``cupy.asarray(a)`` wrap it without a copy).
     ``stream``: the stream of kvarn's last write to it (from_numpy, zero_, a result of attend or
@@ -105,12 +135,23 @@ class DeviceArray:
 
     _TYPESTR = {np.dtype(np.uint8): "|u1", np.dtype(np.int32): "<i4", np.dtype(np.float32): "<f4",
                 np.dtype(np.float16): "<f2"}
+    _copy_instead = "; copy its data through to_numpy() and from_numpy(), or wrap it with torch or CuPy"
 
     def __init__(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        if dtype not in self._TYPESTR:
+            raise TypeError(f"dtype: {dtype} is not supported; use one of "
+                            f"{', '.join(str(d) for d in self._TYPESTR)}")
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"shape: negative extent in {shape}")
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a numpy product would wrap
+        if nbytes >= 2**63:
+            raise MemoryError(f"DeviceArray: {nbytes} bytes is more than any GPU holds")
         _require()
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        rc, self.device = _cuda.get_device()  # where it lives: tensors on another GPU are refused by the kernels
+        _check(rc, "DeviceArray")
+        self.shape, self.dtype, self.nbytes = shape, dtype, nbytes
         rc, ptr = _cuda.malloc(self.nbytes)
         if rc and "cudaErrorMemoryAllocation" in _cuda.last_error():
             raise MemoryError(f"DeviceArray: allocating {self.nbytes} bytes: out of GPU memory")
@@ -133,18 +174,27 @@ class DeviceArray:
 
     @classmethod
     def from_numpy(cls, arr, stream=0):
+        stream = _check_stream(stream)
         arr = np.ascontiguousarray(arr)
         out = cls(arr.shape, arr.dtype)
         _check(_cuda.memcpy_htod(out.ptr, arr.reshape(-1).view(np.uint8), stream), "DeviceArray.from_numpy")
         out.stream = stream
         return out
 
-    def to_numpy(self, stream=0):
+    def _stream_or_own(self, stream):
+        # Default: the stream of kvarn's last write, so that a read or write orders itself after it.
+        return (0 if self.stream is None else self.stream) if stream is None else _check_stream(stream)
+
+    def to_numpy(self, stream=None):
+        """Host copy, on ``stream`` (default: the stream of kvarn's last write to the array)."""
+        stream = self._stream_or_own(stream)
         out = np.empty(self.shape, self.dtype)
         _check(_cuda.memcpy_dtoh(out.reshape(-1).view(np.uint8), self.ptr, stream), "DeviceArray.to_numpy")
         return out
 
-    def zero_(self, stream=0):
+    def zero_(self, stream=None):
+        """Zeroes the array on ``stream`` (default: the stream of kvarn's last write to the array)."""
+        stream = self._stream_or_own(stream)
         _check(_cuda.memset(self.ptr, 0, self.nbytes, stream), "DeviceArray.zero_")
         self.stream = stream
         return self
@@ -274,8 +324,23 @@ def _view(x, name) -> _View:
     else:
         s = cai.get("stream")
         v.stream = 0 if s in (None, 1, 2) else int(s)
-        v.device = None
+        v.device = x.device if isinstance(x, DeviceArray) else _pointer_device(v, name)
     return v
+
+
+_MEMORY_UNREGISTERED, _MEMORY_DEVICE = 0, 2  # cudaMemoryType
+
+
+def _pointer_device(v: _View, name):
+    """The GPU a __cuda_array_interface__ pointer lives on (the interface does not say), or None for
+    memory every device reaches (managed, mapped host); a pointer CUDA does not know is refused."""
+    if v.extent() is None:
+        return None  # nothing is read or written
+    rc, memory_type, device = _cuda.pointer_device(v.ptr)
+    _check_runtime(rc, name)
+    if memory_type == _MEMORY_UNREGISTERED:
+        raise ValueError(f"{name}: data pointer {v.ptr:#x} is not CUDA memory")
+    return device if memory_type == _MEMORY_DEVICE else None
 
 
 def _check_aligned(v: _View, name):
@@ -423,7 +488,7 @@ def _check_runtime(rc, what):
         raise RuntimeError(f"{what}: CUDA error: {_cuda.runtime_error(rc)}")
 
 
-class _Event:
+class _Event(_OwnsDeviceResources):
     """A CUDA event owned by kvarn (no timing), re-recorded after each call it tracks."""
 
     def __init__(self):
@@ -528,10 +593,12 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
 
 
 # ---- the paged cache -------------------------------------------------------------
-class AttendPlan:
+class AttendPlan(_OwnsDeviceResources):
     """Device-side metadata of one attend() batch, reusable while the sequences' lengths
     stay the same (e.g. inside a captured CUDA graph). Made by PagedKVCache.plan(); read-only
     (the kernels trust its batch, splits and metadata) and usable only with the cache that made it."""
+
+    _copy_instead = "; make another with PagedKVCache.plan()"
 
     def __init__(self, owner, meta_dev, slots, splits, tiles_per_split, layer, lengths):
         self._owner, self._meta_dev, self._slots = owner, meta_dev, tuple(slots)
@@ -570,7 +637,7 @@ def _choose_splits(tiles, programs_per_seq, num_sms):
     return int(s[best]), int(tps[best])
 
 
-class PagedKVCache:
+class PagedKVCache(_OwnsDeviceResources):
     """KVarN KV cache for many sequences on one GPU, for ``num_layers`` layers.
 
     Storage, all allocated up front with cudaMalloc:
@@ -581,6 +648,9 @@ class PagedKVCache:
     - a block table [max_seqs, max_tiles] mapping a sequence's tile i to its page.
     Pages are taken from a free list as tiles complete and returned by free().
     """
+
+    _copy_instead = ("; move a sequence through the CPU instead: to_cpu() gives a kvarn.KVCache (which copies and "
+                     "pickles), load_cpu() loads one")
 
     # Read-only: the device buffers were sized by them, and the kernels trust them.
     num_kv_heads = property(lambda self: self._num_kv_heads)
@@ -600,7 +670,15 @@ class PagedKVCache:
     def __init__(self, num_kv_heads: int, head_dim: int, preset=DEFAULT_PRESET, *, num_layers: int = 1,
                  max_seqs: int = 16, max_seq_len: int = 32768, num_pages: int | None = None,
                  sink_tokens: int | None = None, iters: int = SINKHORN_ITERS, device: int | None = None):
-        _require()
+        if _cuda is None:
+            _require()
+        if device is not None:
+            device = check_positive_int(device, "device", 0)
+            rc, count = _cuda.device_count()
+            _check(rc, "device")
+            if device >= count:
+                raise ValueError(f"device: cuda:{device} is not visible here ({count} device(s))")
+        _require(device)  # the cache's GPU, not the current one: on a mixed machine they may differ
         self._num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
         self._head_dim = check_positive_int(head_dim, "head_dim")
         _check_no_gpu_head_dim(self.head_dim)
@@ -621,16 +699,7 @@ class PagedKVCache:
                              f"kernels address (2**31 - 1); lower max_seqs or max_seq_len, or pass num_pages")
         rc, previous = _cuda.get_device()
         _check(rc, "device")
-        if device is not None:
-            device = check_positive_int(device, "device", 0)
-            rc, count = _cuda.device_count()
-            _check(rc, "device")
-            if device >= count:
-                raise ValueError(f"device: cuda:{device} is not visible here ({count} device(s))")
         self._device = previous if device is None else device
-        why = _unsupported_device(self._device)  # _require checked the current device only
-        if why is not None:
-            raise RuntimeError(f"kvarn.cuda: {why}")
         # Allocate on the cache's GPU, then leave the caller's current device as it was; every later
         # call switches to the cache's GPU for its duration (_on_own_device).
         with _current_device(self._device):
@@ -849,6 +918,9 @@ class PagedKVCache:
         B, T = vk.shape[0], vk.shape[1]
         if T == 0:
             return
+        if B * T * H > 2**31 - 1:  # write_tokens launches a block per token and head (a grid dimension)
+            raise ValueError(f"k: {B} x {T} tokens x {H} kv heads is more than one append launches (2**31 - 1 "
+                             "token rows); append in parts")
         stream = vk.stream
         if _capturing(stream, "append"):
             raise RuntimeError("append: cannot be captured in a CUDA graph (it uploads host metadata and takes "
@@ -966,6 +1038,7 @@ class PagedKVCache:
         while those sequences keep their lengths; attend(q, plan=...) then copies nothing from the
         host and can be captured in a CUDA graph: run it once outside the capture first (the plan
         allocates its split-state buffer then), and keep the plan alive as long as the graph."""
+        stream = _check_stream(stream)
         if _capturing(stream, "plan"):
             raise RuntimeError("plan: cannot be captured in a CUDA graph (it allocates and uploads); make the "
                                "plan before capturing")
@@ -1014,6 +1087,10 @@ class PagedKVCache:
             raise ValueError(f"q: last dimension {Dq} does not match the cache's head_dim {D}")
         if Hq == 0 or Hq % H:
             raise ValueError(f"q: {Hq} query heads is not a positive multiple of the cache's {H} kv heads")
+        programs = H * -(-(Hq // H) // 8)  # per split: <= 8 query heads each; a grid dimension
+        if programs > MAX_GRID_YZ:
+            raise ValueError(f"q: {Hq} query heads over {H} kv heads need {programs} programs per split; the CUDA "
+                             f"launch takes at most {MAX_GRID_YZ}")
         _check_device(vq, "q", self.device)
         scale = check_scale(scale, D)
         stream = vq.stream
@@ -1029,8 +1106,8 @@ class PagedKVCache:
             n_seqs = len(meta)
             meta_ptr = st.attend_meta.get(meta.nbytes)
             meta_bytes = st.attend_meta.buf.nbytes
-            _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "attend")
         else:
+            meta = None
             if seq_ids is not None:
                 raise ValueError("plan: pass either seq_ids or a plan, not both")
             self._check_plan(plan)
@@ -1074,6 +1151,8 @@ class PagedKVCache:
                     raise ValueError(
                         f"q: max |q| x |scale| = {q_max * abs(scale):.3g} could overflow the float32 attention "
                         f"scores (limit {limit:.3g} at head_dim {D}); scale the queries down")
+        if meta is not None:  # uploaded once every check passed: a refused call leaves nothing queued
+            _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "attend")
         # Split states: the plan's own buffer (a captured graph keeps writing it, so it must not be
         # shared with, or freed by, other calls), else the stream's.
         scratch_bytes = _cuda.attend_scratch_bytes(B, Hq, D, splits)
