@@ -11,5 +11,7 @@ for isa in scalar avx2 avx512; do
     KVARN_ISA=$isa "$build/native/cpu/kvarn_native_test"
   fi
 done
+# A forced ISA that cannot run: every kernel call must refuse (KVARN_ERR_ISA) and write nothing.
+KVARN_ISA=bogus "$build/native/cpu/kvarn_native_test"
 # Every SIMD kernel against scalar at odd sizes, every score mode (exact-size heap buffers).
 "$build/native/cpu/kvarn_simd_test"

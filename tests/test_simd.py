@@ -110,6 +110,10 @@ def test_env_unknown_isa_is_error():
     r = _py("import kvarn", KVARN_ISA="sse9")
     assert r.returncode != 0
     assert "not a known ISA" in r.stderr
+    # The error text quotes the variable: bytes that are not UTF-8 gave a UnicodeDecodeError instead
+    r = _py("import kvarn", KVARN_ISA=b"\xffavx2")
+    assert r.returncode != 0
+    assert "RuntimeError" in r.stderr and "KVARN_ISA=\ufffdavx2 is not a known ISA" in r.stderr, r.stderr
 
 
 def test_env_unsupported_isa_is_error():

@@ -9,9 +9,10 @@
  * buffer's size: every buffer must hold what its shape says.
  *
  * Buffers: all caller-owned; the library keeps no pointer after a call returns.
- * Alignment: float arrays 4 bytes (double 8), fp16 arrays 2 bytes, and every record
- * (records pointer and record strides) 2 bytes (the scalar kernels read and store fp16
- * fields in place); no wider alignment is needed. A misaligned pointer or record stride
+ * Alignment: float arrays 4 bytes (double 8), fp16 arrays 2 bytes, bad_tile 8 bytes, and
+ * every record (records pointer and record strides) 2 bytes (the scalar kernels read and
+ * store fp16 fields in place) except kvarn_dequantize_tiles' input, which is read bytewise
+ * and may sit anywhere; no wider alignment is needed. A misaligned pointer or record stride
  * is KVARN_ERR_ARGUMENT. Outputs must not overlap any input or each other, except
  * kvarn_hadamard_*, which work in place.
  *
@@ -89,7 +90,8 @@ void kvarn_set_vnni(int32_t on);
 int kvarn_vnni(void);
 
 /* ---- Kernels ----------------------------------------------------------------- */
-/* In place, x [rows][head_dim]: the orthonormal block Hadamard (its own inverse). */
+/* In place, x [rows][head_dim]: the orthonormal block Hadamard (its own inverse). x may be
+ * NULL when rows is 0. */
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim);
 int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim);
 

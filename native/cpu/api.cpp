@@ -313,18 +313,24 @@ int32_t kvarn_default_threads(void)
 
 int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
 {
-    if (!x || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(float)) || !aligned(x, 4))
+    // x may be NULL for no rows, as any empty part of a view
+    if ((!x && rows) || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(float)) ||
+        !aligned(x, 4))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
+    if (!rows) return KVARN_OK;
     kt->hadamard_f32(x, rows, head_dim);
     return KVARN_OK;
 }
 
 int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim)
 {
-    if (!x || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(double)) || !aligned(x, 8))
+    if ((!x && rows) || !kvarn_head_dim_supported(head_dim) || !fits(rows, (uint64_t)head_dim * sizeof(double)) ||
+        !aligned(x, 8))
         return KVARN_ERR_ARGUMENT;
+    if (!kvarn::active_kernels()) return KVARN_ERR_ISA;  // scalar-only, but a kernel call like the others
+    if (!rows) return KVARN_OK;
     kvarn::hadamard_f64_rows(x, rows, head_dim);
     return KVARN_OK;
 }
@@ -336,7 +342,7 @@ int kvarn_quantize_tiles_typed(const void* k, const void* v, int32_t input_type,
     if (!k || !v || !records || n_tiles < 0 || iters < 0 || iters > KVARN_MAX_SINKHORN_ITERS ||
         !format_ok(kbits, vbits, group, head_dim) || !tiles_fit(n_tiles, kbits, vbits, group, head_dim) ||
         (input_type != KVARN_INPUT_F32 && input_type != KVARN_INPUT_F16 && input_type != KVARN_INPUT_F32_AS_F16) ||
-        !threads_ok(num_threads) || !aligned(records, 2) ||
+        !threads_ok(num_threads) || !aligned(records, 2) || !aligned(bad_tile, alignof(int64_t)) ||
         !aligned(k, input_type == KVARN_INPUT_F16 ? 2 : 4) || !aligned(v, input_type == KVARN_INPUT_F16 ? 2 : 4))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 
+#include <pthread.h>
+
 #include "dispatch.h"
 #include "kvarn/kvarn.h"
 
@@ -166,6 +168,19 @@ const KernelTable* active_kernels()
     std::call_once(g_init, initialise);
     return g_active.load();
 }
+
+namespace {
+// fork() while another thread holds g_error_mu (kvarn_set_isa, kvarn_isa_error) or runs the first-use
+// selection left the child's copy locked for good: its first kvarn_isa_error hung. So the forking
+// thread finishes the selection and takes the lock first, and both processes release it after.
+void before_fork()
+{
+    active_kernels();
+    g_error_mu.lock();
+}
+void after_fork() { g_error_mu.unlock(); }
+[[maybe_unused]] const bool g_fork_handlers = pthread_atfork(before_fork, after_fork, after_fork) == 0;  // ENOMEM only
+}  // namespace
 
 namespace {
 std::atomic<bool> g_vnni{true};  // use VNNI instructions where cpuid has them (kvarn_set_vnni)

@@ -21,7 +21,7 @@ def record_layout(int kbits, int vbits, int group, int head_dim):
 
 
 def active_isa():
-    return kvarn_active_isa().decode()
+    return kvarn_active_isa().decode(errors="replace")
 
 
 def isa_available(str name):
@@ -33,7 +33,7 @@ def set_isa(str name):
 
 
 def isa_error():
-    return kvarn_isa_error().decode()
+    return kvarn_isa_error().decode(errors="replace")  # it quotes KVARN_ISA, which may hold any bytes
 
 
 SCORE_MODES = ("float", "int16", "int8")

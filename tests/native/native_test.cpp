@@ -14,6 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "kvarn/kernels.h"  // float_to_half / half_to_float
 #include "kvarn/kvarn.h"
 
@@ -48,8 +52,30 @@ static uint16_t to_half(float f)
     return (uint16_t)(sign | ((uint32_t)exp << 10) | ((x >> 13) & 0x3ff));
 }
 
+// KVARN_ISA names an ISA that cannot run (asan.sh runs this once): every kernel call refuses with
+// KVARN_ERR_ISA and writes nothing, the scalar-only ones included.
+int unusable_isa_checks()
+{
+    const int G = 64, D = 16;
+    alignas(8) double xd[D] = {1.0};
+    std::vector<float> x(G * D, 1.0f), r(G), c(D), kk(G * D), vv(G * D);
+    std::vector<uint8_t> rec(kvarn_layout(4, 2, G, D).total, 0xab);
+    const std::vector<uint8_t> untouched = rec;
+    CHECK(kvarn_hadamard_f32(x.data(), 1, D) == KVARN_ERR_ISA);
+    CHECK(kvarn_hadamard_f64(xd, 1, D) == KVARN_ERR_ISA && xd[0] == 1.0);
+    CHECK(kvarn_balance(x.data(), G, D, 1, r.data(), c.data()) == KVARN_ERR_ISA);
+    CHECK(kvarn_quantize_tiles(x.data(), x.data(), 1, 4, 2, G, D, 1, rec.data(), 1, nullptr) == KVARN_ERR_ISA);
+    CHECK(rec == untouched);
+    CHECK(kvarn_dequantize_tiles(rec.data(), 1, 4, 2, G, D, kk.data(), vv.data()) == KVARN_ERR_ISA);
+    CHECK(std::strstr(kvarn_isa_error(), "KVARN_ISA=") != nullptr);
+    std::printf("%s (KVARN_ISA=%s cannot run): %d failure(s)\n", failures ? "FAILED" : "ok", std::getenv("KVARN_ISA"),
+                failures);
+    return failures ? 1 : 0;
+}
+
 int main()
 {
+    if (!std::strcmp(kvarn_active_isa(), "none")) return unusable_isa_checks();
     std::printf("kvarn native test, ISA %s\n", kvarn_active_isa());
     std::mt19937 gen(7);
     std::normal_distribution<float> normal(0.f, 1.f);
@@ -117,6 +143,22 @@ int main()
     float x[16] = {0};
     CHECK(kvarn_hadamard_f32(x, 1, 24) == KVARN_ERR_ARGUMENT);
     CHECK(kvarn_hadamard_f32(nullptr, 1, 16) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_hadamard_f32(nullptr, 0, 16) == KVARN_OK);  // no rows: NULL allowed, as for an empty view part
+    CHECK(kvarn_hadamard_f64(nullptr, 0, 16) == KVARN_OK);
+    {
+        // kvarn.h's alignment rule holds for kvarn_balance's buffers and quantize's bad_tile too
+        // (UBSan reported misaligned loads / an int64 store there).
+        alignas(8) float buf[64 * 16 + 2] = {0};
+        float* odd = reinterpret_cast<float*>(reinterpret_cast<char*>(buf) + 2);
+        std::vector<float> r(64), c(16);
+        CHECK(kvarn_balance(odd, 64, 16, 1, r.data(), c.data()) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_balance(buf, 64, 16, 1, odd, c.data()) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_balance(buf, 64, 16, 1, r.data(), c.data()) == KVARN_OK);
+        alignas(8) unsigned char bad_tile_bytes[16];
+        std::vector<uint8_t> rec(kvarn_layout(4, 2, 64, 16).total);
+        CHECK(kvarn_quantize_tiles(buf, buf, 1, 4, 2, 64, 16, 1, rec.data(), 1,
+                                   reinterpret_cast<int64_t*>(bad_tile_bytes + 4)) == KVARN_ERR_ARGUMENT);
+    }
     CHECK(kvarn_quantize_tiles(x, x, 1, 3, 2, 128, 16, 8, nullptr, 1, nullptr) == KVARN_ERR_ARGUMENT);
     CHECK(kvarn_attend(nullptr, 1, x, 4, 1.f, x, 1) == KVARN_ERR_ARGUMENT);
     kvarn_cache_view empty{};
@@ -340,6 +382,33 @@ int main()
         CHECK(kvarn_quantize_tiles(zk.data(), zv.data(), 1, 4, 2, G, D, 8, rec.data(), 1, nullptr) == KVARN_OK);
         for (size_t i = 0; i < (size_t)D; ++i) CHECK(rec[L.kz + 2 * i + 1] == 0);    // kz: no sign bit
         for (size_t i = 0; i < (size_t)G; ++i) CHECK(rec[L.vz + 2 * i + 1] == 0);    // vz: no sign bit
+    }
+    {
+        // fork() while another thread sets a bad ISA in a loop (holding the error text's lock at times):
+        // each child must still read the error text (it used to hang on the lock copied locked).
+        std::atomic<bool> stop{false};
+        std::thread spinner([&stop] {
+            while (!stop) {
+                kvarn_set_isa("an-isa-name-long-enough-to-need-the-heap-for-its-text");
+                (void)kvarn_isa_error();
+            }
+        });
+        int hung = 0, other = 0;
+        for (int i = 0; i < 200; ++i) {
+            const pid_t child = fork();
+            if (child == 0) {
+                alarm(5);
+                _exit(kvarn_isa_error() ? 0 : 1);
+            }
+            int status = 0;
+            waitpid(child, &status, 0);
+            if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) ++hung;
+            else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++other;
+        }
+        stop = true;
+        spinner.join();
+        CHECK(hung == 0 && other == 0);
+        CHECK(kvarn_set_isa(kvarn_active_isa()) == KVARN_OK);
     }
     // A throwing pool item (helper or calling thread) is an error after all other items finished.
     for (int on_helper : {1, 0}) {
