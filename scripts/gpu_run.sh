@@ -95,7 +95,7 @@ if [[ " ${steps[*]} " == *" ab "* ]]; then
   # Same-run A/B of the k4v2_g128 D 128 attend variants (KVARN_ATTEND_VARIANT, attend_d128.cu),
   # kvarn only, alternating so that clock drift hits every variant alike.
   # An entry of $AB_VARIANTS is a variant number (KVARN_ATTEND_VARIANT) or a comma-separated list of
-  # VAR=VALUE settings (e.g. KVARN_ATTEND_FUSED=0,KVARN_ATTEND_QPF=0).
+  # VAR=VALUE settings (e.g. KVARN_ATTEND_VARIANT=12,KVARN_ATTEND_DIRECT=0: the two the kernels read).
   # KVARN_AB_EVICT_MB / _KIND / _REPS (environment, passed through): the L2-eviction timings (header).
   echo "== A/B: variants ${AB_VARIANTS:-12 16 12 16} at ${AB_POINTS:-32768x8,4096x1}${KVARN_AB_EVICT_MB:+, L2 evicted (${KVARN_AB_EVICT_MB} MB ${KVARN_AB_EVICT_KIND:-fill}) and warm}"
   abn=0

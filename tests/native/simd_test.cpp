@@ -1,9 +1,6 @@
 // Native check of every ISA's kernel table against scalar, meant for ASan/UBSan:
 // every buffer is its own exact-size heap allocation, so an over-read in a
-// vector tail is caught. Build (see docs/simd.md):
-//   cmake -S . -B build-asan -DKVARN_SANITIZE=ON -DKVARN_CUDA=OFF && cmake --build build-asan --target kvarn_core
-//   g++ -std=c++17 -O1 -g -fsanitize=address,undefined -Iinclude -Inative/cpu tests/native/simd_test.cpp \
-//       build-asan/native/cpu/libkvarn_core.a -fopenmp -o build-asan/simd_test && build-asan/simd_test
+// vector tail is caught. Built and run by scripts/asan.sh (target kvarn_simd_test, native/cpu/CMakeLists.txt).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
