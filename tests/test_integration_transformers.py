@@ -917,8 +917,23 @@ def test_gemma3_second_head_dim_decode_path_agrees():
     assert cache.kvarn_layers[0].caches[0].num_tiles == 3
     m = [mm for mm in kev.build_methods(256, presets=("k4v2_g128",), baselines=False) if mm.preset][0]
     pseudo = kev.forward_logits(model, seq, kev.PseudoDecode(m, 128, 128, exact_prefix=P))[P:]
-    # No tile fills while decoding here, so the two paths differ by float summation order only.
-    assert float((dec - pseudo).abs().max()) < 0.05
+    ref = kev.forward_logits(model, seq, kev.PseudoDecode(None, 128, 128))[P:]
+
+    def kl(a, b):  # per position, KL(softmax a || softmax b)
+        la, lb = torch.log_softmax(a.double(), -1), torch.log_softmax(b.double(), -1)
+        return (la.exp() * (la - lb)).sum(-1)
+
+    # No tile fills while decoding here, so the two paths differ by float summation order only. A
+    # max |logit| bound measured that badly: Gemma's logits move together by up to ~0.05 (a shift the
+    # softmax ignores; 0.051 on the Zen 3 box against 0.05 allowed). Measured there: KL between the
+    # paths 3.7e-7 mean / 5.0e-6 worst position, the quantisation's own KL against fp32 3.0e-3.
+    kl_paths, kl_quant = kl(pseudo, dec), kl(ref, pseudo)
+    print(f"KL paths mean {float(kl_paths.mean()):.2e} max {float(kl_paths.max()):.2e}; "
+          f"KL(fp32 || pseudo) {float(kl_quant.mean()):.2e}")
+    assert float(kl_quant.mean()) > 1e-3  # really quantised
+    assert float(kl_paths.mean()) < 1e-2 * float(kl_quant.mean())
+    assert float(kl_paths.max()) < 1e-4
+    assert float((dec.argmax(-1) == pseudo.argmax(-1)).float().mean()) >= 0.975  # one near-tie flip of 40 allowed
 
 
 def _tiny(config_cls, **kw):
