@@ -102,6 +102,28 @@ def test_codes_and_scales_match_oracle(preset, d, isa, rng):
     assert_fields_match_oracle(fields_for(tile, 0), oracle.quantize_tile(k, v, p.kbits, p.vbits))
 
 
+@pytest.mark.parametrize("preset", ["k4v2_g64", "k4v4_g128"])
+def test_tied_candidates_go_to_the_later_one(preset, isa):
+    """SPEC §3 keeps the later of tied candidates. A ±0.5 checkerboard ties every candidate exactly
+    (imbalance 2: all rows and columns alike), and the clamp makes every round's candidate r = c =
+    e^-0.3, so the rule decides between that and the identity. Fed as the rotation of a checkerboard
+    with head_dim 64 (Hadamard scale 1/8, so the kernels' rotation gives it back exactly), the
+    quantiser balances the checkerboard itself. Keeping the first of the ties (a mutant of both the
+    scalar and the SIMD quantiser, which no other test caught) stores the identity's scales."""
+    p = kvarn.PRESETS[preset]
+    i, j = np.indices((p.group, 64))
+    board = 0.5 * (-1.0) ** (i + j)
+    r, c = kvarn._ops.balance_scales(board.astype(np.float32))
+    r_ref, c_ref, imb, imb_identity = oracle.balance(board)
+    assert imb == imb_identity == 2.0 and np.allclose(r_ref, np.exp(-0.3)) and np.allclose(c_ref, np.exp(-0.3))
+    np.testing.assert_allclose(r, r_ref, rtol=1e-6)
+    np.testing.assert_allclose(c, c_ref, rtol=1e-6)
+    x = oracle.rotate(board).astype(np.float32)
+    assert np.array_equal(kvarn._ops.hadamard(x), board)  # the quantiser sees the checkerboard exactly
+    tile = kvarn.quantize_tile(x, x, preset)
+    assert_fields_match_oracle(fields_for(tile, 0), oracle.quantize_tile(x, x, p.kbits, p.vbits))
+
+
 @pytest.mark.parametrize("iters", [0, 1, 3])
 def test_iters_matches_oracle(iters, rng):
     # iters is public (quantize_tile, KVCache, from_parts); comparing scalar with SIMD at equal
