@@ -624,7 +624,7 @@ def test_decode_after_a_restored_step_equals_a_cache_that_never_saw_it():
     k, v = _kv(2, 1, 1)
     bad_v = v.clone()
     bad_v[1, 0, 0, 0] = float("inf")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="batch row 1's key/value states: v: contains NaN or Inf"):
         _decode(b, k, bad_v, torch.randn(2, 4, 1, 16))
     q = torch.randn(2, 4, 1, 16)
     for step in range(3):

@@ -95,11 +95,11 @@ def test_isas_listed():
 
 
 def test_set_isa_errors():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^name: unknown ISA 'sse9'; choose one of"):
         kvarn.set_isa("sse9")
     for name in ("avx2", "avx512"):
         if name not in ISAS:
-            with pytest.raises(ValueError):
+            with pytest.raises(ValueError, match=f"^name: ISA '{name}' is not available here .*not supported"):
                 kvarn.set_isa(name)
 
 
@@ -556,11 +556,11 @@ def test_fp16_cache_batch_and_errors(rng):
     out = attend_fp16_batch(q, fs)
     for b in range(2):
         np.testing.assert_allclose(out[b], fs[b].attend(q[b]), atol=1e-6)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^cache: the cache is empty"):
         FP16Cache(2, 64).attend(q[0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^q: 3 query heads is not a positive multiple of the cache's 2 kv heads"):
         fs[0].attend(q[0][:3])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^k: expected shape \[2, n, 64\]"):
         fs[0].append(np.zeros((3, 1, 64)), np.zeros((3, 1, 64)))
 
 
