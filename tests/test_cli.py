@@ -61,6 +61,18 @@ def test_demo_errors_are_causal(monkeypatch):
     assert any("each over the tokens up to it" in line for line in lines)
 
 
+def test_demo_mean_speed_up_is_the_ratio_of_mean_times():
+    """The mean row's speed-up is mean numpy ms / mean kvarn ms: the mean of per-layer ratios printed
+    2.04x where that row's own mean times gave 1.08x (one slow layer's ratio dominated)."""
+    from kvarn import demo
+
+    lines = []
+    res = demo.run_demo(max_queries=1, repeats=1, out=lines.append)
+    times = np.array([row[7:9] for row in res["rows"]])
+    assert res["mean"][8] == pytest.approx(times[:, 1].mean() / times[:, 0].mean(), rel=1e-12)
+    assert lines[[i for i, line in enumerate(lines) if line.startswith(" mean")][0]].endswith(f"{res['mean'][8]:>7.2f}x")
+
+
 def test_demo_synthetic_and_other_preset():
     r = run("demo", "--synthetic", "--preset", "k4v4_g128", "--repeats", "1", "--queries", "1")
     assert r.returncode == 0, r.stderr
