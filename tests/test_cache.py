@@ -637,6 +637,12 @@ def test_bad_attend_input(rng):
         kvarn.attend_batch(np.stack([q, q]), [cache, kvarn.KVCache(4, 64)])
     with pytest.raises(ValueError, match="batch of 1"):
         kvarn.attend_batch(q[None], [cache, cache])
+    # an empty batch is a wrong length (ValueError), a non-list a wrong type (TypeError), as everywhere
+    for batch_fn in (kvarn.attend_batch, kvarn.attend_fp16_batch):
+        with pytest.raises(ValueError, match="^caches: expected at least one kvarn.(KV|FP16)Cache, got an empty list"):
+            batch_fn(q[None][:0], [])
+        with pytest.raises(TypeError, match="^caches: expected a list of kvarn.(KV|FP16)Cache, got str"):
+            batch_fn(q[None], "cache")
 
 
 def test_float64_q_beyond_float32_is_rejected(rng):

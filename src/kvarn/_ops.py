@@ -465,8 +465,10 @@ def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
     """Validates a batch (q [B, Hq, D], B caches of cache_type with equal heads and head_dim, none
     empty) and runs the native decode attention over all of them in one call."""
     type_name = cache_type.__name__
-    if not isinstance(caches, (list, tuple)) or not caches:
-        raise TypeError(f"caches: expected a non-empty list of kvarn.{type_name}")
+    if not isinstance(caches, (list, tuple)):
+        raise TypeError(f"caches: expected a list of kvarn.{type_name}, got {type(caches).__name__}")
+    if not caches:
+        raise ValueError(f"caches: expected at least one kvarn.{type_name}, got an empty list")
     for i, c in enumerate(caches):
         if not isinstance(c, cache_type):
             raise TypeError(f"caches[{i}]: expected a kvarn.{type_name}, got {type(c).__name__}")
