@@ -1670,3 +1670,14 @@ def test_masked_array_hidden_nan_is_rejected(rng):
     with pytest.raises(ValueError, match="k: contains NaN"):
         cache.append(masked, k.copy() * 0)
     assert len(cache) == 0
+
+
+def test_repr_shows_the_format_of_a_custom_preset_named_like_a_builtin(rng):
+    """A custom Preset may reuse a built-in's name; a repr then says its real format (it printed
+    preset='k4v2_g128' for a k4v4 cache)."""
+    own = kvarn.Preset("k4v2_g128", 4, 4, 128)
+    assert "preset='k4v2_g128' (k4v4, 128-token tiles)," in repr(kvarn.KVCache(2, 64, own))
+    assert "preset='k4v2_g128'," in repr(kvarn.KVCache(2, 64))
+    assert "preset='mine'," in repr(kvarn.KVCache(2, 64, kvarn.Preset("mine", 4, 4, 128)))
+    k = rng.standard_normal((128, 64)).astype(np.float32)
+    assert repr(kvarn.quantize_tile(k, k, own)).startswith("Tile(preset='k4v2_g128' (k4v4, 128-token tiles), heads=1")

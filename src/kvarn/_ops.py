@@ -44,6 +44,13 @@ class Preset:
         """Name and format, for messages (a custom preset may reuse a built-in's name)."""
         return f"{self.name!r} (k{self.kbits}v{self.vbits}, {self.group}-token tiles)"
 
+    def label(self) -> str:
+        """For a repr: the quoted name, or describe() when a built-in of that name has another format."""
+        builtin = PRESETS.get(self.name)
+        other = builtin is not None and (builtin.kbits, builtin.vbits, builtin.group) != (self.kbits, self.vbits,
+                                                                                          self.group)
+        return self.describe() if other else repr(self.name)
+
 
 PRESETS = {
     p.name: p

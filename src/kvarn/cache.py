@@ -636,7 +636,7 @@ class KVCache:
         sink_len, num_tiles, tail_len = sizes = self._sizes()
         n = sink_len + num_tiles * self.preset.group + tail_len
         return (
-            f"KVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "
+            f"KVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.label()}, "
             f"tokens={n} [sink {sink_len}, tiles {num_tiles}, tail {tail_len}], {self._ratio(*sizes):.2f}x vs fp16)"
         )
 

@@ -1294,6 +1294,6 @@ class PagedKVCache(_OwnsDeviceResources):
         _check(_cuda.stream_sync(0), "load_cpu")
 
     def __repr__(self):
-        return (f"PagedKVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.name!r}, "
+        return (f"PagedKVCache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, preset={self.preset.label()}, "
                 f"layers={self.num_layers}, seqs={len(self._live)}/{self.max_seqs}, "
                 f"pages free {len(self._free_pages)}/{self.num_pages}, device={self.device})")

@@ -215,7 +215,7 @@ class Tile:
         return tile
 
     def __repr__(self) -> str:
-        return f"Tile(preset={self.preset.name!r}, heads={self.num_heads}, head_dim={self.head_dim}, nbytes={self.nbytes})"
+        return f"Tile(preset={self.preset.label()}, heads={self.num_heads}, head_dim={self.head_dim}, nbytes={self.nbytes})"
 
 
 def quantize_tile(k, v, preset="k4v2_g128", *, iters: int = SINKHORN_ITERS, num_threads=None) -> Tile:
