@@ -892,6 +892,30 @@ def test_baselines_generation_cache_follows_the_quantize_on_rule(quantize_on):
             np.testing.assert_array_equal(k.numpy(), x.half().float().numpy())
 
 
+def test_load_model_draws_no_progress_bar(capfd, monkeypatch):
+    """load_model turns transformers' bars off; its GGUF loader drew one of its own anyway (a plain
+    tqdm over the tensors). The loaders are stubbed here (a real load takes ~30 s): the model loader
+    draws the bar as transformers' does, through the module's tqdm."""
+    import transformers
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    desc = "Converting and de-quantizing GGUF tensors..."
+
+    def fake_model(folder, gguf_file, dtype):
+        for _ in gguf_utils.tqdm(range(3), desc=desc):
+            pass
+        return torch.nn.Linear(1, 1)
+
+    list(gguf_utils.tqdm(range(3), desc=desc))  # not vacuous: the bar reaches stderr where nothing hides it
+    assert desc in capfd.readouterr().err
+    bar = gguf_utils.tqdm
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda folder, gguf_file: "tokenizer")
+    model, tok = assets.load_model("smollm2-135m")
+    assert desc not in capfd.readouterr().err
+    assert gguf_utils.tqdm is bar and tok == "tokenizer" and not model.training  # put back; eval mode
+
+
 def test_bad_arguments_are_named(smol):
     model, _, _ = smol
     with pytest.raises(ValueError, match="preset"):

@@ -232,6 +232,7 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
+    """Threads the kernels use when a call passes no num_threads (set_num_threads; default all cores)."""
     return _num_threads if _num_threads > 0 else int(_native.default_threads())
 
 
@@ -250,6 +251,7 @@ def available_isas() -> list:
 
 
 def active_isa() -> str:
+    """The kernel table in use: "scalar", "avx2" or "avx512" ("none" when KVARN_ISA names one that cannot run)."""
     return _native.active_isa()
 
 

@@ -121,14 +121,17 @@ class KVCache:
 
     @property
     def sink_len(self) -> int:
+        """Tokens in the fp16 sink (the first sink_tokens)."""
         return self._sink_k.shape[1]
 
     @property
     def num_tiles(self) -> int:
+        """Quantised tiles (records per kv head)."""
         return self._num_tiles
 
     @property
     def tail_len(self) -> int:
+        """Tokens in the fp16 tail (the unfinished tile)."""
         return self._tail_len
 
     def __len__(self) -> int:
@@ -586,6 +589,7 @@ class KVCache:
         return np.concatenate(parts_k, axis=1), np.concatenate(parts_v, axis=1)
 
     def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
+        """kvarn.attend(q, self, scale, num_threads=num_threads): q [Hq, D] -> float32 [Hq, D]."""
         return attend(q, self, scale, num_threads=num_threads)
 
     def copy(self) -> "KVCache":

