@@ -63,13 +63,9 @@ def balance(x: np.ndarray, iters: int = 8):
     lr = np.zeros((n, rows))
     lc = np.zeros((n, cols))
 
-    def stds(cur):
-        cs = np.clip(cur.std(axis=1, ddof=1), *STD_CLAMP)  # per column, over rows
-        rs = np.clip(cur.std(axis=2, ddof=1), *STD_CLAMP)  # per row, over columns
-        return cs, rs
-
-    def imbalance(cur):
-        cs, rs = stds(cur)
+    def imbalance(cur):  # SPEC §3: of the stds themselves (unclamped; only the updates clamp them)
+        cs = cur.std(axis=1, ddof=1)  # per column, over rows
+        rs = cur.std(axis=2, ddof=1)  # per row, over columns
         return cs.max(1) / np.maximum(cs.min(1), 1e-8) + rs.max(1) / np.maximum(rs.min(1), 1e-8)
 
     best = imbalance(x)
