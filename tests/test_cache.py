@@ -1681,3 +1681,28 @@ def test_repr_shows_the_format_of_a_custom_preset_named_like_a_builtin(rng):
     assert "preset='mine'," in repr(kvarn.KVCache(2, 64, kvarn.Preset("mine", 4, 4, 128)))
     k = rng.standard_normal((128, 64)).astype(np.float32)
     assert repr(kvarn.quantize_tile(k, k, own)).startswith("Tile(preset='k4v2_g128' (k4v4, 128-token tiles), heads=1")
+
+
+@pytest.mark.parametrize("sink, chunks", [(128, (700,)), (17, (5, 123, 1, 300, 271)), (300, (64, 64, 572))])
+def test_records_are_the_tiles_of_the_right_tokens(sink, chunks, rng):
+    """With a sink, each record holds tokens [sink + i G, sink + (i + 1) G) and the sink and tail the
+    rest, whatever the append sizes (the attention tests decode the cache's own records, so a shift of
+    the tiles by some tokens would pass them)."""
+    n = sum(chunks)
+    k = kv_like(rng, (2, n, 64)).astype(np.float16)
+    v = rng.standard_normal((2, n, 64)).astype(np.float16)
+    cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=sink)
+    start = 0
+    for m in chunks:
+        cache.append(k[:, start : start + m], v[:, start : start + m])
+        start += m
+    G = 64
+    tiles = (n - sink) // G
+    assert (cache.sink_len, cache.num_tiles, cache.tail_len) == (sink, tiles, n - sink - tiles * G)
+    for t in range(tiles):
+        span = slice(sink + G * t, sink + G * (t + 1))
+        np.testing.assert_array_equal(cache.records[t], kvarn.quantize_tile(k[:, span], v[:, span], "k4v2_g64").records,
+                                      err_msg=f"tile {t}")
+    parts = cache.to_parts()
+    np.testing.assert_array_equal(parts["sink_k"], k[:, :sink])
+    np.testing.assert_array_equal(parts["tail_v"], v[:, sink + tiles * G :])
