@@ -333,9 +333,8 @@ def test_calls_keep_the_callers_current_device():
 @need_torch
 def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
     """A __cuda_array_interface__ array does not say which GPU it is on: the pointer is asked
-    (cudaPointerGetAttributes). One on the cache's GPU is taken, host memory is refused by name, and
-    with two GPUs one on the other GPU is refused before any kernel (the kernels would fault, ending
-    the process's CUDA context). The cache and its results refuse copy and pickle (a copy would free
+    (cudaPointerGetAttributes). One on the cache's GPU is taken and host memory is refused by name (one on
+    another GPU: test_cai_array_on_another_gpu_is_refused, with two GPUs). The cache and its results refuse copy and pickle (a copy would free
     their device memory twice) and keep working."""
     import copy
     import pickle
@@ -362,16 +361,40 @@ def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
     host = np.zeros((1, 8, 128), np.float32)
     with pytest.raises(ValueError, match="^q: data pointer 0x[0-9a-f]+ is not CUDA memory"):
         cache.attend(CAI(host.ctypes.data, host.shape, host), [s])
-    if torch.cuda.device_count() > 1:
-        k1 = k.cuda(1)
-        with pytest.raises(ValueError, match="^k: on cuda:1, but the kernels run on cuda:0"):
-            cache.append([s], CAI(k1.data_ptr(), tuple(k1.shape), k1), CAI(k1.data_ptr(), tuple(k1.shape), k1))
     for obj in (cache, out, cache.plan([s])):
         for op in (copy.copy, copy.deepcopy, pickle.dumps):
             with pytest.raises(TypeError, match="cannot be copied or pickled"):
                 op(obj)
     assert cache.length(s) == 300
     np.testing.assert_array_equal(cache.attend(qt, [s]).cpu().numpy(), out.to_numpy())
+
+
+@gpu
+@need_torch
+@pytest.mark.skipif(torch is None or REASON is not None or torch.cuda.device_count() < 2,
+                    reason="needs two GPUs: a __cuda_array_interface__ array on another GPU than the cache's")
+def test_cai_array_on_another_gpu_is_refused():
+    """The pointer query places a bare __cuda_array_interface__ array on its GPU: one on cuda:1 passed
+    to a cache on cuda:0 is refused before any kernel (the kernels would fault on its address)."""
+
+    class CAI:
+        def __init__(self, t):
+            self.t = t
+
+        @property
+        def __cuda_array_interface__(self):
+            return {"shape": tuple(self.t.shape), "typestr": "<f4", "data": (self.t.data_ptr(), False),
+                    "version": 3, "strides": None, "stream": None}
+
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024, device=0)
+    s = cache.add_sequence()
+    k1 = torch.randn(1, 300, 2, 128, device="cuda:1")
+    with pytest.raises(ValueError, match="^k: on cuda:1, but the kernels run on cuda:0"):
+        cache.append([s], CAI(k1), CAI(k1))
+    assert cache.length(s) == 0
+    k0 = k1.cuda(0)
+    cache.append([s], CAI(k0), CAI(k0))
+    assert cache.length(s) == 300
 
 
 def force_splits(cache, want):
@@ -1263,6 +1286,13 @@ def test_missing_driver_is_said_plainly(fake, monkeypatch):
                                                     "version is insufficient for CUDA runtime version")
     assert kc.unavailable_reason().endswith("no NVIDIA driver is loaded, or it is older than the CUDA runtime kvarn "
                                             "was built with)")
+    for device in (None, 0):  # device= used to meet the failed count first: a bare CUDA error, no hint
+        with pytest.raises(RuntimeError, match="^kvarn.cuda: no CUDA device is visible .*no NVIDIA driver is loaded"):
+            kc.PagedKVCache(8, 128, device=device)
+    monkeypatch.setattr(fake, "device_count", lambda: (0, 0))
+    monkeypatch.setattr(fake, "last_error", lambda: "")
+    with pytest.raises(RuntimeError, match=r"^kvarn.cuda: no CUDA device is visible \(device count 0\)"):
+        kc.PagedKVCache(8, 128, device=0)
 
 
 def test_pre_hopper_device_is_refused_by_name(fake, monkeypatch):

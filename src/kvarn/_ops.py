@@ -477,7 +477,7 @@ def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
     if not isinstance(caches, (list, tuple)):
         raise TypeError(f"caches: expected a list of kvarn.{type_name}, got {type(caches).__name__}")
     if not caches:
-        raise ValueError(f"caches: expected at least one kvarn.{type_name}, got an empty list")
+        raise ValueError(f"caches: expected at least one kvarn.{type_name}, got an empty {type(caches).__name__}")
     for i, c in enumerate(caches):
         if not isinstance(c, cache_type):
             raise TypeError(f"caches[{i}]: expected a kvarn.{type_name}, got {type(c).__name__}")

@@ -672,10 +672,11 @@ class PagedKVCache(_OwnsDeviceResources):
                  sink_tokens: int | None = None, iters: int = SINKHORN_ITERS, device: int | None = None):
         if _cuda is None:
             _require()
+        rc, count = _cuda.device_count()
+        if rc != _cuda.OK or count == 0:
+            _require()  # no GPU or no driver: the RuntimeError every entry point gives
         if device is not None:
             device = check_positive_int(device, "device", 0)
-            rc, count = _cuda.device_count()
-            _check(rc, "device")
             if device >= count:
                 raise ValueError(f"device: cuda:{device} is not visible here ({count} device(s))")
         _require(device)  # the cache's GPU, not the current one: on a mixed machine they may differ

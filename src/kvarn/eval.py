@@ -360,8 +360,9 @@ def add_eval_parser(subparsers):
     p.add_argument("--sink", type=int, default=128, help="sink tokens kept exact (default 128)")
     p.add_argument("--presets", default=",".join(PAPER_PRESETS),
                    help="comma-separated kvarn presets; the baselines (KIVI, rotation only, normalisation only) "
-                        "run at k4v2, k4v4 and k2v2 for each of their tile sizes whichever presets are named, as "
-                        "in the published table (--no-baselines to skip them)")
+                        "run at k4v2, k4v4 and k2v2 with 128-token tiles whichever presets are named (the "
+                        "published table), and at each named preset's own bits and tile size "
+                        "(--no-baselines to skip them)")
     p.add_argument("--no-baselines", action="store_true", help="KVarN presets only")
     p.add_argument("--reference", action="store_true",
                    help="also run each preset through the float64 numpy implementation of SPEC.md")

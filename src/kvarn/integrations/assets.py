@@ -17,6 +17,7 @@ import contextlib
 import glob
 import importlib.util
 import os
+import threading
 from dataclasses import dataclass
 
 
@@ -103,6 +104,9 @@ def verne_text() -> str:
     return text[start:end].strip() + "\n"
 
 
+_GGUF_PATCH_LOCK = threading.Lock()  # loads in two threads must not restore each other's patch
+
+
 @contextlib.contextmanager
 def _quiet_gguf_conversion():
     """transformers' GGUF loader draws its own tqdm bar, which hf_logging's switch does not reach."""
@@ -111,15 +115,16 @@ def _quiet_gguf_conversion():
     except ImportError:  # pragma: no cover - another transformers layout: the bar stays
         yield
         return
-    bar = getattr(gguf_utils, "tqdm", None)
-    if bar is None:  # pragma: no cover
-        yield
-        return
-    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = bar
+    with _GGUF_PATCH_LOCK:
+        bar = getattr(gguf_utils, "tqdm", None)
+        if bar is None:  # pragma: no cover
+            yield
+            return
+        gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+        try:
+            yield
+        finally:
+            gguf_utils.tqdm = bar
 
 
 def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32"):
