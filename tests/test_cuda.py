@@ -333,9 +333,9 @@ def test_calls_keep_the_callers_current_device():
 @need_torch
 def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
     """A __cuda_array_interface__ array does not say which GPU it is on: the pointer is asked
-    (cudaPointerGetAttributes). One on the cache's GPU is taken and host memory is refused by name (one on
-    another GPU: test_cai_array_on_another_gpu_is_refused, with two GPUs). The cache and its results refuse copy and pickle (a copy would free
-    their device memory twice) and keep working."""
+    (cudaPointerGetAttributes). One on the cache's GPU is taken and host memory is refused by name (one
+    on another GPU: test_cai_array_on_another_gpu_is_refused, with two GPUs). The cache and its results
+    refuse copy and pickle (a copy would free their device memory twice) and keep working."""
     import copy
     import pickle
 

@@ -49,7 +49,7 @@ def test_loops_over_isas_include(isa, mode, rng):
     out = run_isa(isa, kvarn.attend, q, c)
     assert _native.score_mode() == mode  # the kernels run the mode asked for, not a fallback
     l2 = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-    assert l2 < {"int16": 5e-4, "int8": 0.12}[mode], l2
+    assert l2 < {"int16": 1.5e-3, "int8": 0.12}[mode], l2  # one draw: the gross-error bounds
 
 
 def simd_isas():
