@@ -9,7 +9,8 @@ quantised after RoPE, as the cache stores them. Errors compound through the laye
 decoding. KVarN presets use kvarn's C++ quantiser
 (``kvarn.quantize_tile``/``dequantize_tile``); baselines come from ``kvarn.eval_quantizers``.
 
-Metrics, from position ``--eval-from`` (default 256: before it nothing is quantised) on:
+Metrics, from position ``--eval-from`` (default 256: before it no token sees a quantised 128-token tile
+with the default 128-token sink; 64-token tiles are quantised for queries from 193 on) on:
 perplexity, KL(fp32 ‖ method) of the next-token distribution, and top-1 agreement with fp32.
 Also: greedy generation from real prompts (token-identical prefix vs an fp32 cache), and a check
 that the real decode path (``KVarNCache`` + ``kvarn.attend``) agrees with pseudo-decode.

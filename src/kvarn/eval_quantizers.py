@@ -198,6 +198,6 @@ def turboquant(k, v, kbits: int, vbits: int, seed: int = 0):
 
 def rtn_bits_per_element(kbits: int, vbits: int, group: int, head_dim: int, extra_vectors: int = 0) -> float:
     """Bits per element of a tile with per-row fp16 scale and minimum on both K (per channel) and V
-    (per token), plus ``extra_vectors`` more fp16 vectors of length ``group`` or ``head_dim``."""
+    (per token), plus ``extra_vectors`` more fp16 values (e.g. group + head_dim for KVarN's kt and vc)."""
     bits = group * head_dim * (kbits + vbits) + 16 * 2 * (head_dim + group) + 16 * extra_vectors
     return bits / (2 * group * head_dim)
