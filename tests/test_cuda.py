@@ -329,6 +329,23 @@ def test_calls_keep_the_callers_current_device():
     torch.cuda.set_device(0)
 
 
+class BareCAI:
+    """A float32 array known only by its __cuda_array_interface__ (no library's device attribute), as
+    Numba's or a C extension's; keep holds what owns the memory."""
+
+    def __init__(self, ptr, shape, keep=None):
+        self.ptr, self.shape, self.keep = ptr, tuple(shape), keep
+
+    @classmethod
+    def of(cls, t):
+        return cls(t.data_ptr(), t.shape, t)
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": "<f4", "data": (self.ptr, False), "version": 3, "strides": None,
+                "stream": None}
+
+
 @gpu
 @need_torch
 def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
@@ -339,28 +356,19 @@ def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
     import copy
     import pickle
 
-    class CAI:
-        def __init__(self, ptr, shape, keep):
-            self.ptr, self.shape, self.keep = ptr, shape, keep
-
-        @property
-        def __cuda_array_interface__(self):
-            return {"shape": self.shape, "typestr": "<f4", "data": (self.ptr, False), "version": 3,
-                    "strides": None, "stream": None}
-
     rng = np.random.default_rng(_seed("cai-pointer"))
     cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024, device=0)
     s = cache.add_sequence()
     k = torch.from_numpy(kv_like(rng, (1, 300, 2, 128))).cuda(0)
-    cache.append([s], CAI(k.data_ptr(), tuple(k.shape), k), CAI(k.data_ptr(), tuple(k.shape), k))
+    cache.append([s], BareCAI.of(k), BareCAI.of(k))
     q = kv_like(rng, (1, 8, 128))
     qt = torch.from_numpy(q).cuda(0)
-    out = cache.attend(CAI(qt.data_ptr(), tuple(qt.shape), qt), [s])  # a DeviceArray, on q's stream
+    out = cache.attend(BareCAI.of(qt), [s])  # a DeviceArray, on q's stream
     assert isinstance(out, kc.DeviceArray) and out.device == 0
     check_attention(cache, [s], q, out.to_numpy(), 1.0 / np.sqrt(128))
     host = np.zeros((1, 8, 128), np.float32)
     with pytest.raises(ValueError, match="^q: data pointer 0x[0-9a-f]+ is not CUDA memory"):
-        cache.attend(CAI(host.ctypes.data, host.shape, host), [s])
+        cache.attend(BareCAI(host.ctypes.data, host.shape, host), [s])
     for obj in (cache, out, cache.plan([s])):
         for op in (copy.copy, copy.deepcopy, pickle.dumps):
             with pytest.raises(TypeError, match="cannot be copied or pickled"):
@@ -376,24 +384,14 @@ def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
 def test_cai_array_on_another_gpu_is_refused():
     """The pointer query places a bare __cuda_array_interface__ array on its GPU: one on cuda:1 passed
     to a cache on cuda:0 is refused before any kernel (the kernels would fault on its address)."""
-
-    class CAI:
-        def __init__(self, t):
-            self.t = t
-
-        @property
-        def __cuda_array_interface__(self):
-            return {"shape": tuple(self.t.shape), "typestr": "<f4", "data": (self.t.data_ptr(), False),
-                    "version": 3, "strides": None, "stream": None}
-
     cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024, device=0)
     s = cache.add_sequence()
     k1 = torch.randn(1, 300, 2, 128, device="cuda:1")
     with pytest.raises(ValueError, match="^k: on cuda:1, but the kernels run on cuda:0"):
-        cache.append([s], CAI(k1), CAI(k1))
+        cache.append([s], BareCAI.of(k1), BareCAI.of(k1))
     assert cache.length(s) == 0
     k0 = k1.cuda(0)
-    cache.append([s], CAI(k0), CAI(k0))
+    cache.append([s], BareCAI.of(k0), BareCAI.of(k0))
     assert cache.length(s) == 300
 
 
