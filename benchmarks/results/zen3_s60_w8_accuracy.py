@@ -1,3 +1,6 @@
+# Twentieth session: relative L2 error of kvarn.attend in a score mode ("float" / "int16"; KVARN_EXP_W8=1 with
+# zen3_s60_w8_values.patch applied: 8-bit value weights) on the shipped SmolLM2 sample, against a float64
+# reference over the same dequantised cache, and the quantisation error itself. Output: zen3_s60_w8_values.log.
 import os, sys, numpy as np, kvarn
 from kvarn import _native
 from kvarn.demo import load_sample

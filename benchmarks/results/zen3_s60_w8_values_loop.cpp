@@ -1,3 +1,6 @@
+// Twentieth session: the avx2 int16 2-bit value loop (as tile_values_v2_int16<4, false>, without the prefetch)
+// against 8-bit weights with vpmaddubsw (u8: the patch's loop; u8b1/u8b2: variants), one tile of G 128 x D 128,
+// 4 heads; each checked exact against an integer reference first. Output: zen3_s60_w8_values_loop.log.
 // int16 value loop (current) vs a u8-weight maddubs loop, G 128, D 128, 4 heads, one tile each call.
 #include <immintrin.h>
 #include <stdint.h>
