@@ -104,7 +104,8 @@ int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim);
 
 /* k, v: [n_tiles][group][head_dim] float32, original frame. records:
  * [n_tiles][record bytes] (kvarn_layout().total each). iters in [0,
- * KVARN_MAX_SINKHORN_ITERS]. num_threads <= 0: all cores. bad_tile may be NULL.
+ * KVARN_MAX_SINKHORN_ITERS]. num_threads <= 0: all cores. bad_tile may be NULL; k, v and
+ * records may be NULL when n_tiles is 0 (here and in kvarn_dequantize_tiles).
  * On KVARN_ERR_OVERFLOW (a tile too large for fp16 scales) *bad_tile is the first bad
  * tile and the records are not usable; the other tiles' records are written. */
 int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_t kbits,

@@ -339,7 +339,8 @@ int kvarn_quantize_tiles_typed(const void* k, const void* v, int32_t input_type,
                                int32_t vbits, int32_t group, int32_t head_dim, int32_t iters, uint8_t* records,
                                int32_t num_threads, int64_t* bad_tile)
 {
-    if (!k || !v || !records || n_tiles < 0 || iters < 0 || iters > KVARN_MAX_SINKHORN_ITERS ||
+    // No tiles: NULL buffers allowed (as kvarn_hadamard_f32 takes them for no rows).
+    if (((!k || !v || !records) && n_tiles != 0) || n_tiles < 0 || iters < 0 || iters > KVARN_MAX_SINKHORN_ITERS ||
         !format_ok(kbits, vbits, group, head_dim) || !tiles_fit(n_tiles, kbits, vbits, group, head_dim) ||
         (input_type != KVARN_INPUT_F32 && input_type != KVARN_INPUT_F16 && input_type != KVARN_INPUT_F32_AS_F16) ||
         !threads_ok(num_threads) || !aligned(records, 2) || !aligned(bad_tile, alignof(int64_t)) ||
@@ -395,7 +396,7 @@ int kvarn_quantize_tiles(const float* k, const float* v, int64_t n_tiles, int32_
 int kvarn_dequantize_tiles(const uint8_t* records, int64_t n_tiles, int32_t kbits, int32_t vbits, int32_t group,
                            int32_t head_dim, float* k, float* v)
 {
-    if (!records || !k || !v || n_tiles < 0 || !format_ok(kbits, vbits, group, head_dim) ||
+    if (((!records || !k || !v) && n_tiles != 0) || n_tiles < 0 || !format_ok(kbits, vbits, group, head_dim) ||
         !tiles_fit(n_tiles, kbits, vbits, group, head_dim) || !aligned(k, 4) || !aligned(v, 4))
         return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();

@@ -145,6 +145,11 @@ int main()
     CHECK(kvarn_hadamard_f32(nullptr, 1, 16) == KVARN_ERR_ARGUMENT);
     CHECK(kvarn_hadamard_f32(nullptr, 0, 16) == KVARN_OK);  // no rows: NULL allowed, as for an empty view part
     CHECK(kvarn_hadamard_f64(nullptr, 0, 16) == KVARN_OK);
+    CHECK(kvarn_quantize_tiles(nullptr, nullptr, 0, 4, 2, 128, 16, 8, nullptr, 1, nullptr) == KVARN_OK);  // likewise
+    CHECK(kvarn_quantize_tiles(nullptr, x, 1, 4, 2, 128, 16, 8, nullptr, 1, nullptr) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_dequantize_tiles(nullptr, 0, 4, 2, 128, 16, nullptr, nullptr) == KVARN_OK);
+    CHECK(kvarn_dequantize_tiles(nullptr, 1, 4, 2, 128, 16, x, x) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_quantize_tiles(nullptr, nullptr, 0, 3, 2, 128, 16, 8, nullptr, 1, nullptr) == KVARN_ERR_ARGUMENT);
     {
         // kvarn.h's alignment rule holds for kvarn_balance's buffers and quantize's bad_tile too
         // (UBSan reported misaligned loads / an int64 store there).
