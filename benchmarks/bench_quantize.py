@@ -21,13 +21,11 @@ import oracle  # noqa: E402  (the float64 SPEC oracle: every row's output is che
 
 
 def check_against_oracle(record_bytes, k, v, p, head_dim):
-    """One tile's record against the float64 oracle's quantisation of the same K, V: codes equal
-    but for rounding near-ties (float32 against float64 statistics), read with the oracle's own parser."""
+    """One tile's record against the float64 oracle's quantisation of the same K, V, read with the
+    oracle's own parser: codes equal but for rounding near-ties, scale vectors within 2e-3 (the
+    check tests/test_quantize.py applies)."""
     f = oracle.record_fields(record_bytes, p.kbits, p.vbits, p.group, head_dim)
-    ref = oracle.quantize_tile(k, v, p.kbits, p.vbits)
-    for part, codes in (("k", f["k_codes"]), ("v", f["v_codes"])):
-        agree = float((codes == ref[part]["codes"]).mean())
-        assert agree >= 0.99, f"{part} codes: {agree:.2%} equal the oracle's"
+    oracle.assert_fields_match_oracle(f, oracle.quantize_tile(k, v, p.kbits, p.vbits))
 
 ISAS = kvarn.available_isas()
 N_TILES = 32 if QUICK else 128
