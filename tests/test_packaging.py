@@ -75,6 +75,47 @@ def test_installed_wheel_holds_what_runs_and_nothing_to_build_it():
     assert any(p.endswith("licenses/LICENSE") for p in files), files
 
 
+@pytest.mark.skipif(FROM_SOURCE, reason="kvarn is imported from the source tree, not an installed wheel")
+def test_extension_modules_export_only_their_init_function():
+    """The C API and C++ internals of the static cores linked into kvarn._native / kvarn._cuda stay hidden
+    (they were all exported: a host that loads extensions RTLD_GLOBAL would see kvarn_* and kvarn::).
+    libstdc++'s own template instances keep the default visibility its headers give them."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("needs nm on PATH")
+    modules = [n for n in os.listdir(PKG_DIR) if n.startswith("_") and n.endswith(".so")]
+    assert any(n.startswith("_native.") for n in modules), modules
+    for name in modules:
+        out = subprocess.run([nm, "-D", "--defined-only", "-C", os.path.join(PKG_DIR, name)], capture_output=True,
+                             text=True, check=True).stdout
+        symbols = [line.split(maxsplit=2)[2] for line in out.splitlines() if len(line.split(maxsplit=2)) == 3]
+        assert f"PyInit_{name.split('.')[0]}" in symbols, (name, symbols[:10])
+        leaked = [s for s in symbols if not s.startswith("PyInit_") and not re.match(r"^(\S+ )?(std|__gnu_cxx)::", s)]
+        assert not leaked, f"{name} exports {len(leaked)} internal symbols, e.g. {leaked[:8]}"
+
+
+def test_cmake_auto_builds_without_cuda_for_an_nvcc_older_than_12(tmp_path):
+    """The kernels need CUDA 12.0+ (sm_90a, clusters). Under AUTO an older nvcc on PATH made the whole install fail
+    at CMake's CUDA compiler check; now it builds without the CUDA module and says why. KVARN_CUDA=ON refuses it.
+    The fake nvcc only answers --version (CMAKE_CUDA_COMPILER given: CMake's own probe is skipped)."""
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] || exit 1\n"
+                    "echo 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+    fake.chmod(0o755)
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        pytest.skip("cmake is not on PATH")
+    outs = {}
+    for value in ("AUTO", "ON"):
+        r = subprocess.run([cmake, "-S", ROOT, "-B", str(tmp_path / value), f"-DKVARN_CUDA={value}",
+                            f"-DCMAKE_CUDA_COMPILER={fake}"], capture_output=True, text=True, timeout=120)
+        outs[value] = (r.returncode, r.stdout + r.stderr)
+    rc, out = outs["AUTO"]
+    assert rc == 0 and "kvarn: CUDA module OFF" in out and "is CUDA 11.8; the CUDA module needs 12.0" in out, out[-2000:]
+    rc, out = outs["ON"]
+    assert rc != 0 and "the kernels need 12.0 or later" in " ".join(out.split()), out[-2000:]
+
+
 def test_import_kvarn_does_not_import_torch():
     code = "import sys, kvarn; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
