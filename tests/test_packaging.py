@@ -116,6 +116,23 @@ def test_cmake_auto_builds_without_cuda_for_an_nvcc_older_than_12(tmp_path):
     assert rc != 0 and "the kernels need 12.0 or later" in " ".join(out.split()), out[-2000:]
 
 
+def test_transformers_extra_bounds_rather_than_pins():
+    # The eval extra pins torch for reproducible numbers; the integration alone must install beside the torch an
+    # engine already runs (an exact pin made `kvarn[eval]` unresolvable next to any other torch).
+    extras = pyproject()["project"]["optional-dependencies"]
+    reqs = {re.match(r"[A-Za-z0-9_.-]+", r).group(0): r for r in extras["transformers"]}
+    assert set(reqs) == {"torch", "transformers"}, extras["transformers"]
+    assert not any("==" in r for r in reqs.values()) and all(">=" in r for r in reqs.values()), reqs
+
+
+def test_the_transformers_integration_names_its_extra_when_torch_is_missing():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "try:\n    import kvarn.integrations.transformers\nexcept ImportError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert "needs torch and transformers" in r.stdout and "pip install 'kvarn[transformers]'" in r.stdout, r.stdout
+
+
 def test_import_kvarn_does_not_import_torch():
     code = "import sys, kvarn; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")

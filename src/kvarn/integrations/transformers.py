@@ -63,7 +63,8 @@ pool. On a machine with few cores, short contexts can decode faster with ``kvarn
 waking kvarn's sleeping helper costs more than the work; at 4K tokens the two took the same, ~150 µs;
 benchmarks/RESULTS.md §5).
 Measured end to end: ``benchmarks/bench_generate.py``.
-Needs the ``eval`` extra (torch, transformers >= 5.24, < 6).
+Needs torch and transformers >= 5.24, < 6: the ``transformers`` extra (``pip install "kvarn[transformers]"``;
+the ``eval`` extra pins the versions the published numbers were measured with).
 """
 from __future__ import annotations
 
@@ -74,11 +75,16 @@ import inspect
 import sys
 
 import numpy as np
-import torch
-from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+try:
+    import torch
+    from transformers import AttentionInterface
+    from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+except ImportError as e:  # torch or transformers missing, or a transformers without these names
+    raise ImportError(f"kvarn.integrations.transformers needs torch and transformers >= 5.24, < 6 ({e}): "
+                      "pip install 'kvarn[transformers]'") from e
 
 import kvarn
 from .._ops import check_head_dim as kvarn_check_head_dim
