@@ -90,6 +90,11 @@ def test_demo_into_a_closed_pipe_stops_quietly():
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"kvarn {kvarn.__version__}", (r.stdout, r.stderr)
+
+
 def test_info_lists_isas_and_presets():
     r = run("info")
     assert r.returncode == 0, r.stderr

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from . import __version__
 from ._ops import MAX_THREADS  # the package's __init__ has loaded _ops already (python -m kvarn imports it)
 
 
@@ -57,6 +58,7 @@ def _cmd_info(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvarn", description="KVarN KV-cache quantisation")
+    parser.add_argument("--version", action="version", version=f"kvarn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compress a KV sample and compare with fp16, KIVI and numpy attention")
     demo.add_argument("--preset", default="k4v2_g128")
