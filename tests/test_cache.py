@@ -182,6 +182,32 @@ def test_big_endian_input_gives_the_native_order_records(dtype, n, rng):
         assert np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y, name
 
 
+@pytest.mark.parametrize("layout", ["transposed", "fancy-indexed", "fortran"])
+@pytest.mark.parametrize("first", [1, 2])
+def test_sink_appends_in_any_memory_order_keep_the_cache_attendable(layout, first, rng):
+    """After a short sink (a BOS token alone, a one-token prefill chunk, truncate(1)), appending a non-C-order
+    array into the sink made an F-order sink (np.concatenate keeps its inputs' order): every later attend raised
+    'ndarray is not C-contiguous', and no append cleared it."""
+    H, D, n = 4, 64, 41
+    base = rng.standard_normal((n, H, D)).astype(np.float16)
+    x = {"transposed": base.transpose(1, 0, 2), "fortran": np.asfortranarray(base.transpose(1, 0, 2)),
+         "fancy-indexed": base.transpose(1, 0, 2)[:, np.arange(n)]}[layout]
+    assert not x[:, first:].flags.c_contiguous
+    cache, plain = kvarn.KVCache(H, D), kvarn.KVCache(H, D)
+    cache.append(x[:, :first], x[:, :first])
+    cache.append(x[:, first:], x[:, first:])
+    plain.append(np.ascontiguousarray(x), np.ascontiguousarray(x))
+    q = rng.standard_normal((8, D)).astype(np.float32)
+    np.testing.assert_array_equal(kvarn.attend(q, cache), kvarn.attend(q, plain))
+    long = kvarn.KVCache(H, D, sink_tokens=8)  # and past a truncate(1), into the sink again, then into tiles
+    long.append(np.ascontiguousarray(x), np.ascontiguousarray(x))
+    long.truncate(1)
+    long.append(x[:, 1:], x[:, 1:])
+    fresh = kvarn.KVCache(H, D, sink_tokens=8)
+    fresh.append(np.ascontiguousarray(x), np.ascontiguousarray(x))
+    np.testing.assert_array_equal(kvarn.attend(q, long), kvarn.attend(q, fresh))
+
+
 def test_a_failing_later_chunk_leaves_the_cache_unchanged(monkeypatch, rng):
     monkeypatch.setattr(kvarn.KVCache, "_QUANTIZE_CHUNK_RECORDS", 2)  # one tile of 2 heads per call
     cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=64)

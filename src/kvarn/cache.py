@@ -212,8 +212,14 @@ class KVCache:
         # 1. What goes to the sink.
         new_sink_k = new_sink_v = None
         if to_sink > 0:
-            new_sink_k = np.concatenate([sink_k, k[:, :to_sink].astype(np.float16)], axis=1)
-            new_sink_v = np.concatenate([sink_v, v[:, :to_sink].astype(np.float16)], axis=1)
+            # Fresh C-order buffers, filled by assignment (the same fp16 rounding as astype): np.concatenate
+            # keeps its inputs' memory order, and after a one-token sink a transposed k made an F-order
+            # sink that the native views refuse, so every later attend failed.
+            held = sink_k.shape[1]
+            new_sink_k = np.empty((H, held + to_sink, D), np.float16)
+            new_sink_v = np.empty((H, held + to_sink, D), np.float16)
+            new_sink_k[:, :held], new_sink_k[:, held:] = sink_k, k[:, :to_sink]
+            new_sink_v[:, :held], new_sink_v[:, held:] = sink_v, v[:, :to_sink]
 
         # 2. The rest, tail[:tail_len] then k[:, to_sink:], in "rest" positions 0..rest-1: its whole
         # tiles are quantised straight into the records buffer past num_tiles, where no published
