@@ -414,7 +414,7 @@ def extra_attributes(obj, base) -> list:
     own = _OWN_ATTRIBUTES.get(base)
     if own is None:
         own = _OWN_ATTRIBUTES[base] = frozenset(base(1, 16).__dict__) | {"_parts_cache"}
-    return [k for k in obj.__dict__ if k not in own]
+    return [k for k in obj.__dict__.copy() if k not in own]  # a snapshot: attend adds _parts_cache meanwhile
 
 
 def check_kv(k, v, num_kv_heads: int, head_dim: int):

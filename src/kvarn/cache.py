@@ -603,7 +603,9 @@ class KVCache:
         other unchanged). The records are copied: appends write new ones in place."""
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
         new = object.__new__(type(self))  # a subclass copies into its own type
-        new.__dict__.update({k: v for k, v in self.__dict__.items()
+        # A snapshot of __dict__ (one C call): attend adds _parts_cache and appends remove it meanwhile,
+        # and iterating the live dict then raised 'dictionary changed size during iteration'.
+        new.__dict__.update({k: v for k, v in self.__dict__.copy().items()
                              if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail",
                                           "_records_seen", "_records_high_water")})
         new._append_lock = threading.Lock()

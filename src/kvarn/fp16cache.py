@@ -80,7 +80,8 @@ class FP16Cache:
 
     # pickle: everything but the lock (recreated) and the parts cache; the buffers without their spare capacity.
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_append_lock", "_parts_cache")}
+        # a snapshot of __dict__ (one C call): attend adds _parts_cache meanwhile, as KVCache.copy
+        state = {k: v for k, v in self.__dict__.copy().items() if k not in ("_append_lock", "_parts_cache")}
         kbuf, vbuf, length = self._state  # one snapshot
         state["_state"] = (kbuf[:, :length], vbuf[:, :length], length)
         return state
