@@ -56,6 +56,9 @@ class KVCache:
     accuracy evaluation's pseudo-decode uses). It quantises the tile when it fills all the same (so
     the append that fills a tile that cannot be quantised is refused, as with "fill") and keeps
     those records aside until the next append publishes them: one tile's records of memory.
+
+    Threads: a cache may be shared. Appends, truncate and rollback are serialised by its lock; attend,
+    copy, to_parts and pickling read one published state, never a mix (README, "Threads").
     """
 
     def __init__(
