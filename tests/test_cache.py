@@ -1,5 +1,8 @@
 """KVCache and decode attention against float64 attention over the oracle-decoded cache."""
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -206,6 +209,42 @@ def test_sink_appends_in_any_memory_order_keep_the_cache_attendable(layout, firs
     fresh = kvarn.KVCache(H, D, sink_tokens=8)
     fresh.append(np.ascontiguousarray(x), np.ascontiguousarray(x))
     np.testing.assert_array_equal(kvarn.attend(q, long), kvarn.attend(q, fresh))
+
+
+_FORK_WHILE_APPENDING = """
+import os, signal, threading, numpy as np, kvarn
+for cls in (kvarn.KVCache, kvarn.FP16Cache):
+    c = cls(2, 64)
+    x = np.ones((2, 3, 64), np.float32)
+    c.append(x, x)
+    held, release = threading.Event(), threading.Event()
+    def writer():  # an append in flight: it holds the cache's lock across the fork
+        with c._append_lock:
+            held.set()
+            release.wait()
+    t = threading.Thread(target=writer)
+    t.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a child that hangs dies of SIGALRM instead of stalling the test
+        c.append(x, x)
+        os._exit(0 if len(c) == 6 else 3)
+    _, status = os.waitpid(pid, 0)
+    release.set()
+    t.join()
+    print(cls.__name__, os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_while_another_thread_appends_leaves_the_child_a_usable_cache():
+    """The child of a fork() taken while another thread was inside an append inherited that cache's lock
+    held, by a thread that does not exist there: its first append hung (-14, SIGALRM, before the fix)."""
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", _FORK_WHILE_APPENDING], capture_output=True, text=True,
+                       timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["KVCache", "0", "FP16Cache", "0"], r.stdout
 
 
 def test_a_failing_later_chunk_leaves_the_cache_unchanged(monkeypatch, rng):

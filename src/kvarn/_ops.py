@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -406,6 +408,25 @@ def balance_scales(x, iters: int = SINKHORN_ITERS):
 
 # ---- shared by KVCache and FP16Cache ----------------------------------------------------------
 _OWN_ATTRIBUTES = {}  # cache class -> the instance attributes a fresh one sets (built on first use)
+
+
+_LOCK_HOLDERS = weakref.WeakSet()  # caches whose append lock a fork()ed child renews
+
+
+def new_append_lock(cache) -> threading.Lock:
+    """A fresh lock for cache's writers, renewed in a fork()ed child: a fork while another thread held it
+    (inside an append) left it held forever there, so the child's first append on that cache hung."""
+    _LOCK_HOLDERS.add(cache)
+    return threading.Lock()
+
+
+def _renew_append_locks() -> None:
+    for cache in list(_LOCK_HOLDERS):  # the child's only thread: the writer that held a lock does not exist
+        cache._append_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_append_locks)
 
 
 def extra_attributes(obj, base) -> list:

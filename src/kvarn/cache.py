@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import threading
 
 import numpy as np
 
@@ -100,7 +99,7 @@ class KVCache:
         )
         # Serialises appends (the native quantiser runs without the GIL). attend() needs no lock:
         # it reads a snapshot, and append only writes records past that snapshot's tile count.
-        self._append_lock = threading.Lock()
+        self._append_lock = _ops.new_append_lock(self)
 
     # ---- state ---------------------------------------------------------------
     _sink_k = property(lambda self: self._state[0])
@@ -611,7 +610,7 @@ class KVCache:
         new.__dict__.update({k: v for k, v in self.__dict__.copy().items()
                              if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail",
                                           "_records_seen", "_records_high_water")})
-        new._append_lock = threading.Lock()
+        new._append_lock = _ops.new_append_lock(new)
         new._frozen_records = new._frozen_tail = None
         new._records_seen, new._records_high_water = None, 0
         new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),

@@ -16,7 +16,6 @@ so it goes through kvarn_attend unchanged.
 from __future__ import annotations
 
 import copy
-import threading
 
 import numpy as np
 
@@ -36,7 +35,7 @@ class FP16Cache:
         capacity = check_positive_int(capacity, "capacity", 0)
         k = np.zeros((self.num_kv_heads, capacity, self.head_dim), np.float16)
         self._state = (k, np.zeros_like(k), 0)  # (K buffer, V buffer, tokens): replaced whole
-        self._append_lock = threading.Lock()
+        self._append_lock = _ops.new_append_lock(self)
 
     def __len__(self) -> int:
         return self._state[2]
@@ -74,7 +73,7 @@ class FP16Cache:
         kbuf, vbuf, length = self._state  # one snapshot
         new = object.__new__(type(self))  # a subclass copies into its own type
         new.__dict__.update(self.__getstate__())  # known-good state: not __setstate__'s checks
-        new._append_lock = threading.Lock()
+        new._append_lock = _ops.new_append_lock(new)
         new._state = (kbuf[:, :length].copy(), vbuf[:, :length].copy(), length)
         return new
 
@@ -104,7 +103,7 @@ class FP16Cache:
                 raise ValueError(f"FP16Cache state: {name} buffer contains NaN or Inf")
         self.__dict__.update(state)
         self._state = (np.ascontiguousarray(kbuf), np.ascontiguousarray(vbuf), length)
-        self._append_lock = threading.Lock()
+        self._append_lock = _ops.new_append_lock(self)
 
     def __copy__(self) -> "FP16Cache":  # a shallow copy would share the buffers appends write into
         return self.copy()
