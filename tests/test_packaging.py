@@ -78,8 +78,9 @@ def test_installed_wheel_holds_what_runs_and_nothing_to_build_it():
 @pytest.mark.skipif(FROM_SOURCE, reason="kvarn is imported from the source tree, not an installed wheel")
 def test_extension_modules_export_only_their_init_function():
     """The C API and C++ internals of the static cores linked into kvarn._native / kvarn._cuda stay hidden
-    (they were all exported: a host that loads extensions RTLD_GLOBAL would see kvarn_* and kvarn::).
-    libstdc++'s own template instances keep the default visibility its headers give them."""
+    (they were all exported: a host that loads extensions RTLD_GLOBAL would see kvarn_* and kvarn::; 32 and 51
+    of them). Only kvarn's own names are checked: libstdc++'s template instances keep the default visibility its
+    headers give them, and a toolchain that links libstdc++ statically exports its runtime (__cxa_*, ...) too."""
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("needs nm on PATH")
@@ -90,7 +91,7 @@ def test_extension_modules_export_only_their_init_function():
                              text=True, check=True).stdout
         symbols = [line.split(maxsplit=2)[2] for line in out.splitlines() if len(line.split(maxsplit=2)) == 3]
         assert f"PyInit_{name.split('.')[0]}" in symbols, (name, symbols[:10])
-        leaked = [s for s in symbols if not s.startswith("PyInit_") and not re.match(r"^(\S+ )?(std|__gnu_cxx)::", s)]
+        leaked = [s for s in symbols if not s.startswith("PyInit_") and "kvarn" in s]
         assert not leaked, f"{name} exports {len(leaked)} internal symbols, e.g. {leaked[:8]}"
 
 
