@@ -247,6 +247,18 @@ def test_a_fork_while_another_thread_appends_leaves_the_child_a_usable_cache():
     assert r.stdout.split() == ["KVCache", "0", "FP16Cache", "0"], r.stdout
 
 
+def test_a_cache_subclass_need_not_be_hashable(rng):
+    class Compared(kvarn.KVCache):  # __eq__ alone makes instances unhashable
+        def __eq__(self, other):
+            return len(self) == len(other)
+
+    a, b = Compared(2, 64), Compared(2, 64)
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    a.append(x, x)
+    b.append(x, x)
+    assert a == b and a.copy() == b
+
+
 def test_a_failing_later_chunk_leaves_the_cache_unchanged(monkeypatch, rng):
     monkeypatch.setattr(kvarn.KVCache, "_QUANTIZE_CHUNK_RECORDS", 2)  # one tile of 2 heads per call
     cache = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=64)

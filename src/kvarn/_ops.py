@@ -410,18 +410,20 @@ def balance_scales(x, iters: int = SINKHORN_ITERS):
 _OWN_ATTRIBUTES = {}  # cache class -> the instance attributes a fresh one sets (built on first use)
 
 
-_LOCK_HOLDERS = weakref.WeakSet()  # caches whose append lock a fork()ed child renews
+# Caches whose append lock a fork()ed child renews, by id (a WeakSet would need them hashable: a subclass
+# that defines __eq__ alone is not); an entry leaves when its cache is freed.
+_LOCK_HOLDERS = weakref.WeakValueDictionary()
 
 
 def new_append_lock(cache) -> threading.Lock:
     """A fresh lock for cache's writers, renewed in a fork()ed child: a fork while another thread held it
     (inside an append) left it held forever there, so the child's first append on that cache hung."""
-    _LOCK_HOLDERS.add(cache)
+    _LOCK_HOLDERS[id(cache)] = cache
     return threading.Lock()
 
 
 def _renew_append_locks() -> None:
-    for cache in list(_LOCK_HOLDERS):  # the child's only thread: the writer that held a lock does not exist
+    for cache in list(_LOCK_HOLDERS.values()):  # the child's only thread: the writer that held a lock is gone
         cache._append_lock = threading.Lock()
 
 
