@@ -832,7 +832,7 @@ class KVarNCache(Cache):
 
         new = object.__new__(type(self))
         memo[id(self)] = new
-        for name, value in self.__dict__.items():
+        for name, value in self.__dict__.copy().items():  # a snapshot, as KVCache.copy reads one
             if name != "config":
                 setattr(new, name, copy.deepcopy(value, memo))
         new.config = memo.get(id(self.config), self.config)
