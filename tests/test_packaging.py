@@ -103,17 +103,9 @@ def test_cmake_auto_builds_without_cuda_for_an_nvcc_older_than_12(tmp_path):
     fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] || exit 1\n"
                     "echo 'Cuda compilation tools, release 11.8, V11.8.89'\n")
     fake.chmod(0o755)
-    cmake = shutil.which("cmake")
-    if cmake is None:
-        pytest.skip("cmake is not on PATH")
-    outs = {}
-    for value in ("AUTO", "ON"):
-        r = subprocess.run([cmake, "-S", ROOT, "-B", str(tmp_path / value), f"-DKVARN_CUDA={value}",
-                            f"-DCMAKE_CUDA_COMPILER={fake}"], capture_output=True, text=True, timeout=120)
-        outs[value] = (r.returncode, r.stdout + r.stderr)
-    rc, out = outs["AUTO"]
+    rc, out = _configure(tmp_path, "AUTO", None, f"-DCMAKE_CUDA_COMPILER={fake}")
     assert rc == 0 and "kvarn: CUDA module OFF" in out and "is CUDA 11.8; the CUDA module needs 12.0" in out, out[-2000:]
-    rc, out = outs["ON"]
+    rc, out = _configure(tmp_path, "ON", None, f"-DCMAKE_CUDA_COMPILER={fake}")
     assert rc != 0 and "the kernels need 12.0 or later" in " ".join(out.split()), out[-2000:]
 
 
@@ -141,11 +133,11 @@ def test_import_kvarn_does_not_import_torch():
     assert r.stdout.strip() == "[]"
 
 
-def _configure(tmp_path, value, env=None):
+def _configure(tmp_path, value, env=None, *defines):
     cmake = shutil.which("cmake")
     if cmake is None:
         pytest.skip("cmake is not on PATH")
-    r = subprocess.run([cmake, "-S", ROOT, "-B", str(tmp_path / "b"), f"-DKVARN_CUDA={value}"],
+    r = subprocess.run([cmake, "-S", ROOT, "-B", str(tmp_path / f"b-{value}"), f"-DKVARN_CUDA={value}", *defines],
                        capture_output=True, text=True, timeout=120, env=env)
     return r.returncode, r.stdout + r.stderr
 
