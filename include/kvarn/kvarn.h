@@ -20,7 +20,10 @@
  * records of no meaning or KVARN_ERR_OVERFLOW, never undefined behaviour; a NaN in a
  * record's fields makes kvarn_attend return KVARN_ERR_OVERFLOW (a non-finite output) on
  * every ISA and score mode, an Inf wherever it makes the output non-finite (an infinite
- * kz or kt can instead give a token, or a tile, weight 0).
+ * kz or kt can instead give a token, or a tile, weight 0). In the integer score modes
+ * (the default on avx2 / avx512) an infinite q*ka (an Inf in ka, or a query scale that
+ * overflows it) and a negative va (the quantiser writes none; the integer value sums
+ * round the weights p*va against their largest) are KVARN_ERR_OVERFLOW as well.
  *
  * num_threads: <= 0 means all cores; above KVARN_MAX_THREADS is KVARN_ERR_ARGUMENT.
  *

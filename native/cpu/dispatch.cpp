@@ -193,8 +193,8 @@ namespace {
 // Default: int16 (k4 scores and 2-bit values in exact int32 sums of int16-rounded
 // weights: relative L2 ~1e-4 from the float path, thousands of times below the
 // quantisation's own error) wherever the active kernels run it (score_mode()), else float.
-// float (within 1e-5 of float64) and int8 (coarser, ~4e-2) by KVARN_SCORES or
-// set_score_mode; see docs/simd.md.
+// float (within 1e-5 of float64) and int8 (an int8 query: ~7e-3 on real queries, 4e-2 on
+// random ones) by KVARN_SCORES or set_score_mode; see docs/simd.md.
 std::atomic<int> g_score_mode{-1};  // -1: not read from the environment yet (another value than the three: int16)
 
 int score_mode_flag()
@@ -216,14 +216,15 @@ int score_mode_flag()
 }  // namespace
 
 // The mode the active kernels run: avx512 and avx2 run float and int16 (vpdpwssd with
-// VNNI, else vpmaddwd + vpaddd: the same sums); int8 needs AVX-512 VNNI (vpdpbusd), and
-// where it cannot run, int16 (its closest, more precise mode) runs instead; scalar runs float.
+// VNNI, else vpmaddwd + vpaddd: the same sums); int8 runs on avx2 (vpdpbusd with AVX-VNNI,
+// else vpmaddubsw + vpaddw) and on avx512 with VNNI (vpdpbusd); avx512 without VNNI runs
+// int16 (the closest, more precise mode) instead; scalar runs float.
 int score_mode()
 {
     const KernelTable* t = active_kernels();
     const int want = score_mode_flag();
     if (want == kScoresFloat || t == nullptr || t == &tables().scalar) return kScoresFloat;
-    if (want == kScoresInt8 && t == &tables().avx512 && avx512_vnni_on()) return kScoresInt8;
+    if (want == kScoresInt8 && (t == &tables().avx2 || (t == &tables().avx512 && avx512_vnni_on()))) return kScoresInt8;
     return kScoresInt16;
 }
 
@@ -256,9 +257,8 @@ int kvarn_set_isa(const char* name)
 int kvarn_set_score_mode(int32_t mode)
 {
     if (mode < kvarn::kScoresFloat || mode > kvarn::kScoresInt8) return KVARN_ERR_ARGUMENT;
-    // int8 needs AVX-512 VNNI; int16 runs wherever a SIMD table does
-    if (mode == kvarn::kScoresInt8 && !kvarn::features().avx512_vnni) return KVARN_ERR_ISA;
-    if (mode == kvarn::kScoresInt16 && !kvarn::features().avx2) return KVARN_ERR_ISA;
+    // the integer modes run wherever a SIMD table does (int8 on avx512 only with VNNI: int16 there without it)
+    if (mode != kvarn::kScoresFloat && !kvarn::features().avx2) return KVARN_ERR_ISA;
     kvarn::score_mode_flag();  // read the environment first so it cannot overwrite this choice
     kvarn::g_score_mode = mode;
     return KVARN_OK;

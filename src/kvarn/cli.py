@@ -43,10 +43,13 @@ def _cmd_info(args) -> int:
     print(f"ISAs available: {', '.join(kvarn.available_isas())}; active: {kvarn.active_isa()}")
     print(f"threads: {kvarn.get_num_threads()}")
     mode = kvarn.score_mode()
-    why = "exact fp32" if mode == "float" else "int16-rounded weights, exact int32 sums" if mode == "int16" else "coarse"
-    print(f"arithmetic (KVARN_SCORES): {mode} ({why}; int16 needs AVX2, int8 AVX-512 VNNI)")
-    if mode != "float":
+    why = {"float": "exact fp32", "int16": "int16-rounded query and weights, exact int32 sums",
+           "int8": "int8-rounded query, int16-rounded weights, exact int32 sums"}[mode]
+    print(f"arithmetic (KVARN_SCORES): {mode} ({why}; the integer modes need AVX2, int8 on avx512 also VNNI)")
+    if mode == "int16":
         print(f"int16 dot products: {'vpdpwssd (VNNI)' if _native.vnni() else 'vpmaddwd + vpaddd (no VNNI here)'}")
+    elif mode == "int8":
+        print(f"int8 dot products: {'vpdpbusd (VNNI)' if _native.vnni() else 'vpmaddubsw + vpaddw (no VNNI here)'}")
     from . import cuda  # always importable; the compiled module and a GPU are optional
 
     print(f"CUDA: {'available' if cuda.is_available() else 'unavailable (' + cuda.unavailable_reason() + ')'}")

@@ -10,6 +10,8 @@
 //   the same order, libm expf/logf for the scales, exact divisions for RTN).
 // - attend_tiles / attend_dense_f16: scalar's maths reassociated (fp32 FMA,
 //   blocked sums, polynomial exp with <= 2 ulp error); ~1e-6 relative.
+// - the int16 and int8 score modes: the avx512 file's integer sums exactly (the
+//   query and weights rounded as there), so the same scores up to q.kz's summation.
 //
 // Link hygiene: nothing here instantiates a header template or inline function
 // that another translation unit could also emit (no <algorithm>, no std::vector,
@@ -29,8 +31,6 @@
 namespace kvarn {
 namespace {
 
-// Pulls the next record towards L1 while this one is being worked on: records
-// of one head are a whole cache row apart, beyond the reach of the stride prefetcher.
 // Pulls the next record towards L1 a line at a time from inside the compute
 // loops, so the misses overlap with arithmetic; records of one head are a whole
 // cache row apart, beyond the reach of the hardware's stride prefetcher, and a
@@ -64,14 +64,6 @@ inline float hmax(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-// Four horizontal sums at once: lane i of the result is the sum of a_i.
-inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
-{
-    __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
-    __m256 s = _mm256_hadd_ps(s01, s23);
-    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-}
-
 // exp(x) for x <= 0 (softmax): Cephes-style range reduction x = n ln2 + r,
 // |r| <= ln2/2, degree-6 polynomial, 2^n by exponent arithmetic. Measured max
 // relative error vs double exp on [-87, 0]: < 2.5e-7 (about 2 ulp). Below
@@ -99,7 +91,8 @@ inline __m256 exp_ps(__m256 x)
 
 // exp(x) for x <= 0 in the int16 mode, whose weights are rounded to 15 bits anyway:
 // the avx512 file's 2^(x log2 e) with the same degree-5 polynomial for 2^f (<= 2.4e-7
-// relative, plus |x| 2^-24 from rounding x log2 e); 2^n built in the exponent bits
+// relative, plus |x| (2^-24 + 1.34e-8) from rounding x log2 e and the fp32 log2 e; a
+// review measured every float in [-87.5, 0]: within that); 2^n built in the exponent bits
 // (exact for n >= -126; below that the result is 0, where avx512's vscalefps would
 // give a subnormal that the int16 weights round away). NaN stays NaN, as in exp_ps.
 inline __m256 exp_int_mode_ps(__m256 x)
@@ -164,6 +157,14 @@ inline void codes16<8>(const uint8_t* row, int i0, __m256& c0, __m256& c1)
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i0));
     c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
     c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
+
+// Whether any of x[0..n) (n % 8 == 0) is below zero (NaN is not).
+inline bool any_negative(const float* x, int n)
+{
+    __m256 neg = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) neg = _mm256_or_ps(neg, _mm256_cmp_ps(_mm256_loadu_ps(x + i), _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_movemask_ps(neg) != 0;
 }
 
 // ---- Hadamard ----------------------------------------------------------------------
@@ -356,6 +357,22 @@ struct ScoreArgs {
     float* s;  // [NH][G]
 };
 
+// Finishes 16 tokens' int32 sums of head h (ev: tokens t0, t0+2, ..., od: t0+1, t0+3, ...)
+// in token order as s = kt * (sum * qscale + qz); smax keeps the running maximum.
+inline void finish_int_scores(__m256i ev, __m256i od, const ScoreArgs& a, int h, int t0, __m256& smax)
+{
+    const __m256 sc = _mm256_set1_ps(a.qscale[h]), z = _mm256_set1_ps(a.qz[h]);
+    const __m256 fe = _mm256_mul_ps(_mm256_cvtepi32_ps(ev), sc), fo = _mm256_mul_ps(_mm256_cvtepi32_ps(od), sc);
+    const __m256 lo = _mm256_unpacklo_ps(fe, fo), hi = _mm256_unpackhi_ps(fe, fo);  // tokens 0-3 | 8-11, 4-7 | 12-15
+    const __m256 v[2] = {_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31)};
+    for (int i = 0; i < 2; ++i) {
+        const int t = t0 + 8 * i;
+        const __m256 sv = _mm256_mul_ps(_mm256_load_ps(a.kt + t), _mm256_add_ps(v[i], z));
+        _mm256_store_ps(a.s + h * a.G + t, sv);
+        smax = _mm256_max_ps(smax, sv);
+    }
+}
+
 // Int16 scores for 4-bit keys, 16 tokens per pass: the 8 bytes of rows d and d+1
 // interleaved and widened to words give, per dword, one even token's two codes in
 // the low nibbles and the next odd token's in the high ones, so an and and a shift
@@ -386,18 +403,91 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const Sco
                 od[h] = dp16<kVnni>(od[h], wo, qb);
             }
         }
-        for (int h = 0; h < NH; ++h) {
-            const __m256 sc = _mm256_set1_ps(a.qscale[h]), z = _mm256_set1_ps(a.qz[h]);
-            const __m256 fe = _mm256_mul_ps(_mm256_cvtepi32_ps(ev[h]), sc), fo = _mm256_mul_ps(_mm256_cvtepi32_ps(od[h]), sc);
-            const __m256 lo = _mm256_unpacklo_ps(fe, fo), hi = _mm256_unpackhi_ps(fe, fo);  // tokens 0-3 | 8-11, 4-7 | 12-15
-            const __m256 v[2] = {_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31)};
-            for (int i = 0; i < 2; ++i) {
-                const int t = t0 + 8 * i;
-                const __m256 sv = _mm256_mul_ps(_mm256_load_ps(a.kt + t), _mm256_add_ps(v[i], z));
-                _mm256_store_ps(a.s + h * G + t, sv);
-                smax[h] = _mm256_max_ps(smax[h], sv);
+        for (int h = 0; h < NH; ++h) finish_int_scores(ev[h], od[h], a, h, t0, smax[h]);
+    }
+}
+
+// acc + the int32 sums of 4 unsigned-byte x signed-byte products per dword: vpdpbusd
+// (AVX-VNNI), asm for the reason dp16 gives. Only the kVnni instantiation calls it.
+inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8)
+{
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u8), "x"(s8));
+    return acc;
+}
+
+// acc + the int16 sums of 2 unsigned-byte x signed-byte products per word (vpmaddubsw +
+// vpaddw; no sum here comes near saturating), the add tied to acc as in dp16.
+inline __m256i maddubs_add(__m256i acc, __m256i u8, __m256i s8)
+{
+    const __m256i prod = _mm256_maddubs_epi16(u8, s8);
+    asm("vpaddw %1, %0, %0" : "+x"(acc) : "x"(prod));
+    return acc;
+}
+
+// Int8 scores for 4-bit keys, 16 tokens x 4 channels per step: the 8 bytes of rows
+// d..d+3 interleaved give per dword one byte of each row, i.e. token 2j's 4 codes in
+// the low nibbles and token 2j+1's in the high ones (the avx512 int8 kernel's dwords);
+// vpmaddubsw multiplies them by the int8 query quad (q8[d..d+3]) into two int16 sums
+// per token. Each is at most 2 * 15 * 127 = 3810 in magnitude, so 8 steps (32
+// channels) add up in int16 without overflow before vpmaddwd by ones widens them to
+// int32: the same exact sums as avx512's vpdpbusd, so the same float scores. With
+// AVX-VNNI, vpdpbusd does it all in int32. Half the multiply instructions of the
+// int16 kernel per code, for the int8 query's coarser rounding (docs/simd.md).
+template <int NH, bool kVnni>
+void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const ScoreArgs& a, __m256* smax, Prefetcher& pf)
+{
+    const int G = a.G;
+    const size_t row_bytes = (size_t)G / 2;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    constexpr int kStepsPerWiden = 8;  // 8 * 3810 <= 32767
+    for (int t0 = 0; t0 < G; t0 += 16) {
+        // int32 sums of the even and odd tokens (dword j: token t0 + 2j / t0 + 2j + 1); in
+        // memory, not registers: with the int16 sums of 4 heads they would not fit in 16
+        alignas(32) int32_t acc[NH][2][8] = {};
+        const uint8_t* p = kc + t0 / 2;
+        for (int d0 = 0; d0 < D; d0 += 4 * kStepsPerWiden) {
+            const int d1 = d0 + 4 * kStepsPerWiden < D ? d0 + 4 * kStepsPerWiden : D;
+            __m256i ev[NH], od[NH];
+            for (int h = 0; h < NH; ++h) {
+                ev[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[h][0]));
+                od[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[h][1]));
+            }
+            __m256i ev16[NH], od16[NH];
+            for (int h = 0; h < NH; ++h) ev16[h] = od16[h] = _mm256_setzero_si256();
+            for (int d = d0; d < d1; d += 4, p += 4 * row_bytes) {
+                if ((d & 7) == 0) pf.step();
+                const __m128i r01 = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + row_bytes)));
+                const __m128i r23 = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)),
+                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)));
+                const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(r01, r23)),
+                                                          _mm_unpackhi_epi16(r01, r23), 1);
+                const __m256i ce = _mm256_and_si256(y, nib), co = _mm256_and_si256(_mm256_srli_epi16(y, 4), nib);
+                for (int h = 0; h < NH; ++h) {
+                    int32_t q4;
+                    memcpy(&q4, qi + h * D + d, 4);
+                    const __m256i qb = _mm256_set1_epi32(q4);
+                    if constexpr (kVnni) {
+                        ev[h] = dpbusd(ev[h], ce, qb);
+                        od[h] = dpbusd(od[h], co, qb);
+                    } else {
+                        ev16[h] = maddubs_add(ev16[h], ce, qb);
+                        od16[h] = maddubs_add(od16[h], co, qb);
+                    }
+                }
+            }
+            for (int h = 0; h < NH; ++h) {
+                if constexpr (!kVnni) {
+                    ev[h] = _mm256_add_epi32(ev[h], _mm256_madd_epi16(ev16[h], ones));
+                    od[h] = _mm256_add_epi32(od[h], _mm256_madd_epi16(od16[h], ones));
+                }
+                _mm256_store_si256(reinterpret_cast<__m256i*>(acc[h][0]), ev[h]);
+                _mm256_store_si256(reinterpret_cast<__m256i*>(acc[h][1]), od[h]);
             }
         }
+        for (int h = 0; h < NH; ++h)
+            finish_int_scores(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc[h][0])),
+                              _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[h][1])), a, h, t0, smax[h]);
     }
 }
 
@@ -463,6 +553,18 @@ void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, 
 }
 
 template <bool kVnni>
+void scores_int8_dispatch(int nh, const uint8_t* kc, int D, const int8_t* qi, const ScoreArgs& a, __m256* smax,
+                          Prefetcher& pf)
+{
+    switch (nh) {
+        case 1: tile_scores_k4_int8<1, kVnni>(kc, D, qi, a, smax, pf); break;
+        case 2: tile_scores_k4_int8<2, kVnni>(kc, D, qi, a, smax, pf); break;
+        case 3: tile_scores_k4_int8<3, kVnni>(kc, D, qi, a, smax, pf); break;
+        default: tile_scores_k4_int8<4, kVnni>(kc, D, qi, a, smax, pf); break;
+    }
+}
+
+template <bool kVnni>
 void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
                               const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
@@ -512,7 +614,7 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
 // its max (wscale), their exact int sum and the float sum, as the avx512 file does.
 template <bool kIntWeights>
 inline void int_mode_weights(float* sh, const float* va, const float* vz, float m, int G, float* l, float* pz,
-                             int16_t* w16h, float* wscale, float* wsum, int32_t* w16_sum)
+                             int16_t* w16h, float* wscale, float* wsum, int32_t* w16_sum, bool va_negative)
 {
     const __m256 mv = _mm256_set1_ps(m);
     __m256 psum = _mm256_setzero_ps(), z = psum, wmx = psum, wsm = psum;
@@ -532,7 +634,7 @@ inline void int_mode_weights(float* sh, const float* va, const float* vz, float 
     if (!kIntWeights) return;
     *wsum = hsum(wsm);
     const float wmax = hmax(wmx);
-    *wscale = wmax > 0.0f ? wmax / 32767.0f : 0.0f;
+    *wscale = va_negative ? NAN : wmax > 0.0f ? wmax / 32767.0f : 0.0f;
     const __m256 inv = _mm256_set1_ps(inverse_scale(32767.0f, wmax));
     __m256i isum = _mm256_setzero_si256();
     for (int t = 0; t < G; t += 16) {
@@ -555,13 +657,16 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     const int G = fmt.group, D = fmt.head_dim;
     const kvarn_record_layout L = record_layout(fmt);
     // int16 mode: 4-bit key scores and 2-bit value sums in integers (other widths stay float)
-    const bool int_on = score_mode() != kScoresFloat;
+    const int mode = score_mode();
+    const bool int_on = mode != kScoresFloat;
     const bool int_scores = KB == 4 && int_on, int_values = VB == 2 && int_on, int_mode = int_scores || int_values;
+    const bool int8_scores = int_scores && mode == kScoresInt8;  // the query in int8; values stay int16
     const bool vnni = int_mode && avx_vnni_on();
     alignas(32) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
     alignas(32) float kt[128], va[128], vz[128];
     alignas(32) float qa[kHeadGroup * KVARN_MAX_HEAD_DIM], tmp[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(32) int16_t qi16[kHeadGroup * KVARN_MAX_HEAD_DIM];
+    alignas(32) int8_t qi8[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(32) float s[kHeadGroup * 128];
     alignas(32) int16_t w16[kHeadGroup * 128];
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
@@ -576,6 +681,10 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), vc, D);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kt), kt, G);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.va), va, G);
+        // The int16 value sums round the weights p va against their largest, so they assume va >= 0 (the
+        // quantiser writes no other): a negative va in a record makes the value sums NaN (reported as
+        // KVARN_ERR_OVERFLOW) instead of silently wrong.
+        const bool va_negative = int_values && any_negative(va, G);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
         for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
             const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
@@ -594,16 +703,23 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 }
                 qz[h] = hsum(z);
                 if (int_scores) {
-                    // Symmetric, as avx512: q_int = round(qa * 32767 / max|qa|), saturating narrow.
+                    // Symmetric, as avx512: q_int = round(qa * qmax / max|qa|), saturating narrow.
+                    const float qmax = int8_scores ? 127.0f : 32767.0f;
                     const float mx = hmax(amax);
                     // A NaN in ka (a corrupt record) would convert to a finite integer: carry it in the scale.
-                    qscale[h] = _mm256_movemask_ps(nan) ? NAN : mx > 0.0f ? mx / 32767.0f : 0.0f;
-                    const __m256 inv = _mm256_set1_ps(inverse_scale(32767.0f, mx));
+                    // So would an infinite q*ka (an Inf in ka, or a scale that overflows it): inf * 0 is NaN,
+                    // which narrows to -32768 whatever the sign, and the tile would silently drop out.
+                    qscale[h] = _mm256_movemask_ps(nan) || !(mx <= FLT_MAX) ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
+                    const __m256 inv = _mm256_set1_ps(inverse_scale(qmax, mx));
                     for (int d = 0; d < D; d += 16) {
                         const __m256i r0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qa + h * D + d), inv));
                         const __m256i r1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qa + h * D + d + 8), inv));
-                        _mm256_store_si256(reinterpret_cast<__m256i*>(qi16 + h * D + d),
-                                           _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8));
+                        const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8);
+                        if (int8_scores)
+                            _mm_store_si128(reinterpret_cast<__m128i*>(qi8 + h * D + d),
+                                            _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+                        else
+                            _mm256_store_si256(reinterpret_cast<__m256i*>(qi16 + h * D + d), w);
                     }
                 }
             }
@@ -611,7 +727,11 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 __m256 smax[kHeadGroup];
                 for (int h = 0; h < nh; ++h) smax[h] = _mm256_set1_ps(-INFINITY);
                 const ScoreArgs args{qscale, qz, kt, G, s};
-                if (vnni)
+                if (int8_scores && vnni)
+                    scores_int8_dispatch<true>(nh, rec + L.k_codes, D, qi8, args, smax, pf);
+                else if (int8_scores)
+                    scores_int8_dispatch<false>(nh, rec + L.k_codes, D, qi8, args, smax, pf);
+                else if (vnni)
                     scores_int16_dispatch<true>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
                 else
                     scores_int16_dispatch<false>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
@@ -643,10 +763,10 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     }
                     if (int_values)
                         int_mode_weights<true>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, w16 + h * G, wscale + h,
-                                               wsum + h, w16_sum + h);
+                                               wsum + h, w16_sum + h, va_negative);
                     else
                         int_mode_weights<false>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, nullptr, nullptr, nullptr,
-                                                nullptr);
+                                                nullptr, false);
                     continue;
                 }
                 softmax_update(sh, G, st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D, st.acc_rot + (size_t)hq * D, D);

@@ -74,12 +74,14 @@ inline __m512 exp_ps(__m512 x)
 
 // exp(x) for x <= 0 in the integer score modes, whose weights are rounded to 15
 // bits anyway: 2^(x log2 e) with a degree-5 polynomial for 2^f, |f| <= 1/2
-// (<= 2.4e-7 relative in fp32, fitted for relative error; plus |x| 2^-24 from
-// rounding x log2 e), and vscalefps, which also returns 0 for very negative x:
-// 9 instructions where exp_ps takes 17.
+// (<= 2.4e-7 relative in fp32, fitted for relative error; plus |x| (2^-24 + 1.34e-8)
+// from rounding x log2 e and the fp32 log2 e), and vscalefps: 10 instructions where
+// exp_ps takes 17. t is clamped at -127 (2^-127, which the int16 weights round to 0)
+// so that x = -inf (an infinite kz or kt) gives 0 as in the avx2 file, not
+// (-inf) - (-inf) = NaN; NaN stays NaN (vmaxps returns its second operand).
 inline __m512 exp_int_mode_ps(__m512 x)
 {
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 t = _mm512_max_ps(_mm512_set1_ps(-127.0f), _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)));
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
     __m512 y = _mm512_set1_ps(1.327647129073739e-3f);
@@ -719,6 +721,10 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), vc, D);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kt), kt, G);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.va), va, G);
+        // The int16 value sums assume va >= 0 (as the avx2 file): a negative va gives NaN sums, not wrong ones.
+        bool va_negative = false;
+        if (int_values)
+            for (int t = 0; t < G; t += 16) va_negative |= _mm512_cmp_ps_mask(_mm512_load_ps(va + t), _mm512_setzero_ps(), _CMP_LT_OQ) != 0;
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
         for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
             const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
@@ -741,7 +747,9 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     const float qmax = mode == kScoresInt8 ? 127.0f : 32767.0f;
                     const float mx = _mm512_reduce_max_ps(amax);
                     // A NaN in ka (a corrupt record) would convert to a finite integer: carry it in the scale.
-                    qscale[h] = nan ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
+                    // So would an infinite q*ka (an Inf in ka, or a scale that overflows it): inf * 0 is NaN,
+                    // which narrows to the most negative integer whatever the sign.
+                    qscale[h] = nan || !(mx <= FLT_MAX) ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
                     const __m512 inv = _mm512_set1_ps(inverse_scale(qmax, mx));
                     for (int d = 0; d < D; d += 16) {
                         const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(qa + h * D + d), inv));
@@ -792,7 +800,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 if (int_values) {
                     wsum[h] = _mm512_reduce_add_ps(wsm);
                     const float wmax = _mm512_reduce_max_ps(wmx);
-                    wscale[h] = wmax > 0.0f ? wmax / 32767.0f : 0.0f;
+                    wscale[h] = va_negative ? NAN : wmax > 0.0f ? wmax / 32767.0f : 0.0f;
                     const __m512 inv = _mm512_set1_ps(inverse_scale(32767.0f, wmax));
                     __m512i isum = _mm512_setzero_si512();
                     for (int t = 0; t < G; t += 16) {
