@@ -1,6 +1,6 @@
 """Decode attention, side by side in one run with one thread count:
 
-- kvarn over a k4v2_g128 cache (every ISA and the score modes it runs: float, int16, and int8 on VNNI CPUs),
+- kvarn over a k4v2_g128 cache (every ISA and the score modes it runs: float, int16, int8 - avx512's with VNNI),
 - kvarn's equally optimised kernel over an fp16 cache (FP16Cache -> attend_dense_f16),
 - numpy fp32 attention (BLAS matmuls, query heads folded per kv head), torch SDPA fp32 with GQA
   (enable_gqa, the issue's baseline) and torch SDPA with the query heads folded per kv head (no K/V
@@ -56,12 +56,13 @@ ISAS = kvarn.available_isas()
 VNNI = _native.cpu_has_vnni() and "avx512" in ISAS
 
 # kvarn rows: one per ISA and score mode it runs: int16 is the default wherever it runs (avx2,
-# avx512 with VNNI), float the exact path, int8 the coarse one (avx512 with VNNI).
+# avx512), float the exact path, int8 the faster, coarser one (avx2; avx512 with VNNI).
 IMPLS = ["kvarn-scalar"]
 # "-novnni": the int16 kernels' vpmaddwd + vpaddd form where this CPU has VNNI, i.e. what a CPU
 # of the same ISA without VNNI runs.
 if "avx2" in ISAS:
-    IMPLS += ["kvarn-avx2-float", "kvarn-avx2-int16"] + ["kvarn-avx2-int16-novnni"] * _native.cpu_has_avx_vnni()
+    IMPLS += ["kvarn-avx2-float", "kvarn-avx2-int16", "kvarn-avx2-int8"]
+    IMPLS += ["kvarn-avx2-int16-novnni", "kvarn-avx2-int8-novnni"] * _native.cpu_has_avx_vnni()
 if VNNI:
     IMPLS += ["kvarn-avx512-float", "kvarn-avx512-int16", "kvarn-avx512-int16-novnni", "kvarn-avx512-int8"]
 elif "avx512" in ISAS:
@@ -277,7 +278,8 @@ def test_attend(benchmark, shape, ctx, batch, impl):
     if batch > 1 and ctx >= 131072 and dense_bytes * 1.5 > _avail_bytes():
         pytest.skip("not enough memory for 16 fp16 copies of a 128K cache")
     if batch > 1 and ctx >= 131072 and impl in ("kvarn-avx512-float", "kvarn-avx512-int8", "kvarn-avx2-float",
-                                                 "kvarn-avx2-int16-novnni", "kvarn-avx512-int16-novnni"):
+                                                 "kvarn-avx2-int16-novnni", "kvarn-avx512-int16-novnni",
+                                                 "kvarn-avx2-int8", "kvarn-avx2-int8-novnni"):
         pytest.skip("non-default score modes: batch 1 suffices at 128K")
 
     dd = data(shape, ctx)
@@ -287,7 +289,7 @@ def test_attend(benchmark, shape, ctx, batch, impl):
     if impl.startswith("kvarn-"):
         parts = impl.split("-")
         kvarn.set_isa(parts[1])
-        _native.set_vnni(not impl.endswith("-novnni"))  # first: without VNNI int8 runs as int16
+        _native.set_vnni(not impl.endswith("-novnni"))  # first: without VNNI avx512's int8 runs as int16
         _native.set_score_mode(parts[2] if len(parts) > 2 else "float")
         assert _native.score_mode() == (parts[2] if len(parts) > 2 else "float")
         caches = batched(dd, "cache", batch)
@@ -338,7 +340,8 @@ SETTLE_S = float(os.environ.get("KVARN_BENCH_SETTLE_S", "0.25"))  # pause before
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_decode_warm_interleaved(benchmark, shape, ctx, batch):
     """The targets' ratios from one interleaved series: each round runs a block of calls of kvarn (best
-    ISA, default score mode), of the fp16 kernel (same ISA), of numpy fp32 and of both torch SDPA forms,
+    ISA, default score mode; and "kvarn-int8", the int8 score mode, where that ISA runs it), of the fp16
+    kernel (same ISA), of numpy fp32 and of both torch SDPA forms,
     in turn (each round starting one implementation later), over the same warm data as test_attend's
     rows, so a slow spell of the host hits every implementation alike.
     Rows: each implementation's per-call minimum / median over the rounds; the note line gives kvarn's
@@ -355,6 +358,20 @@ def test_decode_warm_interleaved(benchmark, shape, ctx, batch):
     kv, f16 = batched(dd, "cache", batch), batched(dd, "f16", batch)
     calls = {"kvarn": (lambda: kvarn.attend_batch(q, kv, num_threads=THREADS), sum(c.nbytes for c in kv)),
              "fp16": (lambda: attend_fp16_batch(q, f16, num_threads=THREADS), sum(c.nbytes for c in f16))}
+    modes = {"kvarn": mode}
+    _native.set_score_mode("int8")
+    if _native.score_mode() == "int8":
+
+        def int8_call():
+            _native.set_score_mode("int8")
+            try:
+                return kvarn.attend_batch(q, kv, num_threads=THREADS)
+            finally:
+                _native.set_score_mode(mode)
+
+        calls["kvarn-int8"] = (int8_call, calls["kvarn"][1])
+        modes["kvarn-int8"] = "int8"
+    _native.set_score_mode(mode)
     if not (batch > 1 and ctx > 4096):  # as test_attend: no fp32 copies of 16 long caches
         k, v = dense32(dd, batch)
         calls["numpy"] = (lambda: numpy_attend(q, k, v, scale), 2 * k.nbytes)
@@ -403,12 +420,16 @@ def test_decode_warm_interleaved(benchmark, shape, ctx, batch):
     mins = {name: min(t) for name, t in times.items()}
     record(benchmark, sum(b for _, b in calls.values()), impl=f"interleaved-round-all-{len(calls)}-impls", compare=False,
            warm_ms={name: round(m * 1e3, 4) for name, m in mins.items()},
-           warm_ratios={name: round(m / mins["kvarn"], 3) for name, m in mins.items() if name != "kvarn"})
+           warm_ratios={name: round(m / mins["kvarn"], 3) for name, m in mins.items() if name != "kvarn"},
+           **({"warm_ratios_int8": {name: round(m / mins["kvarn-int8"], 3) for name, m in mins.items()
+                                    if not name.startswith("kvarn")}} if "kvarn-int8" in mins else {}))
     for name, (_, nbytes) in calls.items():
-        record_calls(benchmark, f"{name}-{best}-interleaved" if name in ("kvarn", "fp16") else f"{name}-interleaved",
-                     times[name], nbytes)
+        record_calls(benchmark, f"{name}-{best}-interleaved" if name in ("kvarn", "kvarn-int8", "fp16")
+                     else f"{name}-interleaved", times[name], nbytes)
     for name, out in outs.items():
-        check_output(dd, name, np.asarray(out, dtype=np.float32).reshape(batch, hq, d)[0], scale, mode, label=name)
+        kind = "kvarn" if name.startswith("kvarn") else name
+        check_output(dd, kind, np.asarray(out, dtype=np.float32).reshape(batch, hq, d)[0], scale, modes.get(name, mode),
+                     label=name)
 
 
 # fp16 bytes touched between two reads of one layer's cache: several times the last-level cache

@@ -112,6 +112,11 @@ def _table():
                     "warm, interleaved in blocks: kvarn " + f"{extra['warm_ms']['kvarn']} ms -> "
                     + ", ".join(f"{r}x {name} ({extra['warm_ms'][name]} ms)" for name, r in extra["warm_ratios"].items())
                 )
+            if "warm_ratios_int8" in extra:  # not "warm, ...": aggregate_tables.py reads that line for the default mode
+                lines.append(
+                    "int8 score mode, same series: kvarn-int8 " + f"{extra['warm_ms']['kvarn-int8']} ms -> "
+                    + ", ".join(f"{r}x {name}" for name, r in extra["warm_ratios_int8"].items())
+                )
             if "share_pct" in extra:
                 lines.append(
                     f"quantise per generated token {extra['quant_us_per_token']} us = {extra['share_pct']}% of a "

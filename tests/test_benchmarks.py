@@ -46,5 +46,10 @@ def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
     for isa in kvarn.available_isas():
         if isa != "scalar":  # the int16 default and the fp16 baseline on every SIMD ISA here
             expected |= {f"kvarn-{isa}-int16", f"fp16-{isa}", f"quantize-{isa}"}
+    if "avx2" in kvarn.available_isas():
+        expected.add("kvarn-avx2-int8")
     assert expected <= rows, sorted(expected - rows)
     assert re.search(r"warm, interleaved in blocks: kvarn [0-9.]+ ms -> [0-9.]+x fp16", text), text[-2000:]
+    best = kvarn.available_isas()[-1]
+    if best == "avx2" or (best == "avx512" and kvarn._native.cpu_has_vnni()):  # where the best ISA runs int8
+        assert re.search(r"int8 score mode, same series: kvarn-int8 [0-9.]+ ms -> [0-9.]+x fp16", text), text[-2000:]
