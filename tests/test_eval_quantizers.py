@@ -203,3 +203,23 @@ def test_eval_story_ids_tokenise_once_and_match_verne_token_ids(monkeypatch, bos
         assert got == (assets.verne_token_ids(ref, tokens, offset), prompts)
     with pytest.raises(ValueError, match="n_tokens, offset: the story has 100 tokens"):
         story_ids(_CountingTokenizer(bos), text, 101 if bos is None else 102, 0, 0, 1, 0)
+
+
+def test_verne_token_ids_checks_its_window_before_slicing():
+    """n_tokens below the BOS count made the slice end negative, which Python reads from the story's end:
+    0 tokens asked of a BOS tokenizer gave BOS and the whole story but its last token (a review's find)."""
+    from kvarn.integrations import assets
+
+    class BosTokenizer:  # what verne_token_ids reads of a tokenizer when story_ids is given
+        add_bos_token, bos_token_id = True, 1
+
+    story = list(range(100, 200))
+    assert assets.verne_token_ids(BosTokenizer(), 1, story_ids=story) == [1]
+    assert assets.verne_token_ids(BosTokenizer(), 3, offset=98, story_ids=story) == [1, 198, 199]
+    for n, err in ((0, "^n_tokens: must be >= 1, got 0"), (-5, "^n_tokens: must be >= 1, got -5")):
+        with pytest.raises(ValueError, match=err):
+            assets.verne_token_ids(BosTokenizer(), n, story_ids=story)
+    with pytest.raises(TypeError, match="^n_tokens: expected an int, got float"):
+        assets.verne_token_ids(BosTokenizer(), 2.0, story_ids=story)
+    with pytest.raises(ValueError, match="do not fit"):
+        assets.verne_token_ids(BosTokenizer(), 3, offset=99, story_ids=story)

@@ -47,15 +47,25 @@ def test_model_is_the_expected_llama(smol):
         "llama", 30, 9, 3, 64)
 
 
+def test_load_model_checks_its_dtype_first():
+    """A bad dtype failed after the tokenizer had loaded, with a bare AttributeError ("bf16") or TypeError
+    (a torch.dtype, the form transformers takes); now names and torch dtypes are taken, anything else
+    refused before loading."""
+    for bad in ("bf16", "int8", torch.int8, None):
+        with pytest.raises(ValueError, match="^dtype: expected one of float32, float16, bfloat16 or the torch.dtype"):
+            assets.load_model("smollm2-135m", dtype=bad)
+
+
 def test_verne_windows_are_consecutive_story_tokens(smol):
     _, tok, ids = smol
     assert ids[:1] != [tok.bos_token_id] and len(ids) == 400  # SmolLM2 adds no BOS
     assert assets.verne_token_ids(tok, 150, offset=250) == ids[250:400]
     n_story = len(tok(assets.verne_text(), add_special_tokens=False)["input_ids"])
     assert assets.verne_token_ids(tok, 10, offset=n_story - 10) == assets.verne_token_ids(tok, n_story)[-10:]
-    for n, offset in ((11, n_story - 10), (5, -1)):
-        with pytest.raises(ValueError, match="do not fit"):
-            assets.verne_token_ids(tok, n, offset=offset)
+    with pytest.raises(ValueError, match="do not fit"):
+        assets.verne_token_ids(tok, 11, offset=n_story - 10)
+    with pytest.raises(ValueError, match="^offset: must be >= 0, got -1"):
+        assets.verne_token_ids(tok, 5, offset=-1)
 
 
 def test_generate_with_kvarn_cache_follows_fp32_greedy(smol):
@@ -901,16 +911,21 @@ def test_load_model_draws_no_progress_bar(capfd, monkeypatch):
 
     desc = "Converting and de-quantizing GGUF tensors..."
 
-    def fake_model(folder, gguf_file, dtype):
+    def fake_model(folder, gguf_file, dtype, local_files_only):
+        assert local_files_only and dtype is torch.float32  # never a hub, whatever HF_HUB_OFFLINE says
         for _ in gguf_utils.tqdm(range(3), desc=desc):
             pass
         return torch.nn.Linear(1, 1)
+
+    def fake_tokenizer(folder, gguf_file, local_files_only):
+        assert local_files_only
+        return "tokenizer"
 
     list(gguf_utils.tqdm(range(3), desc=desc))  # not vacuous: the bar reaches stderr where nothing hides it
     assert desc in capfd.readouterr().err
     bar = gguf_utils.tqdm
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda folder, gguf_file: "tokenizer")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)
     model, tok = assets.load_model("smollm2-135m")
     assert desc not in capfd.readouterr().err
     assert gguf_utils.tqdm is bar and tok == "tokenizer" and not model.training  # put back; eval mode
@@ -1019,6 +1034,20 @@ def test_models_kvarn_cannot_serve_are_refused_by_name_and_left_unchanged():
     shared = transformers.Gemma3nTextConfig(num_hidden_layers=4, num_kv_shared_layers=2)
     with pytest.raises(NotImplementedError, match="num_kv_shared_layers=2"):
         KVarNCache(shared)
+    # K/V reshaped or re-projected after the cache update: refused at construction by name (a review: they were
+    # refused at the first forward, by a message whose first explanation did not apply, the config left switched).
+    mla = transformers.DeepseekV3Config(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                        num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                                        vocab_size=256, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=16,
+                                        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2)
+    jet = transformers.JetMoeConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                    num_hidden_layers=2, vocab_size=256)
+    refusals = ((mla, "^config: multi-head latent attention \\(kv_lora_rank=16\\)"), (jet, "^config: JetMoE"))
+    for config, match in refusals:
+        before = config._attn_implementation
+        with pytest.raises(NotImplementedError, match=match):
+            KVarNCache(config)
+        assert config._attn_implementation == before
 
 
 def test_configs_checked_at_construction_and_multimodal_served():
@@ -1216,6 +1245,25 @@ def test_restore_attention():
     with pytest.raises(RuntimeError, match="attn_implementation is 'eager'"):
         model(ids, **cache_kwargs(model, cache))
     restore_attention(model)  # nothing to undo: no-op
+    assert model.config._attn_implementation == "eager"
+
+
+def test_a_saved_model_carries_nothing_of_kvarn(tmp_path):
+    """save_pretrained after a KVarNCache: config.json holds nothing of kvarn (the replaced implementation
+    was a config attribute, written into every checkpoint saved after one, and reloaded with it), and
+    restore_attention still switches back."""
+    import transformers
+    from kvarn.integrations.transformers import restore_attention
+
+    model = _tiny(transformers.LlamaConfig)
+    model.set_attn_implementation("eager")
+    KVarNCache(model.config)
+    model.save_pretrained(tmp_path)
+    text = (tmp_path / "config.json").read_text()
+    assert "kvarn" not in text, text
+    reloaded = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert not [k for k in vars(reloaded) if "kvarn" in k]
+    restore_attention(model)
     assert model.config._attn_implementation == "eager"
 
 def test_deep_copied_cache_shares_the_config_and_a_foreign_route_is_refused(smol):

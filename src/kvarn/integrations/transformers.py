@@ -19,6 +19,9 @@ How it works
   returned key tensor; the attention function then, token by token, appends the token to the
   kvarn cache and calls ``kvarn.attend_batch`` over the packed codes. No dequantised copy of the
   cache is ever made (transformers' own QuantizedCache dequantises the whole cache every step).
+  The packed cache lives in host memory and the attention runs on the CPU whatever the model's
+  device: a model on a GPU copies each layer's K/V and query to the host, and the output back,
+  every step (``kvarn.cuda.PagedKVCache`` is the GPU path).
 - Sliding-window layers (Gemma 3's local layers) keep transformers' full-precision
   ``DynamicSlidingWindowLayer``: they hold at most ``sliding_window`` tokens, and kvarn's attention
   has no window. A config with no full-attention layer at all (nothing to compress: one with
@@ -73,6 +76,8 @@ import contextvars
 import functools
 import inspect
 import sys
+import threading
+import weakref
 
 import numpy as np
 
@@ -165,17 +170,49 @@ def register() -> str:
     return ATTN_IMPLEMENTATION
 
 
-_PREVIOUS_ATTN = "_kvarn_previous_attn_implementation"  # config attribute: what use_kvarn_attention replaced
+# What use_kvarn_attention replaced, per config: id(config) -> (weak reference, previous implementation).
+# Not an attribute of the config, which save_pretrained would write into config.json; configs define __eq__
+# (no WeakKeyDictionary), and the weak reference's callback drops the entry with its config.
+_previous_attn: dict = {}
+_previous_attn_lock = threading.Lock()
+
+
+def _remember_previous(config, previous) -> None:
+    key = id(config)
+
+    def forget(_ref, key=key):
+        with _previous_attn_lock:
+            entry = _previous_attn.get(key)
+            if entry is not None and entry[0] is _ref:
+                del _previous_attn[key]
+
+    with _previous_attn_lock:
+        _previous_attn[key] = (weakref.ref(config, forget), previous)
+
+
+def _has_previous(config) -> bool:
+    entry = _previous_attn.get(id(config))
+    return entry is not None and entry[0]() is config
+
+
+def _pop_previous(config):
+    """(True, previous implementation) once per use_kvarn_attention; (False, None) if nothing is remembered."""
+    with _previous_attn_lock:
+        entry = _previous_attn.get(id(config))
+        if entry is None or entry[0]() is not config:
+            return False, None
+        del _previous_attn[id(config)]
+    return True, entry[1]
 
 
 def use_kvarn_attention(model_or_config) -> None:
     """Routes a model's (or config's) attention through ``kvarn_attention``; the previous
-    implementation is remembered for ``restore_attention``."""
+    implementation is remembered (outside the config) for ``restore_attention``."""
     register()
     config = getattr(model_or_config, "config", model_or_config)
     previous = getattr(config, "_attn_implementation", None)
     if previous != ATTN_IMPLEMENTATION:
-        setattr(config, _PREVIOUS_ATTN, previous)
+        _remember_previous(config, previous)
     if hasattr(model_or_config, "set_attn_implementation"):
         model_or_config.set_attn_implementation(ATTN_IMPLEMENTATION)
     else:
@@ -187,14 +224,15 @@ def restore_attention(model_or_config) -> None:
     implementation goes back to what it was, e.g. for eager-only features. A KVarNCache built on
     this config refuses to run until it is switched to ``"kvarn"`` again."""
     config = getattr(model_or_config, "config", model_or_config)
-    if not hasattr(config, _PREVIOUS_ATTN) and hasattr(config, "get_text_config"):
+    if not _has_previous(config) and hasattr(config, "get_text_config"):
         text = config.get_text_config()  # a multimodal model's: KVarNCache switched its language model's config
-        if text is not config and hasattr(text, _PREVIOUS_ATTN):
+        if text is not config and _has_previous(text):
             config = model_or_config = text
-    if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION or not hasattr(config, _PREVIOUS_ATTN):
+    if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         return
-    previous = getattr(config, _PREVIOUS_ATTN)
-    delattr(config, _PREVIOUS_ATTN)
+    found, previous = _pop_previous(config)
+    if not found:
+        return
     if hasattr(model_or_config, "set_attn_implementation") and previous is not None:
         model_or_config.set_attn_implementation(previous)
     else:
@@ -725,6 +763,16 @@ def _check_model_support(config, text_config) -> None:
             raise NotImplementedError(
                 f"config: {name} adds learned attention sinks (s_aux) to its attention, which neither kvarn "
                 "attention nor the sdpa attention it runs for prompts has; use the model's own cache")
+    # Attention that reshapes or re-projects the K/V after the cache update (refused at the first forward
+    # otherwise, by a message that must list every possible cause): named here, before anything changes.
+    lora = getattr(text_config, "kv_lora_rank", None)
+    if lora:
+        raise NotImplementedError(f"config: multi-head latent attention (kv_lora_rank={lora}) re-projects the cached "
+                                  "K/V after the cache update, which KVarNCache does not support; use the model's "
+                                  "own cache")
+    if getattr(text_config, "model_type", None) == "jetmoe":
+        raise NotImplementedError("config: JetMoE's mixture of attention heads reshapes the cached K/V after the cache "
+                                  "update, which KVarNCache does not support; use the model's own cache")
     shared = getattr(text_config, "num_kv_shared_layers", None)
     if shared:
         raise NotImplementedError(f"config: num_kv_shared_layers={shared}: layers that reuse another layer's K/V "
@@ -878,15 +926,16 @@ class KVarNCache(Cache):
         if layer._prefill is not None:
             layer._empty()  # empty again, as before the prompt
         layer._pending = None
-        error = RuntimeError(
-            f"KVarNCache: layer {i}'s attention did not run through kvarn: the model running this forward does "
-            f"not use the {ATTN_IMPLEMENTATION!r} attention implementation (a model instance whose config is not "
-            "the one this cache was built on, or one switched back by restore_attention; then build the cache on "
-            "this model's config, KVarNCache(model.config), or switch it with "
-            "kvarn.integrations.transformers.use_kvarn_attention(model)), or its attention does not receive the "
-            "K/V this cache returned (a model that reshapes, repeats or re-projects them after the cache update, "
-            "as multi-head latent attention does: not supported)"
-        )
+        if getattr(self.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+            why = (f"this cache's config was switched back by restore_attention (to "
+                   f"{getattr(self.config, '_attn_implementation', None)!r}); switch it with "
+                   "kvarn.integrations.transformers.use_kvarn_attention(model)")
+        else:
+            why = ("the model running this forward is not the one this cache was built on (its config is another; "
+                   "build the cache on this model's config, KVarNCache(model.config)), or its attention does not "
+                   "receive the K/V this cache returned (a model that reshapes, repeats or re-projects them after "
+                   "the cache update: not supported)")
+        error = RuntimeError(f"KVarNCache: layer {i}'s attention did not run through kvarn: {why}")
         layer._fail(error)
         raise error
 
