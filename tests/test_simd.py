@@ -509,8 +509,8 @@ def test_records_the_integer_modes_cannot_serve_are_reported(case, rng):
     (an Inf in ka, or a scale that overflows it) narrowed to the most negative integer whatever its
     sign, so the tile silently got weight 0; a negative va (the quantiser writes none; Python refuses
     it on import) broke the int16 value sums' rounding against the largest weight (relative error up
-    to 1.0). The float kernels compute the negative-va case (checked against scalar); in the infinite
-    cases they give either the same error or, where every such score is -inf, the tile weight 0."""
+    to 1.0). The float kernels compute the negative-va case (checked against scalar); the infinite
+    cases are not checked there (they report them, or give the tile weight 0 where every score is -inf)."""
     c = _cache(rng, "k4v2_g128", 2, 64, 128 + 2 * 128 + 5)
     parts = dict(c._native_parts())
     records = parts["records"][: c.num_tiles].copy()
@@ -778,7 +778,8 @@ def _int8_score_oracle(q, cache):
 
 @pytest.mark.parametrize("preset,Hk,D,Hq,n", [("k4v2_g128", 2, 128, 8, 128 * 5 + 37), ("k4v2_g64", 3, 64, 9, 600),
                                               ("k4v4_g128", 1, 256, 5, 500), ("k4v2_g128", 1, 16, 3, 400),
-                                              ("k4v2_g64", 1, 1024, 2, 250)])
+                                              ("k4v2_g64", 1, 1024, 2, 250), ("k4v2_g128", 1, 48, 4, 400),
+                                              ("k4v2_g64", 2, 80, 6, 350)])
 def test_int8_scores_are_the_stated_integer_sums(preset, Hk, D, Hq, n, rng):
     """The int8 mode computes what it states (the query rounding in _int8_score_oracle, exact integer
     sums), not merely something within its error bound of float: against the oracle of that arithmetic
@@ -798,6 +799,40 @@ def test_int8_scores_are_the_stated_integer_sums(preset, Hk, D, Hq, n, rng):
         to_stated = np.linalg.norm(out - stated) / np.linalg.norm(stated)
         to_exact = np.linalg.norm(out - exact) / np.linalg.norm(exact)
         assert to_stated < 5e-4 and to_stated < to_exact / 20, (isa, to_stated, to_exact)
+
+
+@pytest.mark.parametrize("D", [16, 48, 112, 1024])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_int8_sums_at_their_largest(D, sign, rng):
+    """The int8 kernels' worst case: every code 15 (half the tokens; the others 0) against a query whose
+    every int8 value is +-127, so each 2-channel product pair is +-3810 and avx2's int16 sums reach
+    +-30480 after 32 channels, where they must widen (a 9th step would wrap past 32767). The scores are
+    then exactly +-3 or 0, and int8 must give the float path's output. On the tests' random data no sum
+    came near the limit (a kernel that never widened passed them all, a review found)."""
+    if not MODE_ISAS["int8"]:
+        pytest.skip("no ISA here runs the int8 mode")
+    preset, G = "k4v2_g128", 128
+    c = kvarn.KVCache(1, D, preset=preset)
+    c.append(1e-3 * rng.standard_normal((1, 700, D)).astype(np.float32), rng.standard_normal((1, 700, D)).astype(np.float32))
+    parts = dict(c._native_parts())
+    records = parts["records"][: c.num_tiles].copy()
+    f = kvarn.Tile(records.reshape(-1, records.shape[-1]), preset, D).fields()
+    f["k_codes"].reshape(-1, D, G // 2)[:] = np.where(np.arange(G // 2) % 2 == 0, 0xFF, 0x00).astype(np.uint8)
+    f["ka"][:] = np.float16(3.0 / (15 * D))  # scores 15 * D * ka = 3 for the tokens whose codes are 15
+    f["kz"][:] = np.float16(0)
+    f["kt"][:] = np.float16(1)
+    parts["records"] = records
+    scale = np.float32(1 / np.sqrt(D))
+    q = (_ops.hadamard(np.full((1, 5, D), sign, np.float32)) / scale).astype(np.float32)  # rotated: +-1 everywhere
+    outs = {}
+    for isa, mode in [("scalar", "float")] + [(i, "int8") for i in MODE_ISAS["int8"]]:
+        kvarn.set_isa(isa)
+        _native.set_score_mode(mode)
+        out = np.zeros_like(q)
+        assert _native.attend([parts], q, float(scale), out, 2) == _native.OK
+        outs[isa, mode] = out
+    for key, out in outs.items():  # int16-rounded value weights: ~1e-4 of the output
+        np.testing.assert_allclose(out, outs["scalar", "float"], rtol=0, atol=1e-3 * np.abs(out).max(), err_msg=str(key))
 
 
 def test_public_score_mode_api():

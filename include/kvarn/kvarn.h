@@ -21,9 +21,10 @@
  * record's fields makes kvarn_attend return KVARN_ERR_OVERFLOW (a non-finite output) on
  * every ISA and score mode, an Inf wherever it makes the output non-finite (an infinite
  * kz or kt can instead give a token, or a tile, weight 0). In the integer score modes
- * (the default on avx2 / avx512) an infinite q*ka (an Inf in ka, or a query scale that
- * overflows it) and a negative va (the quantiser writes none; the integer value sums
- * round the weights p*va against their largest) are KVARN_ERR_OVERFLOW as well.
+ * (the default on avx2 / avx512) an infinite q*ka on 4-bit keys (an Inf in ka, or a query
+ * scale that overflows it) and a negative va on 2-bit values (the quantiser writes none;
+ * the integer value sums round the weights p*va against their largest) are
+ * KVARN_ERR_OVERFLOW as well; other widths take the float path there.
  *
  * num_threads: <= 0 means all cores; above KVARN_MAX_THREADS is KVARN_ERR_ARGUMENT.
  *
@@ -75,19 +76,20 @@ const char* kvarn_isa_error(void);
  * 0 float FMA; 1 (the default) query and weights rounded to int16 per (tile,
  * head) and dotted exactly in int32 with the codes (vpdpwssd where the CPU has
  * AVX-512 VNNI resp. AVX-VNNI, else vpmaddwd + vpaddd: the same sums); 2 the query
- * in int8 (vpdpbusd; avx512 with VNNI only, coarser). Environment:
+ * in int8, coarser (the avx2 kernels: vpdpbusd with AVX-VNNI, else vpmaddubsw + vpaddw;
+ * the avx512 ones: vpdpbusd with AVX-512 VNNI; without it they run int16). Environment:
  * KVARN_SCORES=float|int16|int8 (the library ignores any other value, i.e. runs int16;
- * the Python module refuses one at import). int8 without AVX-512 VNNI, int16 without AVX2:
- * KVARN_ERR_ISA. kvarn_score_mode: the mode the active kernels run (float on the
- * scalar kernels; int16 for int8 where int8 cannot run). */
+ * the Python module refuses one at import). int16 or int8 without AVX2: KVARN_ERR_ISA.
+ * kvarn_score_mode: the mode the active kernels run (float on the scalar kernels;
+ * int16 for int8 on avx512 without VNNI). */
 int kvarn_set_score_mode(int32_t mode);
 int kvarn_score_mode(void);
 int kvarn_cpu_has_vnni(void);
 /* VNNI instructions (AVX-512 VNNI in the avx512 kernels, AVX-VNNI's VEX vpdpwssd in
- * the avx2 ones) are used where the CPU has them; kvarn_set_vnni(0) makes the int16
- * kernels use their vpmaddwd + vpaddd forms (bit-identical results; int8 then runs as
- * int16), 1 restores the default: for tests and A/B timings. kvarn_vnni: whether the
- * active kernels use VNNI now. */
+ * the avx2 ones) are used where the CPU has them; kvarn_set_vnni(0) makes the integer
+ * kernels use their vpmaddwd / vpmaddubsw forms (bit-identical results; avx512's int8,
+ * which has no such form, then runs as int16), 1 restores the default: for tests and A/B
+ * timings. kvarn_vnni: whether the active kernels use VNNI now. */
 int kvarn_cpu_has_avx_vnni(void);
 void kvarn_set_vnni(int32_t on);
 int kvarn_vnni(void);

@@ -12,7 +12,7 @@ bool avx512_vnni_on();
 // How the active SIMD attention computes q.k on 4-bit keys and p.v on 2-bit values:
 // float FMA, or int16-rounded queries and weights against the integer codes with
 // exact int32 sums (vpdpwssd with VNNI, else vpmaddwd + vpaddd), or int8 queries
-// (vpdpbusd; avx512 with VNNI only). Returns the mode the active table runs
+// (vpdpbusd, or avx2's vpmaddubsw form; avx512 only with VNNI). Returns the mode the active table runs
 // (see dispatch.cpp). KVARN_SCORES=float|int16|int8 or kvarn_set_score_mode(); read per call.
 enum { kScoresFloat = 0, kScoresInt16 = 1, kScoresInt8 = 2 };
 int score_mode();

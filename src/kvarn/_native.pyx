@@ -59,8 +59,9 @@ def cpu_has_avx_vnni():
 
 
 def set_vnni(bint on):
-    """False: the int16 kernels use their vpmaddwd forms even where the CPU has VNNI
-    (tests, A/B timings); True: VNNI where the CPU has it (the default)."""
+    """False: the integer kernels use their vpmaddwd / vpmaddubsw forms even where the CPU has
+    VNNI (tests, A/B timings; avx512's int8 then runs as int16); True: VNNI where the CPU has it
+    (the default)."""
     kvarn_set_vnni(on)
 
 

@@ -77,7 +77,7 @@ inline __m512 exp_ps(__m512 x)
 // (<= 2.4e-7 relative in fp32, fitted for relative error; plus |x| (2^-24 + 1.34e-8)
 // from rounding x log2 e and the fp32 log2 e), and vscalefps: 10 instructions where
 // exp_ps takes 17. t is clamped at -127 (2^-127, which the int16 weights round to 0)
-// so that x = -inf (an infinite kz or kt) gives 0 as in the avx2 file, not
+// so that x = -inf (an infinite kz or kt) gives ~0 as in the avx2 file, not
 // (-inf) - (-inf) = NaN; NaN stays NaN (vmaxps returns its second operand).
 inline __m512 exp_int_mode_ps(__m512 x)
 {
