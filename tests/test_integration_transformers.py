@@ -1251,7 +1251,9 @@ def test_restore_attention():
 def test_a_saved_model_carries_nothing_of_kvarn(tmp_path):
     """save_pretrained after a KVarNCache: config.json holds nothing of kvarn (the replaced implementation
     was a config attribute, written into every checkpoint saved after one, and reloaded with it), and
-    restore_attention still switches back."""
+    restore_attention still switches back (a deep copy of the model to sdpa)."""
+    import copy
+
     import transformers
     from kvarn.integrations.transformers import restore_attention
 
@@ -1263,6 +1265,11 @@ def test_a_saved_model_carries_nothing_of_kvarn(tmp_path):
     assert "kvarn" not in text, text
     reloaded = transformers.AutoConfig.from_pretrained(tmp_path)
     assert not [k for k in vars(reloaded) if "kvarn" in k]
+    # What the original replaced is remembered for its config object only: a deep copy goes back to sdpa.
+    twin = copy.deepcopy(model)
+    assert twin.config._attn_implementation == "kvarn"
+    restore_attention(twin)
+    assert twin.config._attn_implementation == "sdpa"
     restore_attention(model)
     assert model.config._attn_implementation == "eager"
 

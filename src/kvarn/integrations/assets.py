@@ -166,7 +166,7 @@ def verne_token_ids(tokenizer, n_tokens: int, offset: int = 0, *, story_ids=None
     check_positive_int(offset, "offset", minimum=0)
     ids = tokenizer(verne_text(), add_special_tokens=False)["input_ids"] if story_ids is None else story_ids
     bos = bos_ids(tokenizer)
-    if n_tokens < len(bos) or offset + n_tokens - len(bos) > len(ids):
+    if offset + n_tokens - len(bos) > len(ids):
         raise ValueError(f"n_tokens, offset: the story has {len(ids)} tokens; {n_tokens} from token {offset} "
                          f"do not fit")
     return bos + ids[offset : offset + n_tokens - len(bos)]

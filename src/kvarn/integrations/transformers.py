@@ -174,7 +174,7 @@ def register() -> str:
 # Not an attribute of the config, which save_pretrained would write into config.json; configs define __eq__
 # (no WeakKeyDictionary), and the weak reference's callback drops the entry with its config.
 _previous_attn: dict = {}
-_previous_attn_lock = threading.Lock()
+_previous_attn_lock = threading.RLock()  # reentrant: a collection inside a locked section runs forget
 
 
 def _remember_previous(config, previous) -> None:
@@ -222,19 +222,28 @@ def use_kvarn_attention(model_or_config) -> None:
 def restore_attention(model_or_config) -> None:
     """Undoes ``use_kvarn_attention`` (which building a KVarNCache does): the model's attention
     implementation goes back to what it was, e.g. for eager-only features. A KVarNCache built on
-    this config refuses to run until it is switched to ``"kvarn"`` again."""
+    this config refuses to run until it is switched to ``"kvarn"`` again. A copy of a switched model
+    (``copy.deepcopy``) goes back to ``"sdpa"`` (``"eager"`` where the model has no sdpa): what its
+    original replaced is remembered for the original config object only, never written into it."""
     config = getattr(model_or_config, "config", model_or_config)
     if not _has_previous(config) and hasattr(config, "get_text_config"):
         text = config.get_text_config()  # a multimodal model's: KVarNCache switched its language model's config
-        if text is not config and _has_previous(text):
+        switched = getattr(text, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+        if text is not config and (_has_previous(text) or (switched and getattr(
+                config, "_attn_implementation", None) != ATTN_IMPLEMENTATION)):
             config = model_or_config = text
     if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         return
     found, previous = _pop_previous(config)
     if not found:
-        return
+        previous = "sdpa"
     if hasattr(model_or_config, "set_attn_implementation") and previous is not None:
-        model_or_config.set_attn_implementation(previous)
+        try:
+            model_or_config.set_attn_implementation(previous)
+        except ValueError:  # a copy's guess: this model has no sdpa
+            if found:
+                raise
+            model_or_config.set_attn_implementation("eager")
     else:
         config._attn_implementation = previous
 
@@ -927,8 +936,9 @@ class KVarNCache(Cache):
             layer._empty()  # empty again, as before the prompt
         layer._pending = None
         if getattr(self.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
-            why = (f"this cache's config was switched back by restore_attention (to "
-                   f"{getattr(self.config, '_attn_implementation', None)!r}); switch it with "
+            why = (f"this cache's config no longer uses it (now "
+                   f"{getattr(self.config, '_attn_implementation', None)!r}: restore_attention or "
+                   "set_attn_implementation switched it); switch it back with "
                    "kvarn.integrations.transformers.use_kvarn_attention(model)")
         else:
             why = ("the model running this forward is not the one this cache was built on (its config is another; "
