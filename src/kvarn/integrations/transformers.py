@@ -190,16 +190,21 @@ def _remember_previous(config, previous) -> None:
         _previous_attn[key] = (weakref.ref(config, forget), previous)
 
 
-def _has_previous(config) -> bool:
+def _entry(config):
+    """config's (weak reference, previous implementation), or None (an id reused by another object too)."""
     entry = _previous_attn.get(id(config))
-    return entry is not None and entry[0]() is config
+    return entry if entry is not None and entry[0]() is config else None
+
+
+def _has_previous(config) -> bool:
+    return _entry(config) is not None
 
 
 def _pop_previous(config):
     """(True, previous implementation) once per use_kvarn_attention; (False, None) if nothing is remembered."""
     with _previous_attn_lock:
-        entry = _previous_attn.get(id(config))
-        if entry is None or entry[0]() is not config:
+        entry = _entry(config)
+        if entry is None:
             return False, None
         del _previous_attn[id(config)]
     return True, entry[1]
