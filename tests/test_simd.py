@@ -477,6 +477,24 @@ def test_attend_large_scores(rng):
     _check_attend(c, q, tol_floor=1e-4)
 
 
+def _editable_parts(cache):
+    """cache's native parts with a private copy of its records, and that copy's fields (views, rows
+    [tiles * heads]): records to edit, as the C ABI may receive them, and pass to _native.attend."""
+    parts = dict(cache._native_parts())
+    parts["records"] = parts["records"][: cache.num_tiles].copy()
+    records = parts["records"]
+    return parts, kvarn.Tile(records.reshape(-1, records.shape[-1]), cache.preset, cache.head_dim).fields()
+
+
+def _every_isa_and_mode():
+    """Selects, in turn, every ISA here with every score mode its kernels run; yields (isa, mode)."""
+    for isa in ISAS:
+        kvarn.set_isa(isa)
+        for mode in [m for m in ("float", "int16", "int8") if m == "float" or isa in MODE_ISAS[m]]:
+            _native.set_score_mode(mode)
+            yield isa, mode
+
+
 @pytest.mark.parametrize("field", ["ka", "kz", "kt", "vc", "va", "vz"])
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g64"])
 def test_a_nan_in_a_record_is_reported_on_every_isa_and_mode(field, preset, rng):
@@ -485,21 +503,15 @@ def test_a_nan_in_a_record_is_reported_on_every_isa_and_mode(field, preset, rng)
     into a weight of ~0 or 1e-38, and the int16 weights' NaN into an out-of-range integer sum
     (undefined behaviour); the output came out finite."""
     c = _cache(rng, preset, 2, 64, 64 + 3 * _ops.get_preset(preset).group + 5)
-    parts = dict(c._native_parts())
-    records = parts["records"][: c.num_tiles].copy()
-    view = kvarn.Tile(records.reshape(-1, records.shape[-1]), preset, 64).fields()[field]
-    view[3, 1] = np.float16(np.nan)  # tile 1, kv head 1 (records are [tiles * heads, bytes] here)
-    parts["records"] = records
+    parts, fields = _editable_parts(c)
+    fields[field][3, 1] = np.float16(np.nan)  # tile 1, kv head 1
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
-    for isa in ISAS:
-        kvarn.set_isa(isa)
-        for mode in [m for m in ("float", "int16", "int8") if m == "float" or isa in MODE_ISAS[m]]:
-            _native.set_score_mode(mode)
-            assert _native.score_mode() == mode
-            out = np.zeros_like(q)
-            rc = _native.attend([parts], q, 0.125, out, 2)
-            assert rc == _native.ERR_OVERFLOW, (isa, mode, rc)
-            assert not np.isfinite(out[0, 2:]).all(), (isa, mode)  # query heads 2, 3 read kv head 1
+    for isa, mode in _every_isa_and_mode():
+        assert _native.score_mode() == mode
+        out = np.zeros_like(q)
+        rc = _native.attend([parts], q, 0.125, out, 2)
+        assert rc == _native.ERR_OVERFLOW, (isa, mode, rc)
+        assert not np.isfinite(out[0, 2:]).all(), (isa, mode)  # query heads 2, 3 read kv head 1
 
 
 @pytest.mark.parametrize("case", ["ka_inf", "scale_overflow", "va_negative"])
@@ -512,13 +524,11 @@ def test_records_the_integer_modes_cannot_serve_are_reported(case, rng):
     to 1.0). The float kernels compute the negative-va case (checked against scalar); the infinite
     cases are not checked there (they report them, or give the tile weight 0 where every score is -inf)."""
     c = _cache(rng, "k4v2_g128", 2, 64, 128 + 2 * 128 + 5)
-    parts = dict(c._native_parts())
-    records = parts["records"][: c.num_tiles].copy()
-    fields = kvarn.Tile(records.reshape(-1, records.shape[-1]), "k4v2_g128", 64).fields()
+    parts, fields = _editable_parts(c)
     scale = 0.125
     if case != "va_negative":
         # tile 1, kv head 1: channel 0's codes all 15 (a 0 code would turn inf * 0 into NaN, reported anyway)
-        records[1, 1, : c.preset.group // 2] = 0xFF
+        parts["records"][1, 1, : c.preset.group // 2] = 0xFF
     if case == "ka_inf":
         fields["ka"][3, 0] = np.float16(np.inf)  # tile 1, kv head 1 ([tiles * heads] rows)
     elif case == "scale_overflow":
@@ -526,20 +536,16 @@ def test_records_the_integer_modes_cannot_serve_are_reported(case, rng):
         scale = 1e36  # every field and input finite; q_rot * ka overflows float32
     else:
         fields["va"][3, 5] = np.float16(-0.5)
-    parts["records"] = records
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
     outs = {}
-    for isa in ISAS:
-        kvarn.set_isa(isa)
-        for mode in [m for m in ("float", "int16", "int8") if m == "float" or isa in MODE_ISAS[m]]:
-            _native.set_score_mode(mode)
-            out = np.zeros_like(q)
-            rc = _native.attend([parts], q, scale, out, 2)
-            if mode != "float":
-                assert rc == _native.ERR_OVERFLOW, (isa, mode, rc)
-            elif case == "va_negative":
-                assert rc == _native.OK, (isa, rc)
-                outs[isa] = out
+    for isa, mode in _every_isa_and_mode():
+        out = np.zeros_like(q)
+        rc = _native.attend([parts], q, scale, out, 2)
+        if mode != "float":
+            assert rc == _native.ERR_OVERFLOW, (isa, mode, rc)
+        elif case == "va_negative":
+            assert rc == _native.OK, (isa, rc)
+            outs[isa] = out
     for isa, out in outs.items():
         np.testing.assert_allclose(out, outs["scalar"], rtol=0, atol=2e-5 * np.abs(outs["scalar"]).max(), err_msg=isa)
 
@@ -549,10 +555,8 @@ def test_an_infinite_kz_gives_its_tile_weight_zero_in_every_mode(rng):
     -e0 and kz[0] = +inf every score of that tile is -inf: weight 0 on every ISA and score mode (the
     avx512 integer modes' exp turned -inf into NaN, reported as an overflow, while avx2's gave 0)."""
     c = _cache(rng, "k4v2_g128", 1, 64, 128 + 2 * 128 + 5)
-    parts = dict(c._native_parts())
-    records = parts["records"][: c.num_tiles].copy()
-    kvarn.Tile(records.reshape(-1, records.shape[-1]), "k4v2_g128", 64).fields()["kz"][1, 0] = np.float16(np.inf)
-    parts["records"] = records
+    parts, fields = _editable_parts(c)
+    fields["kz"][1, 0] = np.float16(np.inf)
     scale = 0.125
     e0 = np.zeros((1, 64), np.float32)
     e0[0, 0] = -1.0
@@ -562,13 +566,10 @@ def test_an_infinite_kz_gives_its_tile_weight_zero_in_every_mode(rng):
     k, v = c.dequantize()
     keep = np.r_[0:256, 384:k.shape[1]]
     ref = reference(q[0], k[:, keep], v[:, keep], scale)
-    for isa in ISAS:
-        kvarn.set_isa(isa)
-        for mode in [m for m in ("float", "int16", "int8") if m == "float" or isa in MODE_ISAS[m]]:
-            _native.set_score_mode(mode)
-            out = np.zeros_like(q)
-            assert _native.attend([parts], q, scale, out, 2) == _native.OK, (isa, mode)
-            assert rel_err(out[0], ref) < (2e-5 if mode == "float" else 5e-2), (isa, mode, rel_err(out[0], ref))
+    for isa, mode in _every_isa_and_mode():
+        out = np.zeros_like(q)
+        assert _native.attend([parts], q, scale, out, 2) == _native.OK, (isa, mode)
+        assert rel_err(out[0], ref) < (2e-5 if mode == "float" else 5e-2), (isa, mode, rel_err(out[0], ref))
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])
@@ -814,14 +815,11 @@ def test_int8_sums_at_their_largest(D, sign, rng):
     preset, G = "k4v2_g128", 128
     c = kvarn.KVCache(1, D, preset=preset)
     c.append(1e-3 * rng.standard_normal((1, 700, D)).astype(np.float32), rng.standard_normal((1, 700, D)).astype(np.float32))
-    parts = dict(c._native_parts())
-    records = parts["records"][: c.num_tiles].copy()
-    f = kvarn.Tile(records.reshape(-1, records.shape[-1]), preset, D).fields()
+    parts, f = _editable_parts(c)
     f["k_codes"].reshape(-1, D, G // 2)[:] = np.where(np.arange(G // 2) % 2 == 0, 0xFF, 0x00).astype(np.uint8)
     f["ka"][:] = np.float16(3.0 / (15 * D))  # scores 15 * D * ka = 3 for the tokens whose codes are 15
     f["kz"][:] = np.float16(0)
     f["kt"][:] = np.float16(1)
-    parts["records"] = records
     scale = np.float32(1 / np.sqrt(D))
     q = (_ops.hadamard(np.full((1, 5, D), sign, np.float32)) / scale).astype(np.float32)  # rotated: +-1 everywhere
     outs = {}
