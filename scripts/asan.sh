@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds the native core and its test driver with AddressSanitizer + UBSan and runs the driver
-# once per ISA this machine supports.
+# Builds the native core and its test drivers with AddressSanitizer + UBSan and runs them
+# once per ISA this machine supports. KVARN_SANITIZE=OFF builds the same drivers without the
+# sanitizers (for a compiler that has no sanitizer runtime; tests/test_native.py falls back to it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build-asan}"
-cmake -S . -B "$build" -DKVARN_SANITIZE=ON -DKVARN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B "$build" -DKVARN_SANITIZE="${KVARN_SANITIZE:-ON}" -DKVARN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)" --target kvarn_native_test kvarn_simd_test
 for isa in scalar avx2 avx512; do
   if grep -qw "$( [ $isa = avx512 ] && echo avx512bw || echo $isa )" /proc/cpuinfo || [ $isa = scalar ]; then
