@@ -17,5 +17,24 @@ bool avx512_vnni_on();
 enum { kScoresFloat = 0, kScoresInt16 = 1, kScoresInt8 = 2 };
 int score_mode();
 void hadamard_f64_rows(double* x, int64_t rows, int head_dim);
+
+// The SIMD attention kernels take the query heads of one pass over a tile (1..4) as a template
+// argument: with_head_count(nh, [&](auto heads) { kernel<decltype(heads)::value>(...); }) calls
+// the instance for nh (4 above 4). Each caller's lambda has a type local to its translation unit,
+// so these instantiations never leave it (the ISA files' link-hygiene rule).
+template <int N>
+struct HeadCount {
+    static constexpr int value = N;
+};
+template <class F>
+inline void with_head_count(int nh, F&& f)
+{
+    switch (nh) {
+        case 1: f(HeadCount<1>{}); break;
+        case 2: f(HeadCount<2>{}); break;
+        case 3: f(HeadCount<3>{}); break;
+        default: f(HeadCount<4>{}); break;
+    }
+}
 }  // namespace kvarn
 #endif

@@ -574,65 +574,48 @@ template <bool kVnni>
 void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
                               const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
-    switch (nh) {
-        case 1: tile_values_v2_int16<1, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
-        case 2: tile_values_v2_int16<2, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
-        case 3: tile_values_v2_int16<3, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
-        default: tile_values_v2_int16<4, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf); break;
-    }
+    with_head_count(nh, [&](auto heads) {
+        tile_values_v2_int16<decltype(heads)::value, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+    });
 }
 
 template <int KB>
 void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
 {
     if (KB == 4) {
-        switch (nh) {
-            case 1: tile_scores_k4<1>(kc, D, G, qa, s, pf); return;
-            case 2: tile_scores_k4<2>(kc, D, G, qa, s, pf); return;
-            case 3: tile_scores_k4<3>(kc, D, G, qa, s, pf); return;
-            default: tile_scores_k4<4>(kc, D, G, qa, s, pf); return;
-        }
+        with_head_count(nh, [&](auto heads) {
+            tile_scores_k4<decltype(heads)::value>(kc, D, G, qa, s, pf);
+        });
+        return;
     }
-    switch (nh) {
-        case 1: tile_scores<KB, 1>(kc, D, G, qa, s, pf); break;
-        case 2: tile_scores<KB, 2>(kc, D, G, qa, s, pf); break;
-        case 3: tile_scores<KB, 3>(kc, D, G, qa, s, pf); break;
-        default: tile_scores<KB, 4>(kc, D, G, qa, s, pf); break;
-    }
+    with_head_count(nh, [&](auto heads) {
+        tile_scores<KB, decltype(heads)::value>(kc, D, G, qa, s, pf);
+    });
 }
 
 template <bool kVnni>
 void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                            Prefetcher& pf)
 {
-    switch (nh) {
-        case 1: tile_scores_k4_int16<1, kVnni>(kc, D, qi, a, smax, pf); break;
-        case 2: tile_scores_k4_int16<2, kVnni>(kc, D, qi, a, smax, pf); break;
-        case 3: tile_scores_k4_int16<3, kVnni>(kc, D, qi, a, smax, pf); break;
-        default: tile_scores_k4_int16<4, kVnni>(kc, D, qi, a, smax, pf); break;
-    }
+    with_head_count(nh, [&](auto heads) {
+        tile_scores_k4_int16<decltype(heads)::value, kVnni>(kc, D, qi, a, smax, pf);
+    });
 }
 
 void scores_int8_dispatch(int nh, const uint8_t* kc, int D, const int8_t* qi, const ScoreArgs& a, __m512* smax,
                           Prefetcher& pf)
 {
-    switch (nh) {
-        case 1: tile_scores_k4_int8<1>(kc, D, qi, a, smax, pf); break;
-        case 2: tile_scores_k4_int8<2>(kc, D, qi, a, smax, pf); break;
-        case 3: tile_scores_k4_int8<3>(kc, D, qi, a, smax, pf); break;
-        default: tile_scores_k4_int8<4>(kc, D, qi, a, smax, pf); break;
-    }
+    with_head_count(nh, [&](auto heads) {
+        tile_scores_k4_int8<decltype(heads)::value>(kc, D, qi, a, smax, pf);
+    });
 }
 
 template <int VB>
 void values_dispatch(int nh, const uint8_t* vcodes, int D, int G, const float* w, float* tmp, Prefetcher& pf)
 {
-    switch (nh) {
-        case 1: tile_values<VB, 1>(vcodes, D, G, w, tmp, pf); break;
-        case 2: tile_values<VB, 2>(vcodes, D, G, w, tmp, pf); break;
-        case 3: tile_values<VB, 3>(vcodes, D, G, w, tmp, pf); break;
-        default: tile_values<VB, 4>(vcodes, D, G, w, tmp, pf); break;
-    }
+    with_head_count(nh, [&](auto heads) {
+        tile_values<VB, decltype(heads)::value>(vcodes, D, G, w, tmp, pf);
+    });
 }
 
 // Online-softmax bookkeeping for a block whose largest score is block_max: when
@@ -974,12 +957,9 @@ void attend_dense_f16_avx512(const float* q_all, int n_q, int D, const uint16_t*
                 pk = {kb + nb * row_stride, next_rows, row_stride, 2 * D};
                 pv = {vb + nb * row_stride, next_rows, row_stride, 2 * D};
             }
-            switch (nh) {
-                case 1: dense_scores<1>(q, D, kb, nb, row_stride, s, pk); break;
-                case 2: dense_scores<2>(q, D, kb, nb, row_stride, s, pk); break;
-                case 3: dense_scores<3>(q, D, kb, nb, row_stride, s, pk); break;
-                default: dense_scores<4>(q, D, kb, nb, row_stride, s, pk); break;
-            }
+            with_head_count(nh, [&](auto heads) {
+                dense_scores<decltype(heads)::value>(q, D, kb, nb, row_stride, s, pk);
+            });
             float* acc[kHeadGroup];
             for (int h = 0; h < nh; ++h) {
                 const int hq = h0 + h;
@@ -989,12 +969,9 @@ void attend_dense_f16_avx512(const float* q_all, int n_q, int D, const uint16_t*
                                st.acc_rot + (size_t)hq * D, D);
                 acc[h] = st.acc_orig + (size_t)hq * D;
             }
-            switch (nh) {
-                case 1: dense_values<1>(s, D, vb, nb, row_stride, acc, pv); break;
-                case 2: dense_values<2>(s, D, vb, nb, row_stride, acc, pv); break;
-                case 3: dense_values<3>(s, D, vb, nb, row_stride, acc, pv); break;
-                default: dense_values<4>(s, D, vb, nb, row_stride, acc, pv); break;
-            }
+            with_head_count(nh, [&](auto heads) {
+                dense_values<decltype(heads)::value>(s, D, vb, nb, row_stride, acc, pv);
+            });
         }
     }
 }
