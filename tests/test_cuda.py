@@ -379,6 +379,58 @@ def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
 
 @gpu
 @need_torch
+def test_cai_array_on_another_stream_is_waited_for():
+    """h36 review: v's interface names stream s2, whose producer writes v only after ~0.5 s of GPU work; k
+    is ready on s1, where kvarn runs. CAI v3 has kvarn wait for s2: the stored token is v's final value,
+    not the zeros v held before (what it stored when kvarn ignored v's stream)."""
+
+    class OnStream:
+        def __init__(self, t, stream):
+            self.t, self.stream = t, stream
+
+        @property
+        def __cuda_array_interface__(self):
+            return {"shape": tuple(self.t.shape), "typestr": "<f4", "data": (self.t.data_ptr(), False),
+                    "version": 3, "strides": None, "stream": self.stream.cuda_stream}
+
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+    sid = cache.add_sequence()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    k = torch.randn(1, 1, 2, 128, device="cuda")
+    v = torch.zeros(1, 1, 2, 128, device="cuda")
+    v_final = torch.randn(1, 1, 2, 128, device="cuda")
+    # A first append on s1 makes kvarn's buffers for that stream (cudaMalloc may synchronise the device,
+    # which would hide a missing wait in the append under test).
+    cache.append([sid], OnStream(k, s1), OnStream(k, s1), validate=False)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s2):
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time before the producer's write
+        v.copy_(v_final)
+    cache.append([sid], OnStream(k, s1), OnStream(v, s2), validate=False)
+    torch.cuda.synchronize()
+    stored = np.asarray(cache.to_cpu(sid).to_parts()["sink_v"])[:, 1]
+    np.testing.assert_array_equal(stored, v_final[0, 0].cpu().numpy().astype(np.float16))
+
+
+@gpu
+@need_torch
+def test_failed_runtime_call_leaves_no_pending_error():
+    """h36 review: a failed CUDA runtime call inside kvarn (its own static cudart) left its error pending,
+    so the next kvarn launch's error check reported it and a call whose kernels ran raised RuntimeError."""
+    from kvarn import _cuda
+
+    rng = np.random.default_rng(_seed("pending-error"))
+    cache, ids = build("k4v2_g128", 128, 2, [1000], rng)
+    q = kv_like(rng, (1, 8, 128))
+    ref = cache.attend(dev(q), ids).cpu().numpy()
+    device = torch.cuda.current_device()
+    assert _cuda.set_device(10**6) != 0  # cudaErrorInvalidDevice: not sticky, the device is unchanged
+    assert torch.cuda.current_device() == device
+    np.testing.assert_array_equal(cache.attend(dev(q), ids).cpu().numpy(), ref)
+
+
+@gpu
+@need_torch
 @pytest.mark.skipif(torch is None or REASON is not None or torch.cuda.device_count() < 2,
                     reason="needs two GPUs: a __cuda_array_interface__ array on another GPU than the cache's")
 def test_cai_array_on_another_gpu_is_refused():
@@ -1500,6 +1552,39 @@ def test_fake_stream_protocol(fake):
         cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 128)), stream=s), [a, b])
     assert len(cache._streams) == 32 and 11 not in cache._streams and ("sync", ev[11]) in fake.stream_ops
     assert len(states | {id(st) for st in cache._streams.values()}) == 32  # reused, none made past the cap
+
+
+def test_fake_cai_arrays_on_other_streams_are_waited_for(fake):
+    """h36 review: CUDA Array Interface v3 has the consumer wait for the stream each array names. kvarn runs
+    on k's (q's) stream and ignored the stream that v (out) named, so it could read v before its producer
+    wrote it. Now the run stream waits on an event recorded there, before any kernel reads or writes;
+    arrays on the run stream add nothing (test_fake_stream_protocol's exact call lists)."""
+    rng = np.random.default_rng(_seed("fake-cai-streams"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a = cache.add_sequence()
+
+    def on(stream, shape):
+        return FakeDevArray(fake, kv_like(rng, shape), stream=stream)
+
+    def waited(ops, producer, consumer):  # an event recorded on producer, then waited for by consumer
+        recorded = [op[1] for op in ops if op[0] == "record" and op[2] == producer]
+        return any(op == ("wait", consumer, e) for op in ops for e in recorded)
+
+    ops_at_check = []  # the stream calls made before each validation kernel (which reads k and v)
+    real_check = fake.check
+    fake.check = lambda *args: ops_at_check.append(list(fake.stream_ops)) or real_check(*args)
+    cache.append([a], on(11, (1, 200, 2, 128)), on(44, (1, 200, 2, 128)))
+    assert ops_at_check and waited(ops_at_check[0], 44, 11)
+    fake.stream_ops.clear()
+    out = on(55, (1, 8, 128))
+    cache.attend(on(22, (1, 8, 128)), [a], out=out)
+    assert waited(fake.stream_ops, 55, 22)
+    fake.stream_ops.clear()
+    kc.quantize_tiles(on(11, (2, 128, 128)), on(66, (2, 128, 128)))
+    assert waited(fake.stream_ops, 66, 11)
+    events = fake.events
+    cache.append([a], on(11, (1, 1, 2, 128)), on(11, (1, 1, 2, 128)))  # one stream: no event of its own
+    assert fake.events == events and cache.length(a) == 201
 
 
 def test_fake_validation_before_any_kernel(fake):

@@ -146,6 +146,9 @@ void set_error(const char* what, cudaError_t err);  // api.cu
         cudaError_t kvarn_err_ = (call);                               \
         if (kvarn_err_ != cudaSuccess) {                               \
             ::kvarn_cuda::set_error(what, kvarn_err_);                 \
+            /* else the next launch check reports it again (sticky    \
+               errors stay: the runtime returns them on every call) */ \
+            (void)cudaGetLastError();                                  \
             return KVARN_CUDA_ERR_CUDA;                                \
         }                                                              \
     } while (0)

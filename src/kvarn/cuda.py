@@ -319,8 +319,9 @@ def _view(x, name) -> _View:
     if v.kind == "cupy":
         import cupy
 
-        v.stream = cupy.cuda.get_current_stream().ptr
         v.device = x.device.id
+        with cupy.cuda.Device(v.device):  # CuPy's current stream is per device: the array's
+            v.stream = cupy.cuda.get_current_stream().ptr
     else:
         s = cai.get("stream")
         v.stream = 0 if s in (None, 1, 2) else int(s)
@@ -427,6 +428,23 @@ def _on_own_device(method):
         with _current_device(self._device):
             return method(self, *args, **kwargs)
     return wrapper
+
+
+def _order_after(stream, views, what):
+    """Orders kvarn's work on `stream` after the work each array's producer queued (CUDA Array Interface
+    v3: the consumer waits for the stream the interface names). torch and CuPy arrays name the current
+    stream, as `stream` is; a plain __cuda_array_interface__ array may name another one: `stream` then
+    waits for it through an event (no host wait). Not while attend is captured into a graph (an event
+    recorded outside the capture cannot be waited on inside it): order such arrays before capturing."""
+    for view in views:
+        if view.kind == "cai" and view.stream != stream:
+            rc, event = _cuda.event_create()
+            _check_runtime(rc, what)
+            try:
+                _check_runtime(_cuda.event_record(event, view.stream), what)
+                _check_runtime(_cuda.stream_wait_event(stream, event), what)
+            finally:
+                _cuda.event_destroy(event)  # released once the recorded work is done
 
 
 def _check_device(view, name, device):
@@ -562,6 +580,7 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
     if n == 0:
         return records
     stream = vk.stream
+    _order_after(stream, (vv,), "quantize_tiles")
     flag = DeviceArray((1,), np.int32).zero_(stream)
     if validate:  # as quantize_tile on the CPU: NaN/Inf and values beyond fp16 are refused
         for view, nf, rng in ((vk, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE),
@@ -926,6 +945,7 @@ class PagedKVCache(_OwnsDeviceResources):
         if _capturing(stream, "append"):
             raise RuntimeError("append: cannot be captured in a CUDA graph (it uploads host metadata and takes "
                                "pages); capture attend(q, plan=...) only")
+        _order_after(stream, (vv,), "append")
         lens0 = self._lengths[layer, slots]
         lens1 = lens0 + T
         over = np.nonzero(lens1 > self.max_seq_len)[0]
@@ -1137,6 +1157,8 @@ class PagedKVCache(_OwnsDeviceResources):
             raise ValueError(f"out: its elements may overlap (shape {vo.shape}, strides {vo.strides}; the check accepts "
                              "layouts it can prove disjoint, as any slicing or transposition of a dense array): the "
                              "kernels would write several results to one place")
+        if not capturing:
+            _order_after(stream, (vo,), "attend")
         if validate:
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "attend")
             _check(_cuda.check(vq.spec(), st.flag.ptr, 1, 2, stream), "attend")  # 2: some |q| > 65504
