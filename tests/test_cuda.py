@@ -380,9 +380,10 @@ def test_cai_arrays_are_placed_by_their_pointer_and_copies_refused():
 @gpu
 @need_torch
 def test_cai_array_on_another_stream_is_waited_for():
-    """h36 review: v's interface names stream s2, whose producer writes v only after ~0.5 s of GPU work; k
-    is ready on s1, where kvarn runs. CAI v3 has kvarn wait for s2: the stored token is v's final value,
-    not the zeros v held before (what it stored when kvarn ignored v's stream)."""
+    """h36 review: v's producer on stream s2 writes it only after ~0.5 s of GPU work; k is ready on s1, where
+    kvarn runs. kvarn waits for s2 (CAI v3), whether v's interface names s2 or v is a torch tensor on torch's
+    current stream s2: the stored token is v's final value, not the zeros v held before (what it stored when
+    kvarn ignored v's stream; the h39 review found the torch case still unordered after the first fix)."""
 
     class OnStream:
         def __init__(self, t, stream):
@@ -397,19 +398,24 @@ def test_cai_array_on_another_stream_is_waited_for():
     sid = cache.add_sequence()
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     k = torch.randn(1, 1, 2, 128, device="cuda")
-    v = torch.zeros(1, 1, 2, 128, device="cuda")
-    v_final = torch.randn(1, 1, 2, 128, device="cuda")
     # A first append on s1 makes kvarn's buffers for that stream (cudaMalloc may synchronise the device,
-    # which would hide a missing wait in the append under test).
+    # which would hide a missing wait in the appends under test).
     cache.append([sid], OnStream(k, s1), OnStream(k, s1), validate=False)
     torch.cuda.synchronize()
-    with torch.cuda.stream(s2):
-        torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time before the producer's write
-        v.copy_(v_final)
-    cache.append([sid], OnStream(k, s1), OnStream(v, s2), validate=False)
-    torch.cuda.synchronize()
-    stored = np.asarray(cache.to_cpu(sid).to_parts()["sink_v"])[:, 1]
-    np.testing.assert_array_equal(stored, v_final[0, 0].cpu().numpy().astype(np.float16))
+    # v as a plain interface naming s2, then as a torch tensor on torch's current stream s2 (k's interface
+    # still names s1, where kvarn runs)
+    for token, torch_v in ((1, False), (2, True)):
+        v = torch.zeros(1, 1, 2, 128, device="cuda")
+        v_final = torch.randn(1, 1, 2, 128, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s2):
+            torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time before the producer's write
+            v.copy_(v_final)
+            cache.append([sid], OnStream(k, s1), v if torch_v else OnStream(v, s2), validate=False)
+        torch.cuda.synchronize()
+        stored = np.asarray(cache.to_cpu(sid).to_parts()["sink_v"])[:, token]
+        want = v_final[0, 0].cpu().numpy().astype(np.float16)
+        np.testing.assert_array_equal(stored, want, err_msg=f"torch v: {torch_v}")
 
 
 @gpu
@@ -1557,34 +1563,48 @@ def test_fake_stream_protocol(fake):
 def test_fake_cai_arrays_on_other_streams_are_waited_for(fake):
     """h36 review: CUDA Array Interface v3 has the consumer wait for the stream each array names. kvarn runs
     on k's (q's) stream and ignored the stream that v (out) named, so it could read v before its producer
-    wrote it. Now the run stream waits on an event recorded there, before any kernel reads or writes;
-    arrays on the run stream add nothing (test_fake_stream_protocol's exact call lists)."""
+    wrote it. Now the run stream waits on an event recorded there before any kernel reads or writes (the
+    event is destroyed, also when recording fails); an array on the run stream, or whose interface names no
+    stream (None: no wait needed), adds nothing; a producer stream under graph capture is refused by name."""
     rng = np.random.default_rng(_seed("fake-cai-streams"))
     cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
     a = cache.add_sequence()
+    destroyed = []
+    fake.event_destroy = lambda e: destroyed.append(e) or 0
+    for name in ("check", "store", "write_tokens", "attend"):  # kernels logged among the stream calls
+        real = getattr(fake, name)
+        setattr(fake, name, lambda *args, _name=name, _real=real: fake.stream_ops.append(("kernel", _name))
+                or _real(*args))
 
     def on(stream, shape):
         return FakeDevArray(fake, kv_like(rng, shape), stream=stream)
 
-    def waited(ops, producer, consumer):  # an event recorded on producer, then waited for by consumer
-        recorded = [op[1] for op in ops if op[0] == "record" and op[2] == producer]
-        return any(op == ("wait", consumer, e) for op in ops for e in recorded)
+    def waited_before_kernels(producer, consumer):  # an event recorded on producer, waited for by consumer
+        ops = fake.stream_ops[:next(i for i, op in enumerate(fake.stream_ops) if op[0] == "kernel")]
+        events = [op[1] for op in ops if op[0] == "record" and op[2] == producer]
+        fake.stream_ops.clear()
+        return len(events) == 1 and ("wait", consumer, events[0]) in ops and events[0] in destroyed
 
-    ops_at_check = []  # the stream calls made before each validation kernel (which reads k and v)
-    real_check = fake.check
-    fake.check = lambda *args: ops_at_check.append(list(fake.stream_ops)) or real_check(*args)
     cache.append([a], on(11, (1, 200, 2, 128)), on(44, (1, 200, 2, 128)))
-    assert ops_at_check and waited(ops_at_check[0], 44, 11)
-    fake.stream_ops.clear()
+    assert waited_before_kernels(44, 11)
     out = on(55, (1, 8, 128))
     cache.attend(on(22, (1, 8, 128)), [a], out=out)
-    assert waited(fake.stream_ops, 55, 22)
-    fake.stream_ops.clear()
+    assert waited_before_kernels(55, 22)
     kc.quantize_tiles(on(11, (2, 128, 128)), on(66, (2, 128, 128)))
-    assert waited(fake.stream_ops, 66, 11)
+    assert waited_before_kernels(66, 11)
     events = fake.events
     cache.append([a], on(11, (1, 1, 2, 128)), on(11, (1, 1, 2, 128)))  # one stream: no event of its own
-    assert fake.events == events and cache.length(a) == 201
+    cache.append([a], on(11, (1, 1, 2, 128)), on(None, (1, 1, 2, 128)))  # "no synchronization required"
+    assert fake.events == events and cache.length(a) == 202
+    real_record = fake.event_record
+    fake.event_record = lambda e, s: 700 if s == 77 else real_record(e, s)
+    with pytest.raises(RuntimeError, match="quantize_tiles"):
+        kc.quantize_tiles(on(11, (2, 128, 128)), on(77, (2, 128, 128)))
+    assert fake.events in destroyed  # the failed record's event is not leaked
+    fake.capturing.add(88)
+    with pytest.raises(RuntimeError, match="^v: its stream is being captured"):
+        cache.append([a], on(11, (1, 1, 2, 128)), on(88, (1, 1, 2, 128)))
+    assert cache.length(a) == 202
 
 
 def test_fake_validation_before_any_kernel(fake):

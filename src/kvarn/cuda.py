@@ -203,7 +203,10 @@ class DeviceArray(_OwnsDeviceResources):
 class _View:
     """What the kernels need of one strided device tensor."""
 
-    __slots__ = ("obj", "kind", "ptr", "dtype", "shape", "strides", "stream", "device", "readonly", "shape0")
+    # stream: where a call on this array runs; producer: the stream whose queued work must finish before
+    # kvarn reads or writes it (None: the interface says no wait is needed).
+    __slots__ = ("obj", "kind", "ptr", "dtype", "shape", "strides", "stream", "producer", "device", "readonly",
+                 "shape0", "name")
 
     def spec(self):
         return (self.ptr, self.dtype, self.shape, self.strides)
@@ -263,7 +266,7 @@ def _torch_stream(torch, device_index) -> int:
 def _view(x, name) -> _View:
     """Describes a GPU tensor without copying it; TypeError naming `name` for anything else."""
     v = _View()
-    v.obj = x
+    v.obj, v.name = x, name
     v.readonly = False
     if _is_torch(x):
         import torch
@@ -278,7 +281,7 @@ def _view(x, name) -> _View:
         v.shape0 = v.shape
         _check_aligned(v, name)
         v.device = x.device.index
-        v.stream = _torch_stream(torch, v.device)
+        v.stream = v.producer = _torch_stream(torch, v.device)
         return v
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None:
@@ -321,10 +324,11 @@ def _view(x, name) -> _View:
 
         v.device = x.device.id
         with cupy.cuda.Device(v.device):  # CuPy's current stream is per device: the array's
-            v.stream = cupy.cuda.get_current_stream().ptr
+            v.stream = v.producer = cupy.cuda.get_current_stream().ptr
     else:
         s = cai.get("stream")
         v.stream = 0 if s in (None, 1, 2) else int(s)
+        v.producer = None if s is None else v.stream
         v.device = x.device if isinstance(x, DeviceArray) else _pointer_device(v, name)
     return v
 
@@ -432,12 +436,17 @@ def _on_own_device(method):
 
 def _order_after(stream, views, what):
     """Orders kvarn's work on `stream` after the work each array's producer queued (CUDA Array Interface
-    v3: the consumer waits for the stream the interface names). torch and CuPy arrays name the current
-    stream, as `stream` is; a plain __cuda_array_interface__ array may name another one: `stream` then
-    waits for it through an event (no host wait). Not while attend is captured into a graph (an event
-    recorded outside the capture cannot be waited on inside it): order such arrays before capturing."""
+    v3: the consumer waits for the stream the interface names; torch and CuPy arrays: their library's current
+    stream). Where that is another stream than `stream` (another library's, or a plain interface naming its
+    own), `stream` waits for it through an event (no host wait). Not while attend is captured into a graph
+    (an event recorded outside the capture cannot be waited on inside it): order such arrays before capturing.
+    A producer stream that is itself being captured is refused: waiting on it would pull `stream` into that
+    capture."""
     for view in views:
-        if view.kind == "cai" and view.stream != stream:
+        if view.producer is not None and view.producer != stream:
+            if _capturing(view.producer, what):
+                raise RuntimeError(f"{view.name}: its stream is being captured into a CUDA graph while {what} runs "
+                                   "on another stream; pass it on the same stream, or outside the capture")
             rc, event = _cuda.event_create()
             _check_runtime(rc, what)
             try:
