@@ -287,7 +287,7 @@ def _tiles(rng, kind, n, G, D):
     return k, v
 
 
-@pytest.mark.parametrize("preset", ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k2v2_g128", "k8v8_g128"])
+@pytest.mark.parametrize("preset", sorted(kvarn.PRESETS))
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
 @pytest.mark.parametrize("kind", ["gauss", "scaled", "fp16grid", "offset", "degenerate", "signedzeros"])
 def test_quantize_records_identical(preset, head_dim, kind, rng):

@@ -285,7 +285,7 @@ SCORE_MODES = ("float", "int16", "int8")
 def set_score_mode(mode: str) -> None:
     """How the SIMD kernels compute 4-bit key scores and 2-bit value sums: "int16" (the default:
     int16-rounded query and weights, exact int32 sums; ~1e-4 of the output's scale from the float
-    path on typical queries (up to 2.2e-4 on real SmolLM2 ones), more where one rotated query component or
+    path on typical queries (up to 1.9e-4 on real SmolLM2 ones), more where one rotated query component or
     one token's weight dominates, as both are rounded relative to their largest (8e-3 on a contrived
     query); 1.3-1.8x faster; any AVX2 or AVX-512 CPU, vpdpwssd where it has VNNI), "float" (fp32, equal to
     float64 up to reassociation) or "int8" (the query rounded to int8 per tile and head, values as in

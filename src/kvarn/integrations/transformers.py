@@ -67,7 +67,8 @@ waking kvarn's sleeping helper costs more than the work; at 4K tokens the two to
 benchmarks/RESULTS.md §5).
 Measured end to end: ``benchmarks/bench_generate.py``.
 Needs torch and transformers >= 5.24, < 6: the ``transformers`` extra (``pip install "kvarn[transformers]"``;
-the ``eval`` extra pins the versions the published numbers were measured with).
+the ``eval`` extra pins torch 2.13.0 and bounds the rest; the published numbers were measured with
+transformers 5.24.0).
 """
 from __future__ import annotations
 
