@@ -434,26 +434,26 @@ def _on_own_device(method):
     return wrapper
 
 
-def _order_after(stream, views, what):
-    """Orders kvarn's work on `stream` after the work each array's producer queued (CUDA Array Interface
+def _order_after(stream, view, what):
+    """Orders kvarn's work on `stream` after the work the array's producer queued (CUDA Array Interface
     v3: the consumer waits for the stream the interface names; torch and CuPy arrays: their library's current
     stream). Where that is another stream than `stream` (another library's, or a plain interface naming its
     own), `stream` waits for it through an event (no host wait). Not while attend is captured into a graph
     (an event recorded outside the capture cannot be waited on inside it): order such arrays before capturing.
     A producer stream that is itself being captured is refused: waiting on it would pull `stream` into that
     capture."""
-    for view in views:
-        if view.producer is not None and view.producer != stream:
-            if _capturing(view.producer, what):
-                raise RuntimeError(f"{view.name}: its stream is being captured into a CUDA graph while {what} runs "
-                                   "on another stream; pass it on the same stream, or outside the capture")
-            rc, event = _cuda.event_create()
-            _check_runtime(rc, what)
-            try:
-                _check_runtime(_cuda.event_record(event, view.stream), what)
-                _check_runtime(_cuda.stream_wait_event(stream, event), what)
-            finally:
-                _cuda.event_destroy(event)  # released once the recorded work is done
+    if view.producer is None or view.producer == stream:
+        return
+    if _capturing(view.producer, what):
+        raise RuntimeError(f"{view.name}: its stream is being captured into a CUDA graph while {what} runs "
+                           "on another stream; pass it on the same stream, or outside the capture")
+    rc, event = _cuda.event_create()
+    _check_runtime(rc, what)
+    try:
+        _check_runtime(_cuda.event_record(event, view.producer), what)
+        _check_runtime(_cuda.stream_wait_event(stream, event), what)
+    finally:
+        _cuda.event_destroy(event)  # released once the recorded work is done
 
 
 def _check_device(view, name, device):
@@ -589,7 +589,7 @@ def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, 
     if n == 0:
         return records
     stream = vk.stream
-    _order_after(stream, (vv,), "quantize_tiles")
+    _order_after(stream, vv, "quantize_tiles")
     flag = DeviceArray((1,), np.int32).zero_(stream)
     if validate:  # as quantize_tile on the CPU: NaN/Inf and values beyond fp16 are refused
         for view, nf, rng in ((vk, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE),
@@ -954,7 +954,7 @@ class PagedKVCache(_OwnsDeviceResources):
         if _capturing(stream, "append"):
             raise RuntimeError("append: cannot be captured in a CUDA graph (it uploads host metadata and takes "
                                "pages); capture attend(q, plan=...) only")
-        _order_after(stream, (vv,), "append")
+        _order_after(stream, vv, "append")
         lens0 = self._lengths[layer, slots]
         lens1 = lens0 + T
         over = np.nonzero(lens1 > self.max_seq_len)[0]
@@ -1167,7 +1167,7 @@ class PagedKVCache(_OwnsDeviceResources):
                              "layouts it can prove disjoint, as any slicing or transposition of a dense array): the "
                              "kernels would write several results to one place")
         if not capturing:
-            _order_after(stream, (vo,), "attend")
+            _order_after(stream, vo, "attend")
         if validate:
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "attend")
             _check(_cuda.check(vq.spec(), st.flag.ptr, 1, 2, stream), "attend")  # 2: some |q| > 65504
