@@ -92,14 +92,16 @@ def _table():
 
         ref = {k: find(k) for k in ("fp16", "numpy", "torch")}
         for _, name, mn, med, nbytes, extra in sorted(rows, key=lambda r: r[2]):
+            # compare=False: a row timing something else than one call (a whole cold step, a round of
+            # blocks with pauses): its bytes per time and ratios would mean nothing
+            one_call = extra.get("compare", True)
             gbps = nbytes / mn / 1e9
-            frac = f"{100 * gbps / copy:.0f}%" if copy else "-"
-            # compare=False: a row timing something else than one call (e.g. a whole cold step)
-            ratios = [f"{ref[k] / mn:.2f}x" if ref[k] and extra.get("compare", True) else "-"
-                      for k in ("fp16", "numpy", "torch")]
+            rate = f"{gbps:.2f}" if one_call else "-"
+            frac = f"{100 * gbps / copy:.0f}%" if copy and one_call else "-"
+            ratios = [f"{ref[k] / mn:.2f}x" if ref[k] and one_call else "-" for k in ("fp16", "numpy", "torch")]
             label = extra.get("impl", name)
             lines.append(
-                f"| {label} | {mn * 1e3:.3f} | {med * 1e3:.3f} | {nbytes / 1e6:.2f} | {gbps:.2f} | {frac} | " + " | ".join(ratios) + " |"
+                f"| {label} | {mn * 1e3:.3f} | {med * 1e3:.3f} | {nbytes / 1e6:.2f} | {rate} | {frac} | " + " | ".join(ratios) + " |"
             )
         for *_, extra in rows:
             if "ratio" in extra:
@@ -111,6 +113,12 @@ def _table():
                 lines.append(
                     "warm, interleaved in blocks: kvarn " + f"{extra['warm_ms']['kvarn']} ms -> "
                     + ", ".join(f"{r}x {name} ({extra['warm_ms'][name]} ms)" for name, r in extra["warm_ratios"].items())
+                )
+            if "warm_median_ratios" in extra:  # its own line: aggregate_tables.py reads the "warm, ..." one
+                lines.append(
+                    "medians of the same series (each implementation's blocks hold different numbers of calls, so "
+                    "minima are over different sample counts): " + ", ".join(
+                        f"{r}x {name}" for name, r in extra["warm_median_ratios"].items())
                 )
             if "warm_ratios_int8" in extra:  # not "warm, ...": aggregate_tables.py reads that line for the default mode
                 lines.append(

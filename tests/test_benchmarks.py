@@ -50,6 +50,10 @@ def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
         expected.add("kvarn-avx2-int8")
     assert expected <= rows, sorted(expected - rows)
     assert re.search(r"warm, interleaved in blocks: kvarn [0-9.]+ ms -> [0-9.]+x fp16", text), text[-2000:]
+    assert re.search(r"medians of the same series .*: [0-9.]+x fp16", text), text[-2000:]
+    # A row that times a whole round of blocks (pauses included) has no bytes-per-time or ratio.
+    round_rows = [line.split("|") for line in text.splitlines() if line.startswith("| interleaved-round-all-")]
+    assert round_rows and all([c.strip() for c in r[5:10]] == ["-"] * 5 for r in round_rows), round_rows
     best = kvarn.available_isas()[-1]
     if best == "avx2" or (best == "avx512" and kvarn._native.cpu_has_vnni()):  # where the best ISA runs int8
         assert re.search(r"int8 score mode, same series: kvarn-int8 [0-9.]+ ms -> [0-9.]+x fp16", text), text[-2000:]
