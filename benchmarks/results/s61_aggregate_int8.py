@@ -1,5 +1,5 @@
 # Twenty-first session: medians and ranges over runs of the interleaved 32K groups with a kvarn-int8 row
-# (run from benchmarks/results: python s61_aggregate_int8.py 1,2,3,4,5,6 > zen3_2t_aggregate_s61_32k.txt).
+# (run from benchmarks/results: python s61_aggregate_int8.py 1,2,3,4,5,6,7,8,9 > zen3_2t_aggregate_s61_32k.txt).
 import re, statistics as st, sys
 runs = [int(x) for x in sys.argv[1].split(",")]
 rows = []
