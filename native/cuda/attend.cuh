@@ -1811,20 +1811,25 @@ int launch_attend_d128(int kbits, int vbits, int group, AttendArgs& a, int batch
 int launch_attend_d256(int kbits, int vbits, int group, AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
 
 // Whether the direct path (clusters of `splits` CTAs) runs in no more waves than plain CTAs would:
-// cluster placement needs `splits` free SMs in one GPC. Cached per (kernel, splits, block, smem).
+// cluster placement needs `splits` free SMs in one GPC. Cached per (device, kernel, splits, block, smem).
 inline bool direct_fits(const void* kernel, dim3 grid, int block, size_t smem)
 {
     static std::mutex mu;
-    static std::map<std::tuple<const void*, unsigned, int, size_t, unsigned>, bool> memo;
+    static std::map<std::tuple<int, const void*, unsigned, int, size_t, unsigned>, bool> memo;
     const int S = (int)grid.x;
     const unsigned total = grid.x * grid.y * grid.z;
-    const auto key = std::make_tuple(kernel, grid.x, block, smem, total);
+    int dev = -1;  // the answer is the current GPU's: two kinds of GPU in one process must not share it
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;  // plain launch, which needs no answer
+    }
+    const auto key = std::make_tuple(dev, kernel, grid.x, block, smem, total);
     std::lock_guard<std::mutex> lock(mu);
     auto it = memo.find(key);
     if (it != memo.end()) return it->second;
     bool ok = false;
-    int dev = 0, sms = 0, per_sm = 0, clusters = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+    int sms = 0, per_sm = 0, clusters = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, smem) == cudaSuccess && per_sm > 0) {
         if (S == 1) {
             ok = true;
@@ -1853,18 +1858,23 @@ inline bool direct_fits(const void* kernel, dim3 grid, int block, size_t smem)
     return ok;
 }
 
-// The most CTAs of a kernel (block, smem) in one wave: SMs x CTAs per SM. Cached.
+// The most CTAs of a kernel (block, smem) in one wave on the current GPU: SMs x CTAs per SM. Cached.
 inline unsigned wave_capacity(const void* kernel, int block, size_t smem)
 {
     static std::mutex mu;
-    static std::map<std::tuple<const void*, int, size_t>, unsigned> memo;
-    const auto key = std::make_tuple(kernel, block, smem);
+    static std::map<std::tuple<int, const void*, int, size_t>, unsigned> memo;
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;  // no resplit
+    }
+    const auto key = std::make_tuple(dev, kernel, block, smem);
     std::lock_guard<std::mutex> lock(mu);
     auto it = memo.find(key);
     if (it != memo.end()) return it->second;
-    int dev = 0, sms = 0, per_sm = 0;
+    int sms = 0, per_sm = 0;
     unsigned cap = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, smem) == cudaSuccess)
         cap = (unsigned)(sms * per_sm);
     (void)cudaGetLastError();
