@@ -46,3 +46,18 @@ if [ "${1:-gpu}" = bench2 ]; then  # s63e: the full grid again, its kvarn check 
   grep -E "check: kvarn" "$OUT/bench_full.log" | sed 's/; vs CPU.*|out|/ |out|/'
   echo "[$(el) s] end"
 fi
+if [ "${1:-gpu}" = variant ]; then  # s63f: the served k4v2 loops hard-code the offset arithmetic; the row-split loop
+  # (KVARN_ATTEND_VARIANT=1) takes KVARN_OFFSET_CODES: offset codes (default build) vs HSUB2 (a copy built with 0)
+  rm -rf /tmp/src_nooff && mkdir -p /tmp/src_nooff && cp -r CMakeLists.txt pyproject.toml README.md LICENSE include native src /tmp/src_nooff/
+  sed -i 's/^#define KVARN_OFFSET_CODES 1$/#define KVARN_OFFSET_CODES 0/' /tmp/src_nooff/native/cuda/attend.cuh
+  KVARN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/site_nooff \
+    -C build-dir=/tmp/build_nooff2 /tmp/src_nooff >"$OUT/build_nooff.log" 2>&1 || { tail -30 "$OUT/build_nooff.log"; exit 1; }
+  echo "[$(el) s] built the variant"
+  for v in 16 1; do
+    echo "== default build, KVARN_ATTEND_VARIANT=$v"
+    KVARN_ATTEND_VARIANT=$v timeout 120 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tee "$OUT/variant_${v}_offset.log"
+  done
+  echo "== KVARN_OFFSET_CODES 0 build, KVARN_ATTEND_VARIANT=1"
+  KVARN_ATTEND_VARIANT=1 PYTHONPATH=/tmp/site_nooff timeout 120 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tee "$OUT/variant_1_hsub2.log"
+  echo "[$(el) s] end"
+fi
