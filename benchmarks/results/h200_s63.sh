@@ -5,7 +5,7 @@
 # s8, before s51's kernel change (a report-only audit's point).
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
-build_cuda || exit 1
+[ "${1:-gpu}" = pvdefine ] || build_cuda || exit 1  # pvdefine builds its own
 if [ "${1:-gpu}" = gpu ]; then
   python3 -c "import kvarn, kvarn.cuda as kc; print(kvarn.available_isas(), kvarn.active_isa(), kc.is_available())" | tee "$OUT/machine.txt"
   nvcc --version | tail -1 | tee -a "$OUT/machine.txt"
@@ -59,5 +59,42 @@ if [ "${1:-gpu}" = variant ]; then  # s63f: the served k4v2 loops hard-code the 
   done
   echo "== KVARN_OFFSET_CODES 0 build, KVARN_ATTEND_VARIANT=1"
   KVARN_ATTEND_VARIANT=1 PYTHONPATH=/tmp/site_nooff timeout 120 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tee "$OUT/variant_1_hsub2.log"
+  echo "[$(el) s] end"
+fi
+if [ "${1:-gpu}" = pv ]; then  # s63g: the swapped loops' P.V product on HSUB2 codes (KVARN_SWAPPED_PV_OFFSET 0, the new
+  # default) against the offset codes (1, the old arithmetic, a copy built with it): tests, precision, speed A/B
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfs tests/test_cuda.py --tb=short 2>&1 \
+    | grep -E "^(FAILED|E |[0-9]+ (passed|failed))" | tail -12 | tee "$OUT/test_cuda.log"
+  echo "[$(el) s] test_cuda"
+  rm -rf /tmp/src_old && mkdir -p /tmp/src_old && cp -r CMakeLists.txt pyproject.toml README.md LICENSE include native src /tmp/src_old/
+  sed -i 's/^#define KVARN_SWAPPED_PV_OFFSET 0$/#define KVARN_SWAPPED_PV_OFFSET 1/' /tmp/src_old/native/cuda/attend.cuh
+  grep -c "^#define KVARN_SWAPPED_PV_OFFSET 1$" /tmp/src_old/native/cuda/attend.cuh
+  KVARN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/site_old \
+    -C build-dir=/tmp/build_old /tmp/src_old >"$OUT/build_old.log" 2>&1 || { tail -30 "$OUT/build_old.log"; exit 1; }
+  echo "[$(el) s] built the old arithmetic"
+  echo "== new (HSUB2 P.V)"; timeout 120 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tee "$OUT/pv_new_accuracy.log"
+  echo "== old (offset P.V)"; PYTHONPATH=/tmp/site_old timeout 120 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tee "$OUT/pv_old_accuracy.log"
+  echo "[$(el) s] probes"
+  for round in 1 2 3; do
+    for build in new old; do
+      pp=""; [ $build = old ] && pp=/tmp/site_old
+      PYTHONPATH=$pp timeout 100 python3 benchmarks/bench_cuda.py --kvarn-only --points 4096x1,4096x8,32768x1,32768x8,131072x8,131072x32 \
+        --out /tmp >"$OUT/pv_ab_${build}_$round.log" 2>&1
+      echo "$build round $round exit $?: $(grep -E '^ctx' "$OUT/pv_ab_${build}_$round.log" | sed 's/(eager.*//' | awk '{print $2"x"$4" "$6}' | tr '\n' ' ')"
+    done
+  done
+  echo "[$(el) s] A/B"
+  for tool in memcheck racecheck; do
+    timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/test_cuda.py --sanitize >"$OUT/pv_sanitize_$tool.log" 2>&1
+    echo "$tool: exit $? | $(tail -2 "$OUT/pv_sanitize_$tool.log" | tr '\n' ' ')"
+  done
+  echo "[$(el) s] end"
+fi
+if [ "${1:-gpu}" = pvdefine ]; then  # s63h: default back to the offset arithmetic (speed); the HSUB2 P.V as a build-time define
+  KVARN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/site_def \
+    -C build-dir=/tmp/build_def -C cmake.define.CMAKE_CUDA_FLAGS=-DKVARN_SWAPPED_PV_OFFSET=0 . >"$OUT/build_def.log" 2>&1 \
+    || { tail -30 "$OUT/build_def.log"; exit 1; }
+  echo "[$(el) s] built with the define"
+  PYTHONPATH=/tmp/site_def timeout 100 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tail -4
   echo "[$(el) s] end"
 fi

@@ -124,6 +124,16 @@ struct Words {
 #define KVARN_OFFSET_CODES 1
 #endif
 constexpr bool kOffsetCodes = KVARN_OFFSET_CODES && !KVARN_SUBNORMAL_CODES;
+// The swapped-operand k4v2 loops' P.V product (A = the 2-bit value codes). 1 (default): offset codes, whose
+// 1024-inflated lo-row sums round alike in every tile, so the error adds up over the tiles of one program: 4.0e-4
+// relative at 128K x 32 with near-flat attention, 9.3e-6 of the values summed. 0: HSUB2 codes (code * 2^shift
+// exactly, accumulators from 0; split_grid's hi on the 2^6 grid keeps the hi row's sums exact): 1.1e-5 / 2.6e-7
+// there, but 4.3 % slower at 32K x 8 (77.8 against 74.6 us, below 70 % of copy bandwidth) and 6-7 % at 128K x 8 / 32
+// (s63g, docs/cuda.md). Build with -DKVARN_SWAPPED_PV_OFFSET=0 (CMAKE_CUDA_FLAGS) for the precise form.
+#ifndef KVARN_SWAPPED_PV_OFFSET
+#define KVARN_SWAPPED_PV_OFFSET 1
+#endif
+constexpr bool kSwappedPvOffset = KVARN_SWAPPED_PV_OFFSET && !KVARN_SUBNORMAL_CODES;
 // Offset codes for a head_dim: not at D 256, where the QK sums run over 256 channels and their
 // partial sums pass 2^30 (the hi row then rounds: relative errors up to 3.7e-4 measured on the
 // H200, k2v2_g128, GQA 8); D 256 keeps the HSUB2 arithmetic (~3e-6).
@@ -965,13 +975,16 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
             pb[2 * i + 1][0] = x.z;
             pb[2 * i + 1][1] = x.w;
         }
-        float vst[4][4];
+        float v_hi = 0.0f, v_lo = 0.0f;
+        if constexpr (kSwappedPvOffset) {
+            float vst[4][4];
 #pragma unroll
-        for (int h = 0; h < 4; ++h) vst[h][0] = vst[h][1] = vst[h][2] = vst[h][3] = 0.0f;
+            for (int h = 0; h < 4; ++h) vst[h][0] = vst[h][1] = vst[h][2] = vst[h][3] = 0.0f;
 #pragma unroll
-        for (int u = 0; u < C::US; ++u) mma_16816(vst[u % 4], kNeg1024, kNeg1024, kNeg1024, kNeg1024, pb[u][0], pb[u][1]);
-        const float v_hi = (vst[0][0] + vst[1][0]) + (vst[2][0] + vst[3][0]);
-        const float v_lo = (vst[0][1] + vst[1][1]) + (vst[2][1] + vst[3][1]);
+            for (int u = 0; u < C::US; ++u) mma_16816(vst[u % 4], kNeg1024, kNeg1024, kNeg1024, kNeg1024, pb[u][0], pb[u][1]);
+            v_hi = (vst[0][0] + vst[1][0]) + (vst[2][0] + vst[3][0]);
+            v_lo = (vst[0][1] + vst[1][1]) + (vst[2][1] + vst[3][1]);
+        }
 
         // out^T = Vcodes^T * P'^T
         float o[8][4];
@@ -986,8 +999,8 @@ __device__ __forceinline__ void tiles_swapped(const AttendArgs& a, uint8_t* stag
 #pragma unroll
             for (int q = 0; q < 4; ++q) w[q] = *reinterpret_cast<const uint32_t*>(vcodes + (16 * u + 4 * q + c) * C::VROW + 4 * g);
             uint32_t V01[16], V23[16];
-            unpack_pairs<2, 32, true>(&w[0], &w[1], V01);
-            unpack_pairs<2, 32, true>(&w[2], &w[3], V23);
+            unpack_pairs<2, 32, kSwappedPvOffset>(&w[0], &w[1], V01);
+            unpack_pairs<2, 32, kSwappedPvOffset>(&w[2], &w[3], V23);
 #pragma unroll
             for (int mm = 0; mm < 8; ++mm) mma_16816(o[mm], V01[2 * mm], V01[2 * mm + 1], V23[2 * mm], V23[2 * mm + 1], pb[u][0], pb[u][1]);
         }
@@ -1119,14 +1132,17 @@ __device__ __forceinline__ void tiles_pair(const AttendArgs& a, uint8_t* stages,
             pb[2 * i + 1][0] = x.z;
             pb[2 * i + 1][1] = x.w;
         }
-        float vst[4][4];
+        float v_hi = 0.0f, v_lo = 0.0f;
+        if constexpr (kSwappedPvOffset) {
+            float vst[4][4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            vst[u][0] = vst[u][1] = vst[u][2] = vst[u][3] = 0.0f;
-            mma_16816(vst[u], kNeg1024, kNeg1024, kNeg1024, kNeg1024, pb[u][0], pb[u][1]);
+            for (int u = 0; u < 4; ++u) {
+                vst[u][0] = vst[u][1] = vst[u][2] = vst[u][3] = 0.0f;
+                mma_16816(vst[u], kNeg1024, kNeg1024, kNeg1024, kNeg1024, pb[u][0], pb[u][1]);
+            }
+            v_hi = (vst[0][0] + vst[1][0]) + (vst[2][0] + vst[3][0]);
+            v_lo = (vst[0][1] + vst[1][1]) + (vst[2][1] + vst[3][1]);
         }
-        const float v_hi = (vst[0][0] + vst[1][0]) + (vst[2][0] + vst[3][0]);
-        const float v_lo = (vst[0][1] + vst[1][1]) + (vst[2][1] + vst[3][1]);
 
         // out^T = Vcodes^T * P'^T over this half's 4 k-steps
         float o[8][4];
@@ -1142,8 +1158,8 @@ __device__ __forceinline__ void tiles_pair(const AttendArgs& a, uint8_t* stages,
             for (int q = 0; q < 4; ++q)
                 w[q] = *reinterpret_cast<const uint32_t*>(vcodes + (tok0 + 16 * u + 4 * q + c) * C::VROW + 4 * g);
             uint32_t V01[16], V23[16];
-            unpack_pairs<2, 32, true>(&w[0], &w[1], V01);
-            unpack_pairs<2, 32, true>(&w[2], &w[3], V23);
+            unpack_pairs<2, 32, kSwappedPvOffset>(&w[0], &w[1], V01);
+            unpack_pairs<2, 32, kSwappedPvOffset>(&w[2], &w[3], V23);
 #pragma unroll
             for (int mm = 0; mm < 8; ++mm) mma_16816(o[mm], V01[2 * mm], V01[2 * mm + 1], V23[2 * mm], V23[2 * mm + 1], pb[u][0], pb[u][1]);
         }
