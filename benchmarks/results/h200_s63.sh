@@ -2,7 +2,10 @@
 # Device calls s63 (twenty-third session), on the Xeon + H200. Step "gpu": the CUDA build with the attend launch
 # memos keyed by device, test_cuda.py, compute-sanitizer memcheck / racecheck. Step "bench": the full grid of
 # bench_cuda.py (4K / 32K / 128K x batch 1 / 8 / 32, the store benchmark) on the current kernels - last run whole in
-# s8, before s51's kernel change (a report-only audit's point).
+# s8, before s51's kernel change (a report-only audit's point). Then, after that grid's kvarn output check failed at
+# 128K x 8 / 32: "accuracy" (a float64 probe), "offset" (the same with KVARN_OFFSET_CODES 0, which the served loops do
+# not take), "bench2" (the grid with the weighted check), "variant" (the row-split loop with and without offset
+# codes), "pv" (KVARN_SWAPPED_PV_OFFSET 0 against 1: tests, precision, speed A/B), "pvdefine" (that via cmake.define).
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 [ "${1:-gpu}" = pvdefine ] || build_cuda || exit 1  # pvdefine builds its own
