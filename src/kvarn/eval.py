@@ -196,6 +196,32 @@ def forward_logits(model, ids, attention):
         return model(torch.tensor([ids])).logits[0].float()
 
 
+def scored_rows(text_ids, eval_from: int):
+    """The logits rows a run scores and their targets: row p predicts token p + 1, for p from ``eval_from`` to the
+    window's second-to-last position."""
+    import torch
+
+    return slice(eval_from, len(text_ids) - 1), torch.tensor(text_ids[eval_from + 1 :])
+
+
+def pseudo_decode_for(method, args, exact_prefix: int = 0):
+    """The pseudo-decode attention of ``method`` under the run's --sink and --quantize-on."""
+    return PseudoDecode(method, args.sink, method.group, exact_prefix=exact_prefix,
+                        own_tile_exact=args.quantize_on == "next")
+
+
+def decode_path_comparison(ref_rows, dec, pseudo, targets) -> dict:
+    """The real decode path against pseudo-decode: ref_rows [S - 1, V] fp32 log-probs of positions P .. P + S - 2;
+    dec, pseudo [S, V] logits of positions P .. P + S - 1 (the last predicts past the window: not scored);
+    targets [S - 1] the tokens at P + 1 .. P + S - 1."""
+    return {
+        "kl_cache": compare_logits(ref_rows, dec[:-1], targets)["kl"],
+        "kl_pseudo": compare_logits(ref_rows, pseudo[:-1], targets)["kl"],
+        "max_abs_logit_diff": float((dec - pseudo).abs().max()),
+        "top1_cache_vs_pseudo": float((dec.argmax(-1) == pseudo.argmax(-1)).double().mean()),
+    }
+
+
 def compare_logits(ref_logp, logits, targets):
     """ref_logp, logits [P, V] (positions to score), targets [P]: ppl, KL(ref ‖ method), top-1 agreement."""
     import torch
@@ -493,8 +519,7 @@ def run_eval(args) -> int:
     bar = tqdm(total=1 + len(methods) + (1 + len(gen_methods)) * bool(prompts) + len(dec_presets), desc="kvarn eval")
 
     # 1. fp32 reference and every method, pseudo-decode.
-    targets = torch.tensor(text_ids[args.eval_from + 1 :])
-    sl = slice(args.eval_from, args.tokens - 1)
+    sl, targets = scored_rows(text_ids, args.eval_from)
     bar.set_postfix_str("fp32")
     ref_logits = forward_logits(model, text_ids, PseudoDecode(None, args.sink, 128))
     ref_logp = torch.log_softmax(ref_logits[sl].double(), -1).float()
@@ -504,7 +529,7 @@ def run_eval(args) -> int:
     for m in methods:
         bar.set_postfix_str(m.name)
         t0 = time.time()
-        att = PseudoDecode(m, args.sink, m.group, own_tile_exact=args.quantize_on == "next")
+        att = pseudo_decode_for(m, args)
         logits = forward_logits(model, text_ids, att)
         m.results["pseudo_decode"] = compare_logits(ref_logp, logits[sl], targets)
         m.results["pseudo_decode"]["seconds"] = round(time.time() - t0, 1)
@@ -553,15 +578,11 @@ def run_eval(args) -> int:
             t0 = time.time()
             dec, cache = decode_path_logits(model, ids, P, S, m.preset, args.sink, args.quantize_on)
             dec_seconds = time.time() - t0
-            pseudo = forward_logits(model, ids, PseudoDecode(m, args.sink, m.group, exact_prefix=P,
-                                                             own_tile_exact=args.quantize_on == "next"))[P:]
+            pseudo = forward_logits(model, ids, pseudo_decode_for(m, args, exact_prefix=P))[P:]
             m.results["decode_path"] = {
                 "prefix": P,
                 "steps": S,
-                "kl_cache": compare_logits(ref_rows, dec[:-1], tg)["kl"],
-                "kl_pseudo": compare_logits(ref_rows, pseudo[:-1], tg)["kl"],
-                "max_abs_logit_diff": float((dec - pseudo).abs().max()),
-                "top1_cache_vs_pseudo": float((dec.argmax(-1) == pseudo.argmax(-1)).double().mean()),
+                **decode_path_comparison(ref_rows, dec, pseudo, tg),
                 "compression_ratio": cache.compression_ratio,
                 "seconds_per_step": dec_seconds / S,
             }
