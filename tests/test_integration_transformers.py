@@ -1364,3 +1364,48 @@ def test_bench_generate_script_runs_and_reports(tmp_path):
     record = kvarn.PRESETS["k4v2_g128"].record_bytes(64)
     fp16_tile = 128 * 3 * 64 * 2 * 2  # sink or tail buffer, K and V
     assert point["kvarn"]["cache_bytes"] == 30 * (2 * fp16_tile + 4 * 3 * record)
+
+
+# ---- the crop window's ring at its edges (a report-only mutation audit, h41: each test fails on a mutant of the
+# ring's bookkeeping that every other test let pass - one of them let position 64 silently take token 129's key)
+def _crop_layer(n, window=65):
+    layer = _tiny_cache(layers=1, preset="k4v2_g64", sink_tokens=0, crop_window=window).kvarn_layers[0]
+    k, v = _kv(1, n, 0)
+    _prefill(layer, k, v)
+    return layer, k, v
+
+
+def test_crop_into_a_tile_older_than_the_ring_is_refused():
+    layer, _, _ = _crop_layer(130)  # the ring holds positions 65..129; tile [64, 128) is quantised
+    with pytest.raises(NotImplementedError, match="crop_window"):
+        layer.crop(-30)  # keep 100: re-appending 64..99 needs position 64, which the ring no longer holds
+
+
+def test_crop_at_the_oldest_position_the_ring_holds_is_served_exactly():
+    layer, k, _ = _crop_layer(129)  # the ring holds positions 64..128
+    layer.crop(-29)  # keep 100: tile [64, 128) is re-appended from positions 64..99 of the ring
+    np.testing.assert_array_equal(layer.caches[0].to_parts()["tail_k"], k[0, :, 64:100].half().numpy())
+
+
+def test_a_crop_frees_the_ring_positions_it_removed():
+    layer, _, _ = _crop_layer(130)  # tiles [0, 64) and [64, 128), tail 2; the ring holds 65..129
+    layer.crop(-66)  # keep 64: a tile boundary, nothing re-appended; the ring's valid part starts at 64 again
+    for i in range(64):  # positions 64..127 anew: tile [64, 128) is quantised once more
+        k1, v1 = _kv(1, 1, 100 + i)
+        _decode(layer, k1, v1, torch.randn(1, 4, 1, 16))
+    layer.crop(-28)  # keep 100: the ring holds 64..127, so the cut tile can be re-appended
+    assert len(layer.caches[0]) == 100
+
+
+def test_an_attention_call_with_softcap_is_refused():
+    """The config check refuses soft-capping models when the cache is built; a call passing softcap anyway
+    (a model whose config does not say it) is refused by the attention function itself."""
+    import types
+
+    from kvarn.integrations.transformers import kvarn_attention
+
+    layer, _, _ = _crop_layer(10)
+    k1, v1 = _kv(1, 1, 5)
+    layer.update(k1, v1)  # a decode step: k1 is tagged for kvarn attention
+    with pytest.raises(NotImplementedError, match="soft-capping"):
+        kvarn_attention(types.SimpleNamespace(), torch.randn(1, 4, 1, 16), k1, v1, None, scaling=0.25, softcap=30.0)
