@@ -353,6 +353,20 @@ def test_quantize_overflow_reported_on_every_isa(bad, rng):
                 _ops.quantize_tiles_native(k, v, p, 8, threads)
 
 
+def test_quantize_overflow_of_the_zero_point_alone_is_reported_on_every_isa(rng):
+    """Keys near 60000 with a tiny spread, balanced with no iteration (the identity: a balancing candidate could
+    scale them into range): ka fits fp16, kz = lo of the rotated channel 0 (~240000) does not, and the values are
+    plain. Every ISA must refuse the tile (a report-only mutation audit, h41: without the kz check the scalar path
+    stored kz = inf and no test failed - the other overflow tests also overflow V)."""
+    k = (60000.0 + rng.standard_normal((64, 16))).astype(np.float32)
+    v = rng.standard_normal((64, 16)).astype(np.float32)
+    for isa in ISAS:
+        kvarn.set_isa(isa)
+        with pytest.raises(ValueError, match="too large for its fp16 scale"):
+            kvarn.quantize_tile(k, v, "k4v2_g64", iters=0)
+        kvarn.quantize_tile(k / 8, v, "k4v2_g64", iters=0)  # 30000 after rotation: fits
+
+
 # ---- attention ------------------------------------------------------------------------------
 def _cache(rng, preset, Hk, D, n):
     c = kvarn.KVCache(Hk, D, preset=preset)
