@@ -258,6 +258,8 @@ def test_cache_rows_reorder_repeat_and_select(smol):
     assert len(layer.caches) == 1
     with pytest.raises(ValueError, match="beam_idx"):
         layer.reorder_cache(torch.tensor([2]))
+    with pytest.raises(ValueError, match="beam_idx"):  # the batch size itself: named too, not an IndexError (h41)
+        layer.reorder_cache(torch.tensor([1]))
 
 
 def _tiny_cache(layers=2, **kw):

@@ -97,3 +97,16 @@ def test_from_parts_checks_the_sink(cache):
     with pytest.raises(ValueError, match="sink_k"):  # beyond fp16 (cache21)
         kvarn.KVCache.from_parts(**big)
 
+
+
+def test_fp16_cache_grows_geometrically():
+    """Token-by-token appends reallocate O(log n) times, not at every token (growing to exactly what is needed
+    made a decode loop copy the whole cache per token: quadratic, with identical results)."""
+    c = kvarn.FP16Cache(1, 16)
+    one = np.zeros((1, 1, 16), np.float16)
+    grown, buffer = 0, None
+    for _ in range(2000):
+        c.append(one, one)
+        if c._state[0] is not buffer:  # the previous buffer stays referenced: no id reuse to fool the count
+            grown, buffer = grown + 1, c._state[0]
+    assert len(c) == 2000 and grown == 4  # 256, 512, 1024, 2048 tokens
