@@ -266,15 +266,18 @@ def dequant_sdpa_fn(cache, ids, layer, q_rot):
 # (KVCache.dequantize), as ||GPU - oracle|| / sqrt(sum_h sum_t p_ht ||v_t||^2): the error against the values the
 # attention sums. A plain relative error divides by ||out||, which for this benchmark's random data (a nearly flat
 # softmax over n tokens: out is a near-cancelling mean of V, 2.3 % of V's rms at 128K) shrinks like 1/sqrt(n)
-# while the summands' rounding does not: the GPU's relative error reached 4e-4 at 128K x 32 (s63, twenty-third
-# session; results/s63_gpu_long_accuracy.py), the weighted one 9.3e-6. WTD_TOL = 5e-5, a tenth of the fp16
-# resolution of the records the kernels read (2^-11). The relative error against the CPU float path on the same
-# records (REL_TOL, tests/test_cuda.py's tolerance at its short contexts) is printed beside it. bf16 q/out against
+# while the summands' rounding does not: the GPU's relative error reached 4.5e-4 to 7.1e-4 at 128K x 32 over the s63
+# runs (twenty-third session, the offset-code arithmetic; results/h200_s63/), the weighted one <= 1.23e-5.
+# WTD_TOL = 5e-5, a tenth of the fp16 resolution of the records the kernels read (2^-11). Where the output is not
+# dominated by cancellation (|out| >= CANCEL_RATIO x the weighted value norm: 0.065-0.084 at 4K, 0.016-0.047 from
+# 32K in s63) the relative error against the CPU float path on the same records must also stay below REL_TOL,
+# tests/test_cuda.py's tolerance (it held with a 2-40x margin at every point up to 32K). bf16 q/out against
 # the fp32 q/out: rtol = atol = 2e-2, as tests/test_cuda.py test_attend_long_split_k_and_ragged. DQ_TOL:
 # dequant+SDPA (bf16 K/V after fp16 arithmetic, bf16 out; ~7e-3 from the float64 oracle in a CPU emulation at 4K /
 # 32K) -- catches wrong unpacking.
 REL_TOL = 2e-4
 WTD_TOL = 5e-5
+CANCEL_RATIO = 0.05
 BF16_TOL = 2e-2
 DQ_TOL = 5e-2
 
@@ -315,15 +318,19 @@ def check_kvarn(cache, sid, q, plan):
     got = cache.attend(q, plan=plan, validate=False)[0].float().cpu().numpy()  # the timed call's dtype
     err32, err = rel_err(got32, want), rel_err(got, want)
     err_w = float(np.linalg.norm(got32.astype(np.float64) - want64) / value_norm)
+    out_ratio = float(np.linalg.norm(want64) / value_norm)
+    rel_checked = out_ratio >= CANCEL_RATIO
     close = np.allclose(got, got32, rtol=BF16_TOL, atol=BF16_TOL)
+    rel_note = f"tol {REL_TOL:g}" if rel_checked else "not checked"
     print(f"  check: kvarn GPU fp32 vs float64 oracle, weighted {err_w:.2e} (tol {WTD_TOL:g}); vs CPU float "
-          f"(seq {sid}, layer {plan.layer}): fp32 q/out rel err {err32:.2e} (REL_TOL {REL_TOL:g} at short contexts), "
-          f"{q.dtype} q/out {err:.2e}, max |{q.dtype} - fp32| {np.abs(got - got32).max():.2e}; "
-          f"|out| / weighted |v| {np.linalg.norm(want64) / value_norm:.3f}", flush=True)
+          f"(seq {sid}, layer {plan.layer}): fp32 q/out rel err {err32:.2e} ({rel_note}: |out| = {out_ratio:.3f} x "
+          f"weighted |v|, checked from {CANCEL_RATIO:g}), {q.dtype} q/out {err:.2e}, "
+          f"max |{q.dtype} - fp32| {np.abs(got - got32).max():.2e}", flush=True)
     fail = None
-    if not (err_w < WTD_TOL and close):
-        fail = (f"kvarn GPU output check FAILED: fp32 weighted error {err_w:.3e} (tol {WTD_TOL:g}); {q.dtype} vs fp32 "
-                f"allclose(rtol=atol={BF16_TOL:g}): {close}")
+    if not (err_w < WTD_TOL and (err32 < REL_TOL or not rel_checked) and close):
+        fail = (f"kvarn GPU output check FAILED: fp32 weighted error {err_w:.3e} (tol {WTD_TOL:g}); fp32 rel err "
+                f"{err32:.3e} (tol {REL_TOL:g} where |out| / weighted |v| >= {CANCEL_RATIO:g}: {out_ratio:.3f}); "
+                f"{q.dtype} vs fp32 allclose(rtol=atol={BF16_TOL:g}): {close}")
         print("  " + fail, flush=True)
     return err32, err, err_w, fail
 

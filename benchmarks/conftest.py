@@ -92,13 +92,14 @@ def _table():
 
         ref = {k: find(k) for k in ("fp16", "numpy", "torch")}
         for _, name, mn, med, nbytes, extra in sorted(rows, key=lambda r: r[2]):
-            # compare=False: a row timing something else than one call (a whole cold step, a round of
-            # blocks with pauses): its bytes per time and ratios would mean nothing
-            one_call = extra.get("compare", True)
+            # compare=False: a row timing something else than one call (a whole cold step, a copy): no ratios.
+            # rate=False: a row whose bytes per time mean nothing (a round of blocks with pauses between them).
             gbps = nbytes / mn / 1e9
-            rate = f"{gbps:.2f}" if one_call else "-"
-            frac = f"{100 * gbps / copy:.0f}%" if copy and one_call else "-"
-            ratios = [f"{ref[k] / mn:.2f}x" if ref[k] and one_call else "-" for k in ("fp16", "numpy", "torch")]
+            has_rate = extra.get("rate", True)
+            rate = f"{gbps:.2f}" if has_rate else "-"
+            frac = f"{100 * gbps / copy:.0f}%" if copy and has_rate else "-"
+            ratios = [f"{ref[k] / mn:.2f}x" if ref[k] and extra.get("compare", True) else "-"
+                      for k in ("fp16", "numpy", "torch")]
             label = extra.get("impl", name)
             lines.append(
                 f"| {label} | {mn * 1e3:.3f} | {med * 1e3:.3f} | {nbytes / 1e6:.2f} | {rate} | {frac} | " + " | ".join(ratios) + " |"

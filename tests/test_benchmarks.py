@@ -57,3 +57,39 @@ def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
     best = kvarn.available_isas()[-1]
     if best == "avx2" or (best == "avx512" and kvarn._native.cpu_has_vnni()):  # where the best ISA runs int8
         assert re.search(r"int8 score mode, same series: kvarn-int8 [0-9.]+ ms -> [0-9.]+x fp16", text), text[-2000:]
+
+
+def test_bench_cuda_output_check_passes_the_right_output_and_fails_a_wrong_one():
+    """bench_cuda.check_kvarn's pass rule without a GPU: a stand-in cache whose "GPU" output is the CPU path's plus
+    noise. Noise at the weighted tolerance's scale fails; where the output does not cancel (|out| >= CANCEL_RATIO x
+    the weighted value norm) a relative error over REL_TOL fails even under the weighted tolerance."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+    import types
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("bench_cuda", os.path.join(BENCH_DIR, "bench_cuda.py"))
+    bc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bc)
+    rng = np.random.default_rng(0)
+    cpu = kvarn.KVCache(2, 64, "k4v2_g64", sink_tokens=64)
+    cpu.append(rng.standard_normal((2, 300, 64)).astype(np.float16), rng.standard_normal((2, 300, 64)).astype(np.float16))
+    q = torch.from_numpy(rng.standard_normal((1, 8, 64)).astype(np.float32))
+    mode = kvarn.score_mode()
+    kvarn.set_score_mode("float")
+    try:
+        exact = kvarn.attend(q[0].numpy(), cpu)
+    finally:
+        kvarn.set_score_mode(mode)
+
+    def fake(noise):
+        out = torch.from_numpy(exact * (1 + noise))[None]
+        return types.SimpleNamespace(to_cpu=lambda sid, layer: cpu, attend=lambda q_, plan, validate: out.to(q_.dtype))
+
+    plan = types.SimpleNamespace(layer=0)
+    assert bc.check_kvarn(fake(1e-6), 0, q, plan)[-1] is None
+    err32, _, err_w, fail = bc.check_kvarn(fake(4e-4), 0, q, plan)  # 4e-4 relative: over REL_TOL (2e-4) ...
+    ratio = err_w / err32  # |out| / weighted |v| (noise proportional to the output)
+    assert bc.CANCEL_RATIO <= ratio < 0.5 and err_w < bc.WTD_TOL and "FAILED" in fail  # ... under the weighted one
+    assert "FAILED" in bc.check_kvarn(fake(0.2), 0, q, plan)[-1]  # over the weighted tolerance too
