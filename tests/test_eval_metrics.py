@@ -49,9 +49,11 @@ def test_decode_path_comparison_scores_row_j_against_token_j_plus_one():
     logits = torch.randn(6, 50, generator=g, dtype=torch.float64)
     ref_rows = torch.log_softmax(logits, -1).float()[:-1]
     targets = torch.arange(5)
-    same = kev.decode_path_comparison(ref_rows, logits, logits + 0.3 * torch.randn(6, 50, generator=g), targets)
+    same_pseudo = logits + 0.3 * torch.randn(6, 50, generator=g, dtype=torch.float64)
+    same = kev.decode_path_comparison(ref_rows, logits, same_pseudo, targets)
     assert same["kl_cache"] < 1e-6 < same["kl_pseudo"]  # the decode path equal to the reference: KL 0
-    assert same["top1_cache_vs_pseudo"] <= 1.0 and same["max_abs_logit_diff"] > 0
+    agree = float((logits.argmax(-1) == same_pseudo.argmax(-1)).double().mean())
+    assert same["top1_cache_vs_pseudo"] == agree and same["max_abs_logit_diff"] == float((logits - same_pseudo).abs().max())
     shifted = kev.decode_path_comparison(ref_rows, torch.roll(logits, 1, 0), logits, targets)
     assert shifted["kl_cache"] > 0.1 and shifted["kl_pseudo"] < 1e-6  # rows off by one are caught
 

@@ -2,6 +2,7 @@
 one such mutant (named in the test's comment) and passes on the code as it is."""
 from __future__ import annotations
 
+import math
 import re
 import struct
 
@@ -58,7 +59,7 @@ def test_presets_hold_the_bits_and_tile_their_names_say():
 
 def test_balance_scales_needs_two_rows_and_two_columns():
     for shape in ((1, 8), (8, 1)):  # ops23
-        with pytest.raises(ValueError, match="x"):
+        with pytest.raises(ValueError, match="x: needs at least 2 rows and 2 columns"):
             _ops.balance_scales(np.ones(shape, np.float32))
     r, c = _ops.balance_scales(np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32))
     assert r.shape == (2,) and c.shape == (8,)
@@ -109,4 +110,4 @@ def test_fp16_cache_grows_geometrically():
         c.append(one, one)
         if c._state[0] is not buffer:  # the previous buffer stays referenced: no id reuse to fool the count
             grown, buffer = grown + 1, c._state[0]
-    assert len(c) == 2000 and grown == 4  # 256, 512, 1024, 2048 tokens
+    assert len(c) == 2000 and grown <= 2 * math.ceil(math.log2(2000))  # 4 now (256 ... 2048 tokens); ~2000 if not

@@ -30,7 +30,11 @@ if [ "${1:-gpu}" = accuracy ]; then  # s63b: the full grid's 128K output checks,
   timeout 500 python3 benchmarks/results/s63_gpu_long_accuracy.py 2>&1 | grep -v Warning | tee "$OUT/long_accuracy.log"
   echo "[$(el) s] end"
 fi
-if [ "${1:-gpu}" = offset ]; then  # s63c/d: the probe with the offset codes compiled out (KVARN_OFFSET_CODES 0 in a copy)
+# s63c ran an earlier "offset" step: the tree built to /tmp/site_nooff with -C build-dir=/tmp/build_nooff
+# -C cmake.define.CMAKE_CUDA_FLAGS=-DKVARN_OFFSET_CODES=0, the probe with PYTHONPATH=/tmp/site_nooff, then two rounds of
+# `bench_cuda.py --kvarn-only --points 4096x1,32768x8,131072x8,131072x32 --out /tmp` with each build (logs
+# h200_s63/s63c_cmakedefine_ab_*; the switch does not reach the served loops, so both builds ran the same arithmetic).
+if [ "${1:-gpu}" = offset ]; then  # s63d: the probe with the offset codes compiled out (KVARN_OFFSET_CODES 0 in a copy)
   rm -rf /tmp/src_nooff && mkdir -p /tmp/src_nooff && cp -r CMakeLists.txt pyproject.toml README.md LICENSE include native src /tmp/src_nooff/
   sed -i 's/^#define KVARN_OFFSET_CODES 1$/#define KVARN_OFFSET_CODES 0/' /tmp/src_nooff/native/cuda/attend.cuh
   grep -c "^#define KVARN_OFFSET_CODES 0$" /tmp/src_nooff/native/cuda/attend.cuh
@@ -64,14 +68,16 @@ if [ "${1:-gpu}" = variant ]; then  # s63f: the served k4v2 loops hard-code the 
   KVARN_ATTEND_VARIANT=1 PYTHONPATH=/tmp/site_nooff timeout 120 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tee "$OUT/variant_1_hsub2.log"
   echo "[$(el) s] end"
 fi
-if [ "${1:-gpu}" = pv ]; then  # s63g: the swapped loops' P.V product on HSUB2 codes (KVARN_SWAPPED_PV_OFFSET 0, the new
-  # default) against the offset codes (1, the old arithmetic, a copy built with it): tests, precision, speed A/B
+if [ "${1:-gpu}" = pv ]; then  # s63g: the swapped loops' P.V product on HSUB2 codes (KVARN_SWAPPED_PV_OFFSET 0) against
+  # the offset codes (1, the old arithmetic): tests, precision, speed A/B. As run (s63g) the tree's default was 0 and
+  # the copy got 1 by this sed; the default is 1 since (1b07e19), so a rerun at HEAD compares two builds of 1 -
+  # swap the sed's 0 and 1 (and the "new"/"old" roles) to rerun it
   timeout 200 python3 -m pytest -q -p no:cacheprovider -rfs tests/test_cuda.py --tb=short 2>&1 \
     | grep -E "^(FAILED|E |[0-9]+ (passed|failed))" | tail -12 | tee "$OUT/test_cuda.log"
   echo "[$(el) s] test_cuda"
   rm -rf /tmp/src_old && mkdir -p /tmp/src_old && cp -r CMakeLists.txt pyproject.toml README.md LICENSE include native src /tmp/src_old/
   sed -i 's/^#define KVARN_SWAPPED_PV_OFFSET 0$/#define KVARN_SWAPPED_PV_OFFSET 1/' /tmp/src_old/native/cuda/attend.cuh
-  grep -c "^#define KVARN_SWAPPED_PV_OFFSET 1$" /tmp/src_old/native/cuda/attend.cuh
+  grep -c "^#define KVARN_SWAPPED_PV_OFFSET 1$" /tmp/src_old/native/cuda/attend.cuh || exit 1
   KVARN_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/site_old \
     -C build-dir=/tmp/build_old /tmp/src_old >"$OUT/build_old.log" 2>&1 || { tail -30 "$OUT/build_old.log"; exit 1; }
   echo "[$(el) s] built the old arithmetic"

@@ -120,16 +120,20 @@ struct Words {
 // kHiGrid trades the two errors: 2^10 (hi exact always, 16 bits in all) measured 1.3-2.3e-4 on
 // the H200 (fails 2e-4); an fp64 emulation put 2^6 at ~1-3e-5 and 2^4 at 1.3e-4 (rounding).
 // 0: the previous way, (0x6400 | bits) - 1024 with an HSUB2 per half2 and hi/lo = fp16(x), 2^11 * rest.
+// The switch reaches the row-split tile loop only: the served k4v2 loops at G = D = 128 (tiles_swapped, tiles_pair)
+// hard-code the offset codes (their P.V product: KVARN_SWAPPED_PV_OFFSET).
 #ifndef KVARN_OFFSET_CODES
 #define KVARN_OFFSET_CODES 1
 #endif
 constexpr bool kOffsetCodes = KVARN_OFFSET_CODES && !KVARN_SUBNORMAL_CODES;
 // The swapped-operand k4v2 loops' P.V product (A = the 2-bit value codes). 1 (default): offset codes, whose
 // 1024-inflated lo-row sums round alike in every tile, so the error adds up over the tiles of one program: 4.0e-4
-// relative at 128K x 32 with near-flat attention, 9.3e-6 of the values summed. 0: HSUB2 codes (code * 2^shift
-// exactly, accumulators from 0; split_grid's hi on the 2^6 grid keeps the hi row's sums exact): 1.1e-5 / 2.6e-7
-// there, but 4.3 % slower at 32K x 8 (77.8 against 74.6 us, below 70 % of copy bandwidth) and 6-7 % at 128K x 8 / 32
-// (s63g, docs/cuda.md). Build with -DKVARN_SWAPPED_PV_OFFSET=0 (CMAKE_CUDA_FLAGS) for the precise form.
+// relative at 128K x 32 with near-flat attention (to 7.1e-4 over s63's runs), <= 1.23e-5 of the values summed.
+// 0: HSUB2 codes (code * 2^shift exactly, accumulators from 0; split_grid's hi on the 2^6 grid keeps the hi row's
+// sums exact): 1.1e-5 / 2.6e-7 there, but 4.3 % slower at 32K x 8 (77.8 against 74.6 us, below 70 % of copy
+// bandwidth) and 6.4-7.3 % at 128K x 32 / 8 (s63g, docs/cuda.md). Build with -DKVARN_SWAPPED_PV_OFFSET=0
+// (CMAKE_CUDA_FLAGS) for the precise form. With KVARN_SUBNORMAL_CODES (a study build) the swapped loops' P.V
+// accumulators now start at 0, as that code form needs (they took the offset's start before).
 #ifndef KVARN_SWAPPED_PV_OFFSET
 #define KVARN_SWAPPED_PV_OFFSET 1
 #endif
