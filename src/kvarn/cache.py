@@ -249,12 +249,12 @@ class KVCache:
         reuse_tail = left == 0 and n_full > 0
         if not reuse_tail:
             # Fresh tail buffers: the first `left` slots change, and the old state's readers read them.
+            # Nothing of the old tail stays in it: on this path either the sink was still filling (the tail was
+            # empty) or a tile completed, which takes the whole old tail (tail_len <= n_full * G). So the new
+            # tail is the input's last `left` tokens.
             new_tail_k, new_tail_v = np.zeros_like(tail_k), np.zeros_like(tail_v)
-            from_tail = max(0, tail_len - n_full * G)  # kept tail tokens (only when no tile completed)
-            new_tail_k[:, :from_tail] = tail_k[:, tail_len - from_tail : tail_len]
-            new_tail_v[:, :from_tail] = tail_v[:, tail_len - from_tail : tail_len]
-            new_tail_k[:, from_tail:left] = k[:, n - (left - from_tail) :]  # fp16 rounding as astype
-            new_tail_v[:, from_tail:left] = v[:, n - (left - from_tail) :]
+            new_tail_k[:, :left] = k[:, n - left :]  # fp16 rounding as astype
+            new_tail_v[:, :left] = v[:, n - left :]
             tail_k, tail_v = new_tail_k, new_tail_v
         staged = self._stage_full_tail(tail_k, tail_v, left, num_tiles + n_full, threads)  # may raise
 
