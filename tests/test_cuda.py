@@ -1897,6 +1897,338 @@ def test_flag_errors_name_what_the_cpu_names(fake):
     assert kc._flag_error(0) is None
 
 
+# ---- cuda.py's bookkeeping and refusals against the fake _cuda (a report-only mutation audit, h44: of 53 mutants
+# of cuda.py, the GPU-free tests killed 3; each test below fails on the mutants named in its comment, M01-M53 in that
+# audit's list, and passes on the code) ----
+def _fake_flag(fake, monkeypatch, which):
+    """The fake checking kernel raises `which` (a function of the flag bits it is given) in the flag word."""
+    def check(spec, flag_ptr, nonfinite, out_of_range, stream):
+        bits = which(nonfinite, out_of_range)
+        if bits:
+            buf, off = fake._find(flag_ptr, 4)
+            buf[off:off + 4].view(np.int32)[0] |= bits
+        fake.calls.append("check")
+        return 0
+    monkeypatch.setattr(fake, "check", check)
+
+
+def _fake_kv(fake, rng, shape, **kw):
+    return FakeDevArray(fake, kv_like(rng, shape), **kw)
+
+
+# ---- append -------------------------------------------------------------------------------------
+def test_append_flagged_input_raises_and_returns_its_pages(fake, monkeypatch):  # M08, M09
+    rng = np.random.default_rng(_seed("h44-flag"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a = cache.add_sequence()
+    free = cache.free_pages
+    _fake_flag(fake, monkeypatch, lambda nf, rng_bit: nf if nf == fake.FLAG_V_NONFINITE else 0)
+    with pytest.raises(ValueError, match="^v: contains NaN or Inf"):
+        cache.append([a], _fake_kv(fake, rng, (1, 300, 2, 128)), _fake_kv(fake, rng, (1, 300, 2, 128)))  # completes a tile
+    assert (cache.length(a), cache.free_pages, cache._pages[a]) == (0, free, [])
+
+
+def test_append_batch_and_shape_mismatch_refused(fake):  # M01, M02
+    rng = np.random.default_rng(_seed("h44-batch"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=3, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    k2 = _fake_kv(fake, rng, (2, 300, 2, 128))
+    fake.calls.clear()
+    with pytest.raises(ValueError, match="^k: batch of 2 for 1 sequences"):
+        cache.append([a], k2, k2)
+    with pytest.raises(ValueError, match="^v: shape .* does not match k's"):
+        cache.append([a, b], k2, _fake_kv(fake, rng, (2, 299, 2, 128)))
+    assert fake.calls == [] and cache.length(a) == cache.length(b) == 0 and cache.free_pages == cache.num_pages
+
+
+def test_append_up_to_max_seq_len_exactly(fake):  # M03, M04
+    rng = np.random.default_rng(_seed("h44-max"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=300)
+    a = cache.add_sequence()
+    cache.append([a], _fake_kv(fake, rng, (1, 300, 2, 128)), _fake_kv(fake, rng, (1, 300, 2, 128)))  # exactly max_seq_len: fine
+    assert cache.length(a) == 300
+    with pytest.raises(ValueError, match="^k: sequence 0 would hold 301 tokens"):
+        cache.append([a], _fake_kv(fake, rng, (1, 2, 128)), _fake_kv(fake, rng, (1, 2, 128)))
+    assert cache.length(a) == 300
+
+
+def test_layers_share_pages(fake):  # M05
+    rng = np.random.default_rng(_seed("h44-layers"))
+    cache = kc.PagedKVCache(2, 128, num_layers=2, max_seqs=1, max_seq_len=1024)
+    a = cache.add_sequence()
+    k = _fake_kv(fake, rng, (1, 300, 2, 128))
+    for layer in (0, 1):
+        cache.append([a], k, k, layer=layer)
+    assert (len(cache._pages[a]), cache.free_pages) == (1, cache.num_pages - 1)  # one page per tile, all layers
+
+
+def test_append_uploads_exact_metadata_and_jobs(fake, monkeypatch):  # M06, M07
+    rng = np.random.default_rng(_seed("h44-jobs"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([b], _fake_kv(fake, rng, (1, 200, 2, 128)), _fake_kv(fake, rng, (1, 200, 2, 128)))
+    up = []
+    real = fake.memcpy_htod
+    monkeypatch.setattr(fake, "memcpy_htod", lambda d, s, st: up.append(np.array(s).view(np.int32)) or real(d, s, st))
+    k = _fake_kv(fake, rng, (2, 300, 2, 128))
+    cache.append([a, b], k, k)
+    pa, pb = cache._pages[a][0], cache._pages[b]
+    # meta [B][3]: slot, length before, first tail position after; jobs [n][7]:
+    # slot, layer, page, batch row, old tail rows, first new token's row in k, tile
+    expected = [a, 0, 256, b, 200, 384,         # a: 300 tokens = sink + 1 tile; b: 500 = sink + 2 tiles
+                a, 0, pa, 0, 0, 128, 0,          # a: tile 0 = k rows 128..255 (no old tail rows)
+                b, 0, pb[0], 1, 72, 0, 0,        # b: tile 0 = its 72 tail rows + k rows 0..55
+                b, 0, pb[1], 1, 0, 56, 1]        # b: tile 1 = k rows 56..183
+    assert up[0].tolist() == expected
+
+
+# ---- free / truncate / plans -------------------------------------------------------------------
+def test_free_returns_pages_and_invalidates_plans(fake):  # M12, M13, M14
+    rng = np.random.default_rng(_seed("h44-free"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    k = _fake_kv(fake, rng, (2, 300, 2, 128))
+    cache.append([a, b], k, k)
+    plan = cache.plan([a, b])
+    cache.free(b)
+    assert cache.free_pages == cache.num_pages - 1
+    with pytest.raises(ValueError, match=f"^plan: sequence {b} was freed"):
+        cache.attend(_fake_kv(fake, rng, (2, 8, 128)), plan=plan)
+
+
+def test_truncate_bookkeeping(fake):  # M11, M15, M16, M17, M18
+    rng = np.random.default_rng(_seed("h44-trunc"))
+    cache = kc.PagedKVCache(2, 128, num_layers=2, max_seqs=1, max_seq_len=1024)
+    a = cache.add_sequence()
+    cache.append([a], _fake_kv(fake, rng, (1, 556, 2, 128)), _fake_kv(fake, rng, (1, 556, 2, 128)), layer=0)  # sink + 3 tiles + 44
+    cache.append([a], _fake_kv(fake, rng, (1, 300, 2, 128)), _fake_kv(fake, rng, (1, 300, 2, 128)), layer=1)  # sink + 1 tile + 44
+    free = cache.free_pages
+    with pytest.raises(ValueError, match="^length: 557 is more than the 556 tokens"):
+        cache.truncation_point(a, 557)
+    with pytest.raises(ValueError, match="^length: 200 cuts the quantised tile of tokens 128..255"):
+        cache.truncate(a, 200)
+    assert (cache.length(a, 0), cache.length(a, 1), cache.free_pages) == (556, 300, free)
+    plan = cache.plan([a])
+    cache.truncate(a, 384, layer=0)  # layer 0 keeps 2 tiles, layer 1 one: 2 pages still used
+    assert (cache.length(a, 0), cache.length(a, 1)) == (384, 300)
+    assert (len(cache._pages[a]), cache.free_pages) == (2, free + 1)
+    with pytest.raises(ValueError, match="^plan: sequence 0 holds 384 tokens in layer 0, 556"):
+        cache.attend(_fake_kv(fake, rng, (1, 8, 128)), plan=plan)
+
+
+# ---- attend ---------------------------------------------------------------------------------------
+def test_attend_shape_refusals(fake):  # M19, M20, M22, M24, M25, M26, M27, M31
+    rng = np.random.default_rng(_seed("h44-attend"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=3, max_seq_len=1024)
+    a, b, c = cache.add_sequence(), cache.add_sequence(), cache.add_sequence()
+    k = _fake_kv(fake, rng, (2, 300, 2, 128))
+    cache.append([a, b], k, k)
+    q = _fake_kv(fake, rng, (2, 8, 128))
+    plan = cache.plan([a, b])
+    fake.calls.clear()
+    for args, kw, match in ((([a, a],), {}, "^seq_ids: a sequence appears twice"),
+                            (([],), {}, "^seq_ids: expected at least one sequence"),
+                            (([a, c],), {}, f"^seq_ids: sequence {c} is empty"),
+                            (([a],), {}, "^q: batch of 2 queries for 1 sequences"),
+                            (([a, b],), dict(out=FakeDevArray(fake, np.zeros((2, 8, 64), np.float32))),
+                             r"^out: expected shape \(2, 8, 128\)"),
+                            (([a, b],), dict(plan=plan), "^plan: pass either seq_ids or a plan")):
+        with pytest.raises(ValueError, match=match):
+            cache.attend(q, *args, **kw)
+    with pytest.raises(ValueError, match="^q: 3 query heads is not a positive multiple"):
+        cache.attend(FakeDevArray(fake, kv_like(rng, (2, 3, 128))), [a, b])
+    with pytest.raises(ValueError, match="^q: last dimension 64 does not match"):
+        cache.attend(FakeDevArray(fake, kv_like(rng, (2, 8, 64))), [a, b])
+    assert fake.calls == []
+
+
+def test_attend_q_nan_refused(fake, monkeypatch):  # M30
+    rng = np.random.default_rng(_seed("h44-qnan"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+    a = cache.add_sequence()
+    cache.append([a], _fake_kv(fake, rng, (1, 300, 2, 128)), _fake_kv(fake, rng, (1, 300, 2, 128)))
+    _fake_flag(fake, monkeypatch, lambda nf, r: nf)
+    fake.calls.clear()
+    with pytest.raises(ValueError, match="^q: contains NaN or Inf"):
+        cache.attend(_fake_kv(fake, rng, (1, 8, 128)), [a])
+    assert "attend" not in fake.calls
+
+
+def test_attend_out_on_another_gpu_and_adjacent_out(fake, monkeypatch):  # M28, M29
+    rng = np.random.default_rng(_seed("h44-out"))
+    monkeypatch.setattr(fake, "device_count", lambda: (0, 2))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    k = _fake_kv(fake, rng, (2, 300, 2, 128))
+    cache.append([a, b], k, k)
+    base = fake.alloc_host(np.zeros(2 * 2 * 8 * 128, np.float32))
+    q = FakeDevArray(fake, kv_like(rng, (2, 8, 128)), ptr=base)
+    fake.calls.clear()
+    cache.attend(q, [a, b], out=FakeDevArray(fake, np.zeros((2, 8, 128), np.float32), ptr=base + 8192))  # adjacent
+    assert fake.calls[-1] == "attend"
+    fake.current = 1
+    far = FakeDevArray(fake, np.zeros((2, 8, 128), np.float32))
+    fake.current = 0
+    fake.calls.clear()
+    with pytest.raises(ValueError, match="^out: on cuda:1, but the kernels run on cuda:0"):
+        cache.attend(q, [a, b], out=far)
+    assert fake.calls == []
+
+
+def test_attend_batch_exactly_at_the_limit(fake, monkeypatch):  # M23
+    rng = np.random.default_rng(_seed("h44-limit"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    ids = [cache.add_sequence(), cache.add_sequence()]
+    cache.append(ids, _fake_kv(fake, rng, (2, 5, 2, 128)), _fake_kv(fake, rng, (2, 5, 2, 128)))
+    monkeypatch.setattr(kc, "MAX_ATTEND_BATCH", 2)
+    cache.attend(_fake_kv(fake, rng, (2, 8, 128)), ids)
+    cache.plan(ids)
+
+
+def test_layer_bound(fake):  # M21
+    cache = kc.PagedKVCache(2, 128, num_layers=2, max_seqs=1, max_seq_len=1024)
+    a = cache.add_sequence()
+    with pytest.raises(ValueError, match=r"^layer: 2 is outside \[0, 2\)"):
+        cache.length(a, 2)
+
+
+# ---- streams --------------------------------------------------------------------------------------
+def test_recycled_stream_state_forgets_its_waits(fake):  # M32
+    rng = np.random.default_rng(_seed("h44-recycle"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+    a = cache.add_sequence()
+    cache.append([a], _fake_kv(fake, rng, (1, 1, 2, 128), stream=1), _fake_kv(fake, rng, (1, 1, 2, 128), stream=1))
+    cache.attend(_fake_kv(fake, rng, (1, 8, 128), stream=3), [a])
+    cache.append([a], _fake_kv(fake, rng, (1, 1, 2, 128), stream=1), _fake_kv(fake, rng, (1, 1, 2, 128), stream=1))  # waits 3
+    with pytest.raises(ValueError):  # refused (no seq_ids), after touching stream 3's state: LRU order 1, 3
+        cache.attend(_fake_kv(fake, rng, (1, 8, 128), stream=3))
+    for s in range(100, 130):
+        cache.attend(_fake_kv(fake, rng, (1, 8, 128), stream=s), [a])
+    ev3 = cache._streams[3].done.handle
+    fake.stream_ops.clear()
+    cache.append([a], _fake_kv(fake, rng, (1, 1, 2, 128), stream=500), _fake_kv(fake, rng, (1, 1, 2, 128), stream=500))
+    assert 1 not in cache._streams and ("wait", 500, ev3) in fake.stream_ops
+
+
+def _log_copies(fake, monkeypatch):
+    for name in ("memcpy_dtoh", "memcpy_htod"):
+        real = getattr(fake, name)
+        monkeypatch.setattr(fake, name, lambda d, s, st, _n=name, _r=real: fake.stream_ops.append((_n,)) or _r(d, s, st))
+
+
+def test_host_reads_and_writes_wait_for_queued_work(fake, monkeypatch):  # M33, M34
+    rng = np.random.default_rng(_seed("h44-hostsync"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a, c = cache.add_sequence(), cache.add_sequence()
+    cache.append([a], _fake_kv(fake, rng, (1, 10, 2, 128)), _fake_kv(fake, rng, (1, 10, 2, 128)))  # sink only: the fake writes no records
+    cache.attend(_fake_kv(fake, rng, (1, 8, 128), stream=22), [a])
+    ev22 = cache._streams[22].done.handle
+    _log_copies(fake, monkeypatch)
+    fake.stream_ops.clear()
+    cpu = cache.to_cpu(a)
+    ops = fake.stream_ops
+    assert ops.index(("sync", ev22)) < ops.index(("memcpy_dtoh",))
+    fake.stream_ops.clear()
+    cache.load_cpu(c, cpu)
+    ops = fake.stream_ops
+    assert ops.index(("sync", ev22)) < ops.index(("memcpy_htod",))
+
+
+# ---- load_cpu ----------------------------------------------------------------------------------------
+def test_load_cpu_refusals_and_cleanup(fake, monkeypatch):  # M35, M36, M37, M38
+    rng = np.random.default_rng(_seed("h44-load"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=400)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([a], _fake_kv(fake, rng, (1, 10, 2, 128)), _fake_kv(fake, rng, (1, 10, 2, 128)))
+    cpu = kvarn.KVCache(2, 128)
+    cpu.append(kv_like(rng, (2, 300, 128)), kv_like(rng, (2, 300, 128)))
+    free = cache.free_pages
+    with pytest.raises(ValueError, match="^seq_id: sequence 0 is not empty"):
+        cache.load_cpu(a, cpu)
+    long = kvarn.KVCache(2, 128)
+    long.append(kv_like(rng, (2, 401, 128)), kv_like(rng, (2, 401, 128)))
+    with pytest.raises(ValueError, match="^cpu_cache: 401 tokens exceed max_seq_len=400"):
+        cache.load_cpu(b, long)
+    other_sink = kvarn.KVCache(2, 128, sink_tokens=64)
+    other_sink.append(kv_like(rng, (2, 300, 128)), kv_like(rng, (2, 300, 128)))
+    with pytest.raises(ValueError, match="^cpu_cache: kv heads, head_dim, preset format"):
+        cache.load_cpu(b, other_sink)
+    monkeypatch.setattr(fake, "memcpy_htod", lambda d, s, st: fake.ERR_CUDA)
+    with pytest.raises(RuntimeError, match="^load_cpu: CUDA error"):
+        cache.load_cpu(b, cpu)
+    assert (cache.length(a), cache.length(b), cache.free_pages, cache._pages[b]) == (10, 0, free, [])
+
+
+# ---- quantize_tiles / array interface ----------------------------------------------------------------
+def test_quantize_tiles_refusals(fake, monkeypatch):  # M39, M40, M41
+    rng = np.random.default_rng(_seed("h44-qt"))
+    monkeypatch.setattr(fake, "device_count", lambda: (0, 2))
+    t = _fake_kv(fake, rng, (2, 128, 128))
+    fake.calls.clear()
+    with pytest.raises(ValueError, match="^k: a k4v2_g128 tile holds 128 tokens, got 64"):
+        kc.quantize_tiles(_fake_kv(fake, rng, (2, 64, 128)), _fake_kv(fake, rng, (2, 64, 128)))
+    with pytest.raises(ValueError, match="^v: shape .* does not match k's"):
+        kc.quantize_tiles(t, _fake_kv(fake, rng, (1, 128, 128)))
+    fake.current = 1
+    v1 = _fake_kv(fake, rng, (2, 128, 128))
+    fake.current = 0
+    with pytest.raises(ValueError, match="^v: on cuda:1, but the kernels run on cuda:0"):
+        kc.quantize_tiles(t, v1)
+    assert fake.calls == []
+
+
+def test_quantize_tiles_ignores_the_key_norm_bit(fake, monkeypatch):  # M42
+    rng = np.random.default_rng(_seed("h44-qtnorm"))
+
+    def store(cache, k, v, jobs, jobs_bytes, n, iters, skip, flag_ptr, stream):
+        buf, off = fake._find(flag_ptr, 4)
+        buf[off:off + 4].view(np.int32)[0] |= fake.FLAG_KEY_NORM
+        return 0
+    monkeypatch.setattr(fake, "store", store)
+    t = _fake_kv(fake, rng, (2, 128, 128))
+    assert kc.quantize_tiles(t, t).shape == (2, kc._cuda.record_layout(4, 2, 128, 128)["total"])
+
+
+def test_array_interface_refusals(fake):  # M43, M44, M45, M53
+    rng = np.random.default_rng(_seed("h44-cai"))
+    t = _fake_kv(fake, rng, (2, 128, 128))
+    bad = {"strides": FakeDevArray(fake, t.arr, ptr=t.ptr, strides=(65536, 512, 2)),
+           "strides2": FakeDevArray(fake, t.arr, ptr=t.ptr, strides=(65536, 512)),
+           "null": FakeDevArray(fake, t.arr, ptr=0)}
+    fake.calls.clear()
+    for key, match in (("strides", "^k: strides must be whole elements"),
+                       ("strides2", r"^k: 2 strides for shape \(2, 128, 128\)"),
+                       ("null", "^k: null data pointer")):
+        with pytest.raises(ValueError, match=match):
+            kc.quantize_tiles(bad[key], t)
+    five = FakeDevArray(fake, kv_like(rng, (1, 1, 2, 8, 128)))
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+    a = cache.add_sequence()
+    with pytest.raises(ValueError, match="^k: at most 4 dimensions"):
+        cache.append([a], five, five)
+    assert fake.calls == []
+
+
+def test_stream_handle_upper_bound(fake):  # M46
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+    with pytest.raises(ValueError, match="^stream: 18446744073709551616 is not a cudaStream_t handle"):
+        cache.plan([cache.add_sequence()], stream=2**64)
+
+
+def test_capture_query_errors_count_as_capturing(fake, monkeypatch):  # M48
+    rng = np.random.default_rng(_seed("h44-cap"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+    a = cache.add_sequence()
+    monkeypatch.setattr(fake, "stream_capturing", lambda s: (901, False))  # cudaErrorStreamCaptureInvalidated
+    with pytest.raises(RuntimeError, match="^append: cannot be captured"):
+        cache.append([a], _fake_kv(fake, rng, (1, 1, 2, 128)), _fake_kv(fake, rng, (1, 1, 2, 128)))
+
+
+def test_unserved_preset_refused_by_the_cache(fake):  # M49
+    with pytest.raises(ValueError, match=r"^preset: 'k8v8_g128' .* is not served by the CUDA kernels"):
+        kc.PagedKVCache(2, 128, "k8v8_g128", max_seqs=1, max_seq_len=1024)
+
+
 # ---- refusals and limits found by review (GPU) --------------------------------------
 def _child(code):
     """Runs code in a fresh interpreter: a sticky CUDA fault or a broken capture there cannot take
