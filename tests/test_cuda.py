@@ -1264,12 +1264,18 @@ class FakeCuda:
         buf[off:off + n] = value
         return 0
 
+    log_copies = False  # True: copies are logged in stream_ops too, to check their order against syncs
+
     def memcpy_htod(self, dst, src, stream):
+        if self.log_copies:
+            self.stream_ops.append(("memcpy_htod",))
         buf, off = self._find(dst, len(src))
         buf[off:off + len(src)] = np.asarray(src)
         return 0
 
     def memcpy_dtoh(self, dst, src, stream):
+        if self.log_copies:
+            self.stream_ops.append(("memcpy_dtoh",))
         buf, off = self._find(src, len(dst))
         np.asarray(dst)[:] = buf[off:off + len(dst)]
         return 0
@@ -1286,12 +1292,24 @@ class FakeCuda:
     def attend_scratch_bytes(b, hq, d, splits):
         return 4 * b * hq * 2 * splits * (d + 2)
 
-    def check(self, *a):
+    # What the checking and store "kernels" find: the flag bits they raise (the checking kernel's as a function of
+    # the nonfinite and range bits it is given). Clean input by default.
+    flags_on_check = staticmethod(lambda nonfinite, out_of_range: 0)
+    flags_on_store = 0
+
+    def _raise_flags(self, flag_ptr, bits):
+        if bits:
+            buf, off = self._find(flag_ptr, 4)
+            buf[off:off + 4].view(np.int32)[0] |= bits
+
+    def check(self, spec, flag_ptr, nonfinite, out_of_range, stream):
         self.calls.append("check")
+        self._raise_flags(flag_ptr, self.flags_on_check(nonfinite, out_of_range))
         return 0
 
-    def store(self, *a):
+    def store(self, *a):  # (cache, k, v, jobs, jobs bytes, n, iters, skip, flag, stream)
         self.calls.append("store")
+        self._raise_flags(a[-2], self.flags_on_store)
         return 0
 
     def write_tokens(self, *a):
@@ -1900,29 +1918,17 @@ def test_flag_errors_name_what_the_cpu_names(fake):
 # ---- cuda.py's bookkeeping and refusals against the fake _cuda (a report-only mutation audit, h44: of 53 mutants
 # of cuda.py, the GPU-free tests killed 3; each test below fails on the mutants named in its comment, M01-M53 in that
 # audit's list, and passes on the code) ----
-def _fake_flag(fake, monkeypatch, which):
-    """The fake checking kernel raises `which` (a function of the flag bits it is given) in the flag word."""
-    def check(spec, flag_ptr, nonfinite, out_of_range, stream):
-        bits = which(nonfinite, out_of_range)
-        if bits:
-            buf, off = fake._find(flag_ptr, 4)
-            buf[off:off + 4].view(np.int32)[0] |= bits
-        fake.calls.append("check")
-        return 0
-    monkeypatch.setattr(fake, "check", check)
-
-
 def _fake_kv(fake, rng, shape, **kw):
     return FakeDevArray(fake, kv_like(rng, shape), **kw)
 
 
 # ---- append -------------------------------------------------------------------------------------
-def test_append_flagged_input_raises_and_returns_its_pages(fake, monkeypatch):  # M08, M09
+def test_append_flagged_input_raises_and_returns_its_pages(fake):  # M08, M09
     rng = np.random.default_rng(_seed("h44-flag"))
     cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
     a = cache.add_sequence()
     free = cache.free_pages
-    _fake_flag(fake, monkeypatch, lambda nf, rng_bit: nf if nf == fake.FLAG_V_NONFINITE else 0)
+    fake.flags_on_check = lambda nf, rng_bit: nf if nf == fake.FLAG_V_NONFINITE else 0
     with pytest.raises(ValueError, match="^v: contains NaN or Inf"):
         cache.append([a], _fake_kv(fake, rng, (1, 300, 2, 128)), _fake_kv(fake, rng, (1, 300, 2, 128)))  # completes a tile
     assert (cache.length(a), cache.free_pages, cache._pages[a]) == (0, free, [])
@@ -2042,12 +2048,12 @@ def test_attend_shape_refusals(fake):  # M19, M20, M22, M24, M25, M26, M27, M31
     assert fake.calls == []
 
 
-def test_attend_q_nan_refused(fake, monkeypatch):  # M30
+def test_attend_q_nan_refused(fake):  # M30
     rng = np.random.default_rng(_seed("h44-qnan"))
     cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
     a = cache.add_sequence()
     cache.append([a], _fake_kv(fake, rng, (1, 300, 2, 128)), _fake_kv(fake, rng, (1, 300, 2, 128)))
-    _fake_flag(fake, monkeypatch, lambda nf, r: nf)
+    fake.flags_on_check = lambda nf, r: nf
     fake.calls.clear()
     with pytest.raises(ValueError, match="^q: contains NaN or Inf"):
         cache.attend(_fake_kv(fake, rng, (1, 8, 128)), [a])
@@ -2110,20 +2116,14 @@ def test_recycled_stream_state_forgets_its_waits(fake):  # M32
     assert 1 not in cache._streams and ("wait", 500, ev3) in fake.stream_ops
 
 
-def _log_copies(fake, monkeypatch):
-    for name in ("memcpy_dtoh", "memcpy_htod"):
-        real = getattr(fake, name)
-        monkeypatch.setattr(fake, name, lambda d, s, st, _n=name, _r=real: fake.stream_ops.append((_n,)) or _r(d, s, st))
-
-
-def test_host_reads_and_writes_wait_for_queued_work(fake, monkeypatch):  # M33, M34
+def test_host_reads_and_writes_wait_for_queued_work(fake):  # M33, M34
     rng = np.random.default_rng(_seed("h44-hostsync"))
     cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
     a, c = cache.add_sequence(), cache.add_sequence()
     cache.append([a], _fake_kv(fake, rng, (1, 10, 2, 128)), _fake_kv(fake, rng, (1, 10, 2, 128)))  # sink only: the fake writes no records
     cache.attend(_fake_kv(fake, rng, (1, 8, 128), stream=22), [a])
     ev22 = cache._streams[22].done.handle
-    _log_copies(fake, monkeypatch)
+    fake.log_copies = True
     fake.stream_ops.clear()
     cpu = cache.to_cpu(a)
     ops = fake.stream_ops
@@ -2177,14 +2177,9 @@ def test_quantize_tiles_refusals(fake, monkeypatch):  # M39, M40, M41
     assert fake.calls == []
 
 
-def test_quantize_tiles_ignores_the_key_norm_bit(fake, monkeypatch):  # M42
+def test_quantize_tiles_ignores_the_key_norm_bit(fake):  # M42
     rng = np.random.default_rng(_seed("h44-qtnorm"))
-
-    def store(cache, k, v, jobs, jobs_bytes, n, iters, skip, flag_ptr, stream):
-        buf, off = fake._find(flag_ptr, 4)
-        buf[off:off + 4].view(np.int32)[0] |= fake.FLAG_KEY_NORM
-        return 0
-    monkeypatch.setattr(fake, "store", store)
+    fake.flags_on_store = fake.FLAG_KEY_NORM
     t = _fake_kv(fake, rng, (2, 128, 128))
     assert kc.quantize_tiles(t, t).shape == (2, kc._cuda.record_layout(4, 2, 128, 128)["total"])
 
