@@ -1830,54 +1830,6 @@ int launch_attend_d64(int kbits, int vbits, int group, AttendArgs& a, int batch,
 int launch_attend_d128(int kbits, int vbits, int group, AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
 int launch_attend_d256(int kbits, int vbits, int group, AttendArgs& a, int batch, int max_smem, cudaStream_t stream);
 
-// Whether the direct path (clusters of `splits` CTAs) runs in no more waves than plain CTAs would:
-// cluster placement needs `splits` free SMs in one GPC. Cached per (device, kernel, splits, block, smem).
-inline bool direct_fits(const void* kernel, dim3 grid, int block, size_t smem)
-{
-    static std::mutex mu;
-    static std::map<std::tuple<int, const void*, unsigned, int, size_t, unsigned>, bool> memo;
-    const int S = (int)grid.x;
-    const unsigned total = grid.x * grid.y * grid.z;
-    int dev = -1;  // the answer is the current GPU's: two kinds of GPU in one process must not share it
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;  // plain launch, which needs no answer
-    }
-    const auto key = std::make_tuple(dev, kernel, grid.x, block, smem, total);
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = memo.find(key);
-    if (it != memo.end()) return it->second;
-    bool ok = false;
-    int sms = 0, per_sm = 0, clusters = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, smem) == cudaSuccess && per_sm > 0) {
-        if (S == 1) {
-            ok = true;
-        } else {
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute attr[1];
-            cfg.gridDim = grid;
-            cfg.blockDim = dim3((unsigned)block);
-            cfg.dynamicSmemBytes = smem;
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = (unsigned)S;
-            attr[0].val.clusterDim.y = 1;
-            attr[0].val.clusterDim.z = 1;
-            cfg.attrs = attr;
-            cfg.numAttrs = 1;
-            if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) {
-                const unsigned waves_plain = (total + (unsigned)(sms * per_sm) - 1) / (unsigned)(sms * per_sm);
-                const unsigned n_clusters = total / (unsigned)S;
-                const unsigned waves_cluster = (n_clusters + (unsigned)clusters - 1) / (unsigned)clusters;
-                ok = waves_cluster <= waves_plain;
-            }
-        }
-    }
-    (void)cudaGetLastError();  // a refused query is an answer (plain launch), not a sticky error
-    memo[key] = ok;
-    return ok;
-}
-
 // The most CTAs of a kernel (block, smem) in one wave on the current GPU: SMs x CTAs per SM. Cached.
 inline unsigned wave_capacity(const void* kernel, int block, size_t smem)
 {
@@ -1900,6 +1852,50 @@ inline unsigned wave_capacity(const void* kernel, int block, size_t smem)
     (void)cudaGetLastError();
     memo[key] = cap;
     return cap;
+}
+
+// Whether the direct path (clusters of `splits` CTAs) runs in no more waves than plain CTAs would:
+// cluster placement needs `splits` free SMs in one GPC. Cached per (device, kernel, splits, block, smem).
+inline bool direct_fits(const void* kernel, dim3 grid, int block, size_t smem)
+{
+    const unsigned plain_wave = wave_capacity(kernel, block, smem);
+    if (plain_wave == 0) return false;  // no occupancy answer: plain launch, which needs none
+    const int S = (int)grid.x;
+    if (S == 1) return true;
+    static std::mutex mu;
+    static std::map<std::tuple<int, const void*, unsigned, int, size_t, unsigned>, bool> memo;
+    const unsigned total = grid.x * grid.y * grid.z;
+    int dev = -1;  // the answer is the current GPU's: two kinds of GPU in one process must not share it
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const auto key = std::make_tuple(dev, kernel, grid.x, block, smem, total);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+    bool ok = false;
+    int clusters = 0;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)block);
+    cfg.dynamicSmemBytes = smem;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)S;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) {
+        const unsigned waves_plain = (total + plain_wave - 1) / plain_wave;
+        const unsigned n_clusters = total / (unsigned)S;
+        const unsigned waves_cluster = (n_clusters + (unsigned)clusters - 1) / (unsigned)clusters;
+        ok = waves_cluster <= waves_plain;
+    }
+    (void)cudaGetLastError();  // a refused query is an answer (plain launch), not a sticky error
+    memo[key] = ok;
+    return ok;
 }
 
 // launch_attend_t's answer when `resplit` does not apply (nothing launched; the caller picks another variant).
