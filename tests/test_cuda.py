@@ -559,6 +559,36 @@ def test_attend_precision_sharp_and_coherent(preset):
 
 @gpu
 @need_torch
+def test_attend_precision_many_tiles_per_program():
+    """A long context read by one program per kv head (forced: 512 tiles each) with random q and V: a nearly flat
+    softmax whose output is a cancelling mean of V. The k4v2 kernels' P.V products were scaled by the running
+    maximum's weight, so late tiles' products sat far below the offset codes' resolution and their rounding added
+    up over a program's tiles. Measured on the H200 (s64e), against the values the attention sums (as bench_cuda.py's
+    check) / relative: 1.42e-6 / 1.14e-4 with that scale, 6.6e-8 / 5.3e-6 with each tile's own largest weight."""
+    hk, g, D, n = 2, 4, 128, 65536
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    cache = kc.PagedKVCache(hk, D, "k4v2_g128", max_seqs=1, max_seq_len=n)
+    sid = cache.add_sequence()
+    k = torch.randn(1, n, hk, D, device="cuda", generator=gen)
+    k[..., :4] *= 8
+    cache.append([sid], k, torch.randn(1, n, hk, D, device="cuda", generator=gen))
+    force_splits(cache, 1)
+    q = torch.randn(1, hk * g, D, device="cuda", generator=gen)
+    out = cache.attend(q, [sid])[0].cpu().numpy().astype(np.float64)
+    K, V = (x.astype(np.float64) for x in cache.to_cpu(sid).dequantize())
+    qn = q[0].cpu().numpy().astype(np.float64).reshape(hk, g, D)
+    s = np.einsum("hgd,htd->hgt", qn, K) / np.sqrt(D)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ref = np.einsum("hgt,htd->hgd", p, V).reshape(hk * g, D)
+    summed = np.sqrt(np.einsum("hgt,ht->", p, (V ** 2).sum(-1)))
+    weighted, rel = np.linalg.norm(out - ref) / summed, np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    print(f"\n[precision] 64K, one program per head: weighted {weighted:.2e}, relative {rel:.2e}")
+    assert weighted < 5e-7 and rel < 3e-5
+
+
+@gpu
+@need_torch
 def test_cpu_records_decode_on_gpu():
     """Vice versa: a CPU KVCache's records, loaded as they are, attended on the GPU."""
     rng = np.random.default_rng(3)

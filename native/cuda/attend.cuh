@@ -127,13 +127,14 @@ struct Words {
 #endif
 constexpr bool kOffsetCodes = KVARN_OFFSET_CODES && !KVARN_SUBNORMAL_CODES;
 // The swapped-operand k4v2 loops' P.V product (A = the 2-bit value codes). 1 (default): offset codes, whose
-// 1024-inflated lo-row sums round alike in every tile, so the error adds up over the tiles of one program: 4.0e-4
-// relative at 128K x 32 with near-flat attention (to 7.1e-4 over s63's runs), <= 1.23e-5 of the values summed.
+// 1024-inflated sums round at a fixed fraction of each product. With the products scaled by the running maximum's
+// weight (p <= 1), a long context's late tiles, whose weights sit far below that maximum, had products of a few
+// units, and the rounding added up over a program's tiles: 4.0e-4 relative at 128K x 32 with near-flat attention
+// (s63). Scaled by each tile's own largest weight (swapped_softmax), 1.6e-5 / 3.7e-7 of the values summed (s64c).
 // 0: HSUB2 codes (code * 2^shift exactly, accumulators from 0; split_grid's hi on the 2^6 grid keeps the hi row's
-// sums exact): 1.1e-5 / 2.6e-7 there, but 4.3 % slower at 32K x 8 (77.8 against 74.6 us, below 70 % of copy
-// bandwidth) and 6.4-7.3 % at 128K x 32 / 8 (s63g, docs/cuda.md). Build with -DKVARN_SWAPPED_PV_OFFSET=0
-// (CMAKE_CUDA_FLAGS) for the precise form. With KVARN_SUBNORMAL_CODES (a study build) the swapped loops' P.V
-// accumulators now start at 0, as that code form needs (they took the offset's start before).
+// sums exact): 1.1e-5 / 2.6e-7 there with the old scale, but 4.3 % slower at 32K x 8 and 6.4-7.3 % at 128K x 32 / 8
+// (s63g, docs/cuda.md); -DKVARN_SWAPPED_PV_OFFSET=0 (CMAKE_CUDA_FLAGS) builds it. With KVARN_SUBNORMAL_CODES (a
+// study build) the swapped loops' P.V accumulators start at 0, as that code form needs.
 #ifndef KVARN_SWAPPED_PV_OFFSET
 #define KVARN_SWAPPED_PV_OFFSET 1
 #endif
@@ -828,7 +829,9 @@ __device__ __forceinline__ void swapped_softmax(const float (&sc)[NT / 2][4], co
     float vmax = fmaxf(fmaxf(vm[0], vm[1]), fmaxf(vm[2], vm[3]));
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
-    const int sh2 = pow2_shift(vmax, 64);
+    // p' va of the tile's largest weight in [2^14, 2^15): the tile's own maximum, not the running one (p <= 1), so
+    // late tiles of a long context keep their products far above the offset codes' rounding (s64c: 25x less error)
+    const int sh2 = pow2_shift(vmax * fast_exp2(tmax - m_new), 64);
     inv_s2 = exp2i(-sh2);
     const float m_adj = m_new - (float)sh2;
     float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1651,7 +1654,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) vmax = fmaxf(vmax, fabsf(vav[e][j]));
                 vmax = quad_max(vmax);
-                const int sh2 = pow2_shift(vmax, 64);
+                const int sh2 = pow2_shift(vmax * fast_exp2(tmax - m_new), 64);  // see swapped_softmax
                 inv_s2 = exp2i(-sh2);
                 const float m_adj = m_new - (float)sh2;
                 float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
