@@ -491,6 +491,29 @@ def test_attend_large_scores(rng):
     _check_attend(c, q, tol_floor=1e-4)
 
 
+@pytest.mark.parametrize("sink", [0, 128])
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v4_g64"])
+def test_scores_all_far_below_zero(sink, preset):
+    """Every score of a head near -320 (keys near 4 * ones, queries near -10 * ones): softmax is shift-invariant,
+    so the output is the ordinary one. A mutation audit (h45) started the avx512 tile kernel's block maximum at 0
+    instead of -inf and no test noticed: the running maximum stuck at 0, float gave NaN (l = 0) and the integer
+    modes a uniform average (relative error ~1). Scores this far below 0 cost float32 ~2e-5 of the output."""
+    rng = np.random.default_rng(1234 + sink)
+    D, n = 64, 128 + 3 * 128 + 37
+    c = kvarn.KVCache(1, D, preset=preset, sink_tokens=sink)
+    c.append((4.0 + 0.3 * rng.standard_normal((1, n, D))).astype(np.float32),
+             rng.standard_normal((1, n, D)).astype(np.float32))
+    assert c.num_tiles >= 3
+    q = (-10.0 * np.ones((2, D)) + rng.standard_normal((2, D))).astype(np.float32)
+    K, V = c.dequantize()
+    assert (K[0].astype(np.float64) @ q.T.astype(np.float64) / np.sqrt(D)).max() < -150
+    ref = reference(q, K, V, 1 / np.sqrt(D))
+    limit = {"float": 1e-3, "int16": 1e-2, "int8": 0.25}
+    for isa, mode in _every_isa_and_mode():
+        err = rel_err(kvarn.attend(q, c), ref)
+        assert err < limit[mode], (isa, mode, err)
+
+
 def _editable_parts(cache):
     """cache's native parts with a private copy of its records, and that copy's fields (views, rows
     [tiles * heads]): records to edit, as the C ABI may receive them, and pass to _native.attend."""
@@ -562,6 +585,25 @@ def test_records_the_integer_modes_cannot_serve_are_reported(case, rng):
             outs[isa] = out
     for isa, out in outs.items():
         np.testing.assert_allclose(out, outs["scalar"], rtol=0, atol=2e-5 * np.abs(outs["scalar"]).max(), err_msg=isa)
+
+
+@pytest.mark.parametrize("preset,pos", [("k4v2_g128", p) for p in (0, 15, 16, 63, 64, 111, 112, 127)]
+                         + [("k4v2_g64", p) for p in (0, 15, 16, 47, 48, 63)])
+def test_negative_va_at_any_token_is_reported(preset, pos):
+    """The previous test's negative va sits at token 5; the integer modes must report one anywhere in the tile (a
+    mutation audit, h45: the avx512 scan stopping one vector early, missing the last 16 tokens, went unnoticed)."""
+    G = _ops.get_preset(preset).group
+    rng = np.random.default_rng(pos)
+    c = kvarn.KVCache(2, 64, preset=preset)
+    n = 128 + 3 * G + 5
+    c.append(rng.standard_normal((2, n, 64)).astype(np.float32), rng.standard_normal((2, n, 64)).astype(np.float32))
+    parts, fields = _editable_parts(c)
+    fields["va"][3, pos] = np.float16(-0.5)  # tile 1, kv head 1
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    for isa, mode in _every_isa_and_mode():
+        if mode != "float":
+            rc = _native.attend([parts], q, 0.125, np.zeros_like(q), 2)
+            assert rc == _native.ERR_OVERFLOW, (isa, mode, pos, rc)
 
 
 def test_an_infinite_kz_gives_its_tile_weight_zero_in_every_mode(rng):
@@ -814,6 +856,77 @@ def test_int8_scores_are_the_stated_integer_sums(preset, Hk, D, Hq, n, rng):
         to_stated = np.linalg.norm(out - stated) / np.linalg.norm(stated)
         to_exact = np.linalg.norm(out - exact) / np.linalg.norm(exact)
         assert to_stated < 5e-4 and to_stated < to_exact / 20, (isa, to_stated, to_exact)
+
+
+def _int16_oracle(q, cache):
+    """Attention as the int16 mode states it, float64 but for the stated roundings. Scores on 4-bit keys: per
+    (tile, head) the rotated, scaled query times ka (float32) rounded to int16 against max|q ka| / 32767 (half to
+    even), dotted exactly with the codes, finished as kt (sum * qscale + q.kz); other keys score in float. 2-bit
+    values: w = p va rounded to int16 against max w / 32767, with the centred-code identity
+    sum_t w c = (wscale sum_t w16 (2c - 3) + 3 sum_t w) / 2; other values exact. Sink and tail exact."""
+    import oracle
+    hq, D = q.shape
+    g = hq // cache.num_kv_heads
+    p = cache.preset
+    scale = np.float32(1 / np.sqrt(D))
+    qs = (q * scale).astype(np.float32)
+    q_rot = _ops.hadamard(qs)  # float32, bit-identical on every ISA
+    sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = cache._state
+    out = np.empty((hq, D))
+    for h in range(hq):
+        kv = h // g
+        dense_k = np.concatenate([sink_k[kv], tail_k[kv, :tail_len]]).astype(np.float64)
+        dense_v = np.concatenate([sink_v[kv], tail_v[kv, :tail_len]]).astype(np.float64)
+        s_dense = dense_k @ qs[h].astype(np.float64)
+        tiles = []
+        for t in range(num_tiles):
+            f = oracle.record_fields(records[t, kv], p.kbits, p.vbits, p.group, D)
+            qa = q_rot[h] * f["ka"].astype(np.float32)
+            if p.kbits == 4:
+                mx = np.abs(qa).max()
+                dots = (np.rint(qa * (np.float32(32767) / mx)).astype(np.int64) @ f["k_codes"]) * float(mx / np.float32(32767))
+            else:
+                dots = qa.astype(np.float64) @ f["k_codes"]
+            tiles.append((f["kt"] * (dots + q_rot[h].astype(np.float64) @ f["kz"]), f))
+        m = max([s_dense.max()] + [s.max() for s, _ in tiles])
+        pd = np.exp(s_dense - m)
+        total, num, rot = pd.sum(), pd @ dense_v, np.zeros(D)
+        for s, f in tiles:
+            pt = np.exp(s - m)
+            total += pt.sum()
+            w = pt * f["va"]
+            if p.vbits == 2:
+                w16 = np.minimum(np.rint(w * (32767 / w.max())), 32767)
+                wc = ((w.max() / 32767) * (w16 @ (2 * f["v_codes"] - 3)) + 3 * w.sum()) / 2
+            else:
+                wc = w @ f["v_codes"]
+            rot += f["vc"] * (wc + pt @ f["vz"])
+        out[h] = (num + oracle.rotate(rot[None])[0]) / total
+    return out
+
+
+@pytest.mark.parametrize("preset,Hk,D,Hq,n", [("k4v2_g128", 2, 128, 8, 128 * 5 + 37), ("k4v2_g64", 3, 64, 9, 600),
+                                              ("k4v2_g128", 1, 16, 3, 400), ("k4v2_g128", 1, 48, 4, 700),
+                                              ("k4v2_g64", 2, 80, 6, 350), ("k4v4_g128", 1, 256, 5, 500),
+                                              ("k2v2_g128", 2, 64, 10, 700), ("k2v2_g128", 1, 48, 3, 500)])
+def test_int16_is_the_stated_integer_arithmetic(preset, Hk, D, Hq, n):
+    """The int16 default computes what it states (_int16_oracle), as the int8 test above checks for int8: its bounds
+    against exact attention (~2e-4) let a kernel round differently pass. A mutation audit (h45) found an avx512
+    value-weight scale of wmax / 32768 (against a rounding by 32767 / wmax) and k2v2's values in float unnoticed;
+    measured there, the kernels sit 0.6-4.3e-6 from this oracle and 0.7-2.1e-4 from exact attention, those
+    mutants 2.0-2.9e-5 and 1e-4 from it."""
+    rng = np.random.default_rng(D * 1000 + n)
+    c = kvarn.KVCache(Hk, D, preset=preset)
+    c.append(keys(rng, (Hk, n, D)), rng.standard_normal((Hk, n, D)).astype(np.float32))
+    q = rng.standard_normal((Hq, D)).astype(np.float32)
+    stated = _int16_oracle(q, c)
+    exact = reference(q, *c.dequantize(), 1 / np.sqrt(D))
+    _native.set_score_mode("int16")
+    for isa in MODE_ISAS["int16"]:
+        out = run_isa(isa, kvarn.attend, q, c)
+        to_stated = np.linalg.norm(out - stated) / np.linalg.norm(stated)
+        to_exact = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+        assert to_stated < to_exact / 20, (isa, to_stated, to_exact)
 
 
 @pytest.mark.parametrize("D", [16, 48, 112, 1024])
