@@ -117,10 +117,20 @@ static void check_table(const KernelTable* t)
                     k[i] = randn() * (i % D < 4 ? 8.0f : 1.0f);
                     v[i] = randn();
                 }
-                s->quantize_tile(k.get(), v.get(), fmt, 8, ra.get() + tile * stride, kQuantizeKV);
-                t->quantize_tile(k.get(), v.get(), fmt, 8, rb.get() + tile * stride, kQuantizeKV);
+                const int sa = s->quantize_tile(k.get(), v.get(), fmt, 8, ra.get() + tile * stride, kQuantizeKV);
+                const int sb = t->quantize_tile(k.get(), v.get(), fmt, 8, rb.get() + tile * stride, kQuantizeKV);
+                CHECK(sa == 0 && sb == 0, "quantize k%dv%d g%d D=%d status %d / %d", f[0], f[1], f[2], D, sa, sb);
             }
             CHECK(!std::memcmp(ra.get(), rb.get(), stride * T), "quantize k%dv%d g%d D=%d", f[0], f[1], f[2], D);
+            // Keys too large for fp16 scales (60000 + N(0, 1)) beside ordinary values: a K+V call reports the K half
+            // as the scalar does (a mutation audit, h45: a SIMD status that kept only V's went unnoticed).
+            auto big = exact<float>(G * D);
+            auto scratch = exact<uint8_t>(rec);
+            for (size_t i = 0; i < G * D; ++i) big[i] = 60000.0f + randn();
+            const int ka = s->quantize_tile(big.get(), v.get(), fmt, 0, scratch.get(), kQuantizeKV);
+            const int kb = t->quantize_tile(big.get(), v.get(), fmt, 0, scratch.get(), kQuantizeKV);
+            CHECK(ka == 1 && kb == 1, "quantize k%dv%d g%d D=%d: overflowing keys, status %d / %d", f[0], f[1], f[2], D,
+                  ka, kb);
             // Attention over the tiles for several head counts.
             for (int nq : {1, 2, 3, 4, 5, 9}) {
                 auto q = exact<float>((size_t)nq * D);
