@@ -187,9 +187,10 @@ def test_decode_path_agrees_with_pseudo_decode(smol, quantize_on):
     # the same K/V). Measured on the Zen 3: KL(sim || cache) 5.1e-4 ("fill", whose tile-completing token
     # still reads a freshly rounded tile) and 8.1e-6 ("next"), against 6.0e-4 and 2.0e-5 from pseudo-decode;
     # KL to fp32 1.0 % resp. 0.1 % apart. The KL to fp32 is the noisier of the two checks: on a 2-core Xeon
-    # (AVX-512, 2026-12-01; the same wheels, other BLAS paths) KL(sim || cache) was 2.6-3.5e-4 / 1.1-1.8e-5 on
-    # every ISA and score mode, but the KL to fp32 3.2-4.7 % ("fill") and 1.0-1.5 % ("next") apart - the
-    # scalar float kernel, SPEC's readable form, 3.6 % / 1.0 % - so its bounds are about twice that spread.
+    # (AVX-512, 2026-12-01; the same wheels) KL(sim || cache) was 2.6-3.5e-4 / 1.1-1.8e-5 on every ISA and the
+    # int16 / float modes, but the KL to fp32 3.2-4.7 % ("fill") and 1.0-1.5 % ("next") apart - the scalar float
+    # kernel, SPEC's readable form, 3.6 % / 1.0 % - so its bounds are about twice that spread
+    # (benchmarks/results/xeon2c_s64_decode_path_kl.*).
     sim = kev.stepwise_logits(model, seq, P, S, kev._sim_cache_class()(model.config, m, sink, quantize_on))
     sim_lp = torch.log_softmax(sim[:-1].double(), -1).float()
     assert kev.compare_logits(sim_lp, dec[:-1], tg)["kl"] < (2e-3 if quantize_on == "fill" else 1e-4)

@@ -493,12 +493,13 @@ def test_attend_large_scores(rng):
 
 @pytest.mark.parametrize("sink", [0, 128])
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v4_g64"])
-def test_scores_all_far_below_zero(sink, preset):
+def test_scores_all_far_below_zero(sink, preset, rng):
     """Every score of a head near -320 (keys near 4 * ones, queries near -10 * ones): softmax is shift-invariant,
     so the output is the ordinary one. A mutation audit (h45) started the avx512 tile kernel's block maximum at 0
     instead of -inf and no test noticed: the running maximum stuck at 0, float gave NaN (l = 0) and the integer
-    modes a uniform average (relative error ~1). Scores this far below 0 cost float32 ~2e-5 of the output."""
-    rng = np.random.default_rng(1234 + sink)
+    modes a uniform average (relative error ~1). Measured (max-norm relative error, eight seed salts, the 2-core
+    Xeon): float <= 1.2e-4 (scores this large cost fp32 their last bits), int16 <= 1.5e-3, int8 <= 0.24 (its
+    8-bit query on a peaked softmax)."""
     D, n = 64, 128 + 3 * 128 + 37
     c = kvarn.KVCache(1, D, preset=preset, sink_tokens=sink)
     c.append((4.0 + 0.3 * rng.standard_normal((1, n, D))).astype(np.float32),
@@ -508,9 +509,10 @@ def test_scores_all_far_below_zero(sink, preset):
     K, V = c.dequantize()
     assert (K[0].astype(np.float64) @ q.T.astype(np.float64) / np.sqrt(D)).max() < -150
     ref = reference(q, K, V, 1 / np.sqrt(D))
-    limit = {"float": 1e-3, "int16": 1e-2, "int8": 0.25}
+    limit = {"float": 1e-3, "int16": 1e-2, "int8": 0.5}
     for isa, mode in _every_isa_and_mode():
         err = rel_err(kvarn.attend(q, c), ref)
+        print(f"\n[far below zero] {preset} sink {sink} {isa} {mode}: {err:.2e}")
         assert err < limit[mode], (isa, mode, err)
 
 
@@ -589,21 +591,18 @@ def test_records_the_integer_modes_cannot_serve_are_reported(case, rng):
 
 @pytest.mark.parametrize("preset,pos", [("k4v2_g128", p) for p in (0, 15, 16, 63, 64, 111, 112, 127)]
                          + [("k4v2_g64", p) for p in (0, 15, 16, 47, 48, 63)])
-def test_negative_va_at_any_token_is_reported(preset, pos):
+def test_negative_va_at_any_token_is_reported(preset, pos, rng):
     """The previous test's negative va sits at token 5; the integer modes must report one anywhere in the tile (a
     mutation audit, h45: the avx512 scan stopping one vector early, missing the last 16 tokens, went unnoticed)."""
-    G = _ops.get_preset(preset).group
-    rng = np.random.default_rng(pos)
-    c = kvarn.KVCache(2, 64, preset=preset)
-    n = 128 + 3 * G + 5
-    c.append(rng.standard_normal((2, n, 64)).astype(np.float32), rng.standard_normal((2, n, 64)).astype(np.float32))
+    if not MODE_ISAS["int16"]:
+        pytest.skip("no ISA here runs an integer score mode")
+    c = _cache(rng, preset, 2, 64, 128 + 3 * _ops.get_preset(preset).group + 5)
     parts, fields = _editable_parts(c)
     fields["va"][3, pos] = np.float16(-0.5)  # tile 1, kv head 1
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
     for isa, mode in _every_isa_and_mode():
-        if mode != "float":
-            rc = _native.attend([parts], q, 0.125, np.zeros_like(q), 2)
-            assert rc == _native.ERR_OVERFLOW, (isa, mode, pos, rc)
+        rc = _native.attend([parts], q, 0.125, np.zeros_like(q), 2)
+        assert rc == (_native.OK if mode == "float" else _native.ERR_OVERFLOW), (isa, mode, pos, rc)
 
 
 def test_an_infinite_kz_gives_its_tile_weight_zero_in_every_mode(rng):
@@ -871,15 +870,16 @@ def _int16_oracle(q, cache):
     scale = np.float32(1 / np.sqrt(D))
     qs = (q * scale).astype(np.float32)
     q_rot = _ops.hadamard(qs)  # float32, bit-identical on every ISA
-    sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = cache._state
+    K, V = cache.dequantize()
+    n, lo, hi = K.shape[1], cache.sink_len, cache.sink_len + cache.num_tiles * p.group
+    dense = np.r_[0:lo, hi:n]  # the full-precision sink and tail, exact in the dequantised cache
+    records = cache.records
     out = np.empty((hq, D))
     for h in range(hq):
         kv = h // g
-        dense_k = np.concatenate([sink_k[kv], tail_k[kv, :tail_len]]).astype(np.float64)
-        dense_v = np.concatenate([sink_v[kv], tail_v[kv, :tail_len]]).astype(np.float64)
-        s_dense = dense_k @ qs[h].astype(np.float64)
+        s_dense = K[kv, dense].astype(np.float64) @ qs[h].astype(np.float64)
         tiles = []
-        for t in range(num_tiles):
+        for t in range(cache.num_tiles):
             f = oracle.record_fields(records[t, kv], p.kbits, p.vbits, p.group, D)
             qa = q_rot[h] * f["ka"].astype(np.float32)
             if p.kbits == 4:
@@ -888,9 +888,9 @@ def _int16_oracle(q, cache):
             else:
                 dots = qa.astype(np.float64) @ f["k_codes"]
             tiles.append((f["kt"] * (dots + q_rot[h].astype(np.float64) @ f["kz"]), f))
-        m = max([s_dense.max()] + [s.max() for s, _ in tiles])
+        m = max([s_dense.max(initial=-np.inf)] + [s.max() for s, _ in tiles])
         pd = np.exp(s_dense - m)
-        total, num, rot = pd.sum(), pd @ dense_v, np.zeros(D)
+        total, num, rot = pd.sum(), pd @ V[kv, dense].astype(np.float64), np.zeros(D)
         for s, f in tiles:
             pt = np.exp(s - m)
             total += pt.sum()
@@ -909,24 +909,35 @@ def _int16_oracle(q, cache):
                                               ("k4v2_g128", 1, 16, 3, 400), ("k4v2_g128", 1, 48, 4, 700),
                                               ("k4v2_g64", 2, 80, 6, 350), ("k4v4_g128", 1, 256, 5, 500),
                                               ("k2v2_g128", 2, 64, 10, 700), ("k2v2_g128", 1, 48, 3, 500)])
-def test_int16_is_the_stated_integer_arithmetic(preset, Hk, D, Hq, n):
+def test_int16_is_the_stated_integer_arithmetic(preset, Hk, D, Hq, n, rng):
     """The int16 default computes what it states (_int16_oracle), as the int8 test above checks for int8: its bounds
-    against exact attention (~2e-4) let a kernel round differently pass. A mutation audit (h45) found an avx512
-    value-weight scale of wmax / 32768 (against a rounding by 32767 / wmax) and k2v2's values in float unnoticed;
-    measured there, the kernels sit 0.6-4.3e-6 from this oracle and 0.7-2.1e-4 from exact attention, those
-    mutants 2.0-2.9e-5 and 1e-4 from it."""
-    rng = np.random.default_rng(D * 1000 + n)
-    c = kvarn.KVCache(Hk, D, preset=preset)
-    c.append(keys(rng, (Hk, n, D)), rng.standard_normal((Hk, n, D)).astype(np.float32))
-    q = rng.standard_normal((Hq, D)).astype(np.float32)
-    stated = _int16_oracle(q, c)
-    exact = reference(q, *c.dequantize(), 1 / np.sqrt(D))
-    _native.set_score_mode("int16")
-    for isa in MODE_ISAS["int16"]:
-        out = run_isa(isa, kvarn.attend, q, c)
-        to_stated = np.linalg.norm(out - stated) / np.linalg.norm(stated)
-        to_exact = np.linalg.norm(out - exact) / np.linalg.norm(exact)
-        assert to_stated < to_exact / 20, (isa, to_stated, to_exact)
+    against exact attention (~2e-4) let a kernel that rounds otherwise pass. A mutation audit (h45) found an avx512
+    value-weight scale of wmax / 32768 (against a rounding by 32767 / wmax) and k2v2's values in float unnoticed.
+    The oracle's float64 scores and exp differ from the kernels' fp32 ones in the last bits, which flips the int16
+    rounding of a few weights near a half-integer: one draw lands 1e-6 to 1.3e-5 from it, so the bound is on the
+    mean over draws. Means of 8 draws measured on the 2-core Xeon (four seed salts, both ISAs): 0.6-4.3e-6; the
+    wmax / 32768 mutant 2.3-3.1e-5 (avx512, every format with 2-bit values), k2v2's float values 7.0-8.5e-5."""
+    if not MODE_ISAS["int16"]:
+        pytest.skip("no ISA here runs the int16 mode")
+    dist = {isa: [] for isa in MODE_ISAS["int16"]}
+    for _ in range(INT16_ORACLE_DRAWS):
+        c = _cache(rng, preset, Hk, D, n)
+        q = rng.standard_normal((Hq, D)).astype(np.float32)
+        stated = _int16_oracle(q, c)
+        exact = reference(q, *c.dequantize(), 1 / np.sqrt(D))
+        _native.set_score_mode("int16")
+        for isa in MODE_ISAS["int16"]:
+            out = run_isa(isa, kvarn.attend, q, c)
+            to_stated = np.linalg.norm(out - stated) / np.linalg.norm(stated)
+            to_exact = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+            dist[isa].append((to_stated, to_exact))
+    for isa, d in dist.items():
+        mean_stated, mean_exact = np.mean(d, axis=0)
+        print(f"\n[int16 oracle] {isa} {preset} D{D}: mean {mean_stated:.2e} from it, {mean_exact:.2e} from exact")
+        assert mean_stated < 1e-5, (isa, d)
+
+
+INT16_ORACLE_DRAWS = 8
 
 
 @pytest.mark.parametrize("D", [16, 48, 112, 1024])
