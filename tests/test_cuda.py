@@ -560,7 +560,7 @@ def test_attend_precision_sharp_and_coherent(preset):
 @gpu
 @need_torch
 def test_attend_precision_many_tiles_per_program():
-    """A long context read by one program per kv head (forced: 512 tiles each) with random q and V: a nearly flat
+    """A long context read by one program per kv head (forced: 511 tiles each) with random q and V: a nearly flat
     softmax whose output is a cancelling mean of V. The k4v2 kernels' P.V products were scaled by the running
     maximum's weight, so late tiles' products sat far below the offset codes' resolution and their rounding added
     up over a program's tiles. Measured on the H200 (s64e), against the values the attention sums (as bench_cuda.py's

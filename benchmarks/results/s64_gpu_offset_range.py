@@ -1,7 +1,8 @@
 """Twenty-fourth session: does the k4v2 kernels' 128K drift (s63: relative error up to 7.1e-4 where the output cancels)
 come from the offset codes' accumulators leaving fp32's exact range? In P.V every product p' va has one sign and under a
 flat softmax every p' sits near its maximum, so -1024 * sum(hi) reaches ~2^32 at the old 2^15 product scale, past the
-2^30 up to which multiples of 2^6 (the hi grid) are exact. The fix scales the products below 2^12 (kPvOffsetTop).
+2^30 up to which multiples of 2^6 (the hi grid) are exact. s64b tested that hypothesis by scaling the products below
+2^12 (h200_s64b/pv_scale_2e12.patch): 7x worse, refuted; s64c / s64d ran it on the per-tile scale that landed.
 Cases, float64 oracle over the same records (as s63_gpu_long_accuracy.py): "rand" (the bench's data: random q, random
 V), "voff" (V + 3: the output does not cancel), "qpos" (queries whose Hadamard-rotated form is positive, so q * ka has
 one sign in the QK product too: the same question for the scores). Columns: relative error ||x - f64|| / ||f64|| of

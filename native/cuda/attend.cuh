@@ -794,7 +794,8 @@ __device__ __forceinline__ void swapped_qk_b(const float* qb, const __half* ka, 
 // Scores (log2 domain) of head c for this thread's NT tokens (sc[m][0..1]: hi/lo sums of token 2m, the
 // low nibble; [2..3] of token 2m + 1, the high nibble; ktv their kt) and the online softmax: m_run and
 // l_run updated, alpha the old state's factor; p' = p * 2^sh2 times va split into ph + pl (B of PV);
-// pz = sum p vz over the warp's tokens of head c (scaled back); inv_s2 = 2^-sh2.
+// pz = sum p vz over the warp's tokens of head c (scaled back); inv_s2 = 2^-sh2. sh2 follows head c's own tile
+// maximum, so it is uniform only over the lanes of one head (lane & 3): never exchange it between heads.
 // The thread's tokens: tok0 + NT g + j (va, vz: the record's).
 template <int NT>
 __device__ __forceinline__ void swapped_softmax(const float (&sc)[NT / 2][4], const float (&ktv)[NT], const __half* va,
@@ -1654,7 +1655,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) vmax = fmaxf(vmax, fabsf(vav[e][j]));
                 vmax = quad_max(vmax);
-                const int sh2 = pow2_shift(vmax * fast_exp2(tmax - m_new), 64);  // see swapped_softmax
+                // the tile's own maximum, as swapped_softmax: sh2 is per head g (its quad), not per warp
+                const int sh2 = pow2_shift(vmax * fast_exp2(tmax - m_new), 64);
                 inv_s2 = exp2i(-sh2);
                 const float m_adj = m_new - (float)sh2;
                 float lsp[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pzp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
