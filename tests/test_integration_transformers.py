@@ -164,9 +164,9 @@ def test_decode_path_agrees_with_pseudo_decode(smol, quantize_on):
     assert cache.kvarn_layers[0].caches[0].num_tiles == 4
     ref_lp = torch.log_softmax(ref[:-1].double(), -1).float()
     tg = torch.tensor(seq[P + 1 :])
-    kl_cache = kev.compare_logits(ref_lp, dec[:-1], tg)["kl"]
-    kl_pseudo = kev.compare_logits(ref_lp, pseudo[:-1], tg)["kl"]
-    print(f"KL cache {kl_cache:.5f}, pseudo {kl_pseudo:.5f}, max |dlogit| {(dec - pseudo).abs().max():.4f}")
+    cmp = kev.decode_path_comparison(ref_lp, dec, pseudo, tg)
+    kl_cache, kl_pseudo = cmp["kl_cache"], cmp["kl_pseudo"]
+    print(f"KL cache {kl_cache:.5f}, pseudo {kl_pseudo:.5f}, max |dlogit| {cmp['max_abs_logit_diff']:.4f}")
     assert kl_cache > 1e-4  # really quantised
     # Until a tile fills during decoding, both paths quantise the same prefill tiles: only float
     # summation order differs.
@@ -181,7 +181,7 @@ def test_decode_path_agrees_with_pseudo_decode(smol, quantize_on):
     # ("next": 0.5 %) then, 2.1 % (1.1 %) on the Zen 3 box on 2026-11-30. A wrong tile, scale or sink
     # in the decode path moves KL by multiples.
     assert abs(kl_cache - kl_pseudo) <= 0.15 * kl_pseudo
-    assert float((dec.argmax(-1) == pseudo.argmax(-1)).double().mean()) >= 0.9
+    assert cmp["top1_cache_vs_pseudo"] >= 0.9
     # A tighter check of the kernels: the same cache rule simulated step by step in torch (dequantised
     # tiles, the same one-token forwards, so tiles that fill while decoding are quantised from nearly
     # the same K/V). Measured on the Zen 3: KL(sim || cache) 5.1e-4 ("fill", whose tile-completing token
