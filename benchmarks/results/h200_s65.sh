@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Device calls s65 (twenty-fifth session), on the Xeon + H200. No kernel change since s64f (a88d276's per-tile P.V
+# scale). Step "gpu": test_cuda.py (its many-tiles precision test now also at GQA 8, which runs the row-split loop, and
+# takes its oracle from oracle_with_value_norm), then the s63 float64 probe at 32K x 32 / 128K x 1 / 128K x 32 on the
+# served loops and on the row-split loop (KVARN_ATTEND_VARIANT=1), which took the same fix but had not been probed at
+# long contexts (s63 measured it before the fix: 4.0e-4 relative / 9.3e-6 weighted at 128K x 32). Step "grid": the
+# full grid of bench_cuda.py with its copy in the same run (#4's >= 70 % of copy bandwidth at 32K x 8 had last been
+# measured against s64's copy, before the fix).
+set -uo pipefail
+. benchmarks/results/device_prologue.sh
+build_cuda || exit 1
+if [ "${1:-gpu}" = gpu ]; then
+  python3 -c "import kvarn, kvarn.cuda as kc; print(kvarn.available_isas(), kvarn.active_isa(), kc.is_available())" | tee "$OUT/machine.txt"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -rfs tests/test_cuda.py --tb=short 2>&1 \
+    | grep -E "^(FAILED|SKIPPED|E |tests/test_cuda.py:[0-9]+:|[0-9]+ (passed|failed))" | tail -30 | tee "$OUT/test_cuda.log"
+  timeout 120 python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda.py -k many_tiles 2>&1 | grep -E "precision|passed|failed" | tee -a "$OUT/test_cuda.log"
+  echo "[$(el) s] test_cuda"
+  echo "== served loops"; timeout 120 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tee "$OUT/probe_served.log"
+  echo "== row-split loop (KVARN_ATTEND_VARIANT=1)"
+  KVARN_ATTEND_VARIANT=1 timeout 120 python3 benchmarks/results/s63_gpu_long_accuracy.py quick 2>&1 | grep -v Warning | tee "$OUT/probe_rowsplit.log"
+  echo "[$(el) s] end"
+fi
+if [ "${1:-gpu}" = grid ]; then
+  timeout 540 python3 benchmarks/bench_cuda.py --out "$OUT" >"$OUT/bench_full.log" 2>&1
+  echo "bench exit $?"; grep -E "copy|^store|check: kvarn|FAILED|^ctx" "$OUT/bench_full.log" | sed 's/; vs CPU float (seq 0, layer 0)//' | head -40
+  echo "[$(el) s] end"
+fi
+# Runs 2 and 3 of the grid (results/h200_s65/run2, run3) were one more call right after "grid", with the same
+# prologue and build: for r in 2 3; do bench_cuda.py --out "$OUT/run$r" > "$OUT/run$r/bench_full.log"; done.
+# "grid"'s own files are results/h200_s65/run1.
