@@ -25,6 +25,17 @@ if [ "${1:-gpu}" = grid ]; then
   echo "bench exit $?"; grep -E "copy|^store|check: kvarn|FAILED|^ctx" "$OUT/bench_full.log" | sed 's/; vs CPU float (seq 0, layer 0)//' | head -40
   echo "[$(el) s] end"
 fi
+if [ "${1:-gpu}" = sanitize ]; then  # the kernels since a88d276 (per-tile P.V scale) under compute-sanitizer
+  for tool in memcheck racecheck synccheck initcheck; do
+    timeout 140 compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/test_cuda.py --sanitize >"$OUT/sanitize_$tool.log" 2>&1
+    echo "$tool: exit $? | $(tail -2 "$OUT/sanitize_$tool.log" | tr '\n' ' ')"
+  done
+  echo "[$(el) s] end"
+fi
+# synccheck at the default tracker size overflowed ("Detected overflow of tracked cuda::barrier structures") and the
+# run ended in a launch failure under the tool; one more call reran it as
+#   compute-sanitizer --tool synccheck --num-cuda-barriers N --error-exitcode 9 python3 tests/test_cuda.py --sanitize
+# for N = 64 and 1024 (synccheck_nb*.log): 0 errors both.
 # Runs 2 and 3 of the grid (results/h200_s65/run2, run3) were one more call right after "grid", with the same
 # prologue and build: for r in 2 3; do bench_cuda.py --out "$OUT/run$r" > "$OUT/run$r/bench_full.log"; done.
 # "grid"'s own files are results/h200_s65/run1.
