@@ -279,6 +279,10 @@ def _tiles(rng, kind, n, G, D):
         k = np.where(rng.random((n, G, D)) < 0.5, np.float32(-0.0), np.float32(0.0))
         v = np.where(rng.random((n, G, D)) < 0.5, np.float32(-0.0), np.float32(0.0))
         v[:, :, ::4] = rng.standard_normal((n, G, (D + 3) // 4))  # rows with zeros beside values too
+    elif kind in ("large", "small"):  # stds ~4000 and ~1e-5: the balancing clamps them to [1e-3, 1e3] (h47)
+        s = 4000.0 if kind == "large" else 1e-5
+        k = (rng.standard_normal((n, G, D)) * s).astype(np.float32)
+        v = (rng.standard_normal((n, G, D)) * s).astype(np.float32)
     else:  # degenerate: constant rows/columns and zeros (RTN scale floor, zero std)
         k = np.zeros((n, G, D), np.float32)
         k[:, :, ::3] = 1.5
@@ -289,7 +293,7 @@ def _tiles(rng, kind, n, G, D):
 
 @pytest.mark.parametrize("preset", sorted(kvarn.PRESETS))
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
-@pytest.mark.parametrize("kind", ["gauss", "scaled", "fp16grid", "offset", "degenerate", "signedzeros"])
+@pytest.mark.parametrize("kind", ["gauss", "scaled", "fp16grid", "offset", "degenerate", "signedzeros", "large", "small"])
 def test_quantize_records_identical(preset, head_dim, kind, rng):
     p = _ops.get_preset(preset)
     k, v = _tiles(rng, kind, 3, p.group, head_dim)
@@ -523,6 +527,34 @@ def _editable_parts(cache):
     parts["records"] = parts["records"][: cache.num_tiles].copy()
     records = parts["records"]
     return parts, kvarn.Tile(records.reshape(-1, records.shape[-1]), cache.preset, cache.head_dim).fields()
+
+
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v4_g64"])
+@pytest.mark.parametrize("offset", [0, 9, 15, 63, -1])
+def test_a_dominant_score_anywhere_in_a_tile(preset, offset, rng):
+    """One token of tile 1 scores ~200 above every other, so exp(s - m) overflows unless the tile's maximum m
+    is that score, at several offsets in the tile: every ISA and mode must take it into its maximum. A mutation
+    audit of the avx2 kernels (h47) found maxima that skipped the last 8 of every 16 tokens (the integer score
+    epilogue) or the last 8 of the tile (k2v2's int16 block maximum) passing every other test, their output
+    finite and wrong (relative error ~1): the other tests' scores span too little."""
+    D = 64
+    c = kvarn.KVCache(1, D, preset=preset)
+    G = c.preset.group
+    q = rng.standard_normal((2, D)).astype(np.float32)
+    k = 0.3 * rng.standard_normal((1, c.sink_tokens + 3 * G + 5, D))
+    pos = c.sink_tokens + G + offset % G  # a token of tile 1
+    k[0, pos] = q[0] * (200 * np.sqrt(D) / float(q[0] @ q[0]))
+    c.append(k.astype(np.float32), rng.standard_normal((1, k.shape[1], D)).astype(np.float32))
+    assert c.num_tiles >= 2 and c.sink_len == c.sink_tokens
+    K, V = c.dequantize()
+    s = K[0].astype(np.float64) @ q[0].astype(np.float64) / np.sqrt(D)
+    assert s.argmax() == pos and s[pos] - np.delete(s, pos).max() > 150  # the dominant score is where it was put
+    ref = reference(q, K, V, 1 / np.sqrt(D))
+    limit = {"float": 1e-4, "int16": 1e-2, "int8": 0.5}
+    for isa, mode in _every_isa_and_mode():
+        out = kvarn.attend(q, c)
+        err = rel_err(out, ref)
+        assert np.isfinite(out).all() and err < limit[mode], (isa, mode, err)
 
 
 def _every_isa_and_mode():
@@ -940,16 +972,20 @@ def test_int16_is_the_stated_integer_arithmetic(preset, Hk, D, Hq, n, rng):
 INT16_ORACLE_DRAWS = 8
 
 
+@pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "madd"])
 @pytest.mark.parametrize("D", [16, 48, 112, 1024])
 @pytest.mark.parametrize("sign", [1, -1])
-def test_int8_sums_at_their_largest(D, sign, rng):
+def test_int8_sums_at_their_largest(D, sign, vnni, rng):
     """The int8 kernels' worst case: every code 15 (half the tokens; the others 0) against a query whose
     every int8 value is +-127, so each 2-channel product pair is +-3810 and avx2's int16 sums reach
     +-30480 after 32 channels, where they must widen (a 9th step would wrap past 32767). The scores are
     then exactly +-3 or 0, and int8 must give the float path's output. On the tests' random data no sum
-    came near the limit (a kernel that never widened passed them all, a review found)."""
-    if not MODE_ISAS["int8"]:
-        pytest.skip("no ISA here runs the int8 mode")
+    came near the limit (a kernel that never widened passed them all, a review found). Both forms: on a CPU
+    with AVX-VNNI the default runs avx2's vpdpbusd, whose int32 sums never wrap, so only "madd" (VNNI off)
+    reaches the vpmaddubsw + vpaddw widening there (h47: widening every 10 steps passed every test)."""
+    isas = [i for i in MODE_ISAS["int8"] if vnni or i == "avx2"]  # avx512's int8 has no madd form
+    if not isas:
+        pytest.skip("no ISA here runs this form of the int8 mode")
     preset, G = "k4v2_g128", 128
     c = kvarn.KVCache(1, D, preset=preset)
     c.append(1e-3 * rng.standard_normal((1, 700, D)).astype(np.float32), rng.standard_normal((1, 700, D)).astype(np.float32))
@@ -961,12 +997,17 @@ def test_int8_sums_at_their_largest(D, sign, rng):
     scale = np.float32(1 / np.sqrt(D))
     q = (_ops.hadamard(np.full((1, 5, D), sign, np.float32)) / scale).astype(np.float32)  # rotated: +-1 everywhere
     outs = {}
-    for isa, mode in [("scalar", "float")] + [(i, "int8") for i in MODE_ISAS["int8"]]:
-        kvarn.set_isa(isa)
-        _native.set_score_mode(mode)
-        out = np.zeros_like(q)
-        assert _native.attend([parts], q, float(scale), out, 2) == _native.OK
-        outs[isa, mode] = out
+    try:
+        _native.set_vnni(vnni)
+        for isa, mode in [("scalar", "float")] + [(i, "int8") for i in isas]:
+            kvarn.set_isa(isa)
+            _native.set_score_mode(mode)
+            assert _native.score_mode() == mode
+            out = np.zeros_like(q)
+            assert _native.attend([parts], q, float(scale), out, 2) == _native.OK
+            outs[isa, mode] = out
+    finally:
+        _native.set_vnni(True)
     for key, out in outs.items():  # int16-rounded value weights: ~1e-4 of the output
         np.testing.assert_allclose(out, outs["scalar", "float"], rtol=0, atol=1e-3 * np.abs(out).max(), err_msg=str(key))
 
