@@ -32,6 +32,9 @@ import kvarn
 import kvarn.cuda as kc
 from kvarn.baselines import attention_numpy
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from oracle import attention_with_value_norm  # noqa: E402  (float64 attention + the p-weighted norm of the values)
+
 HQ, HK, D = 32, 8, 128
 L2_ROTATE_BYTES = 512 << 20  # walk through at least this much data per graph replay
 
@@ -288,17 +291,6 @@ def rel_err(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def attention_f64(q, k, v, scale):
-    """float64 attention (GQA by consecutive query heads; q [Hq, D], k, v [Hk, n, D]) and the p-weighted
-    norm of the values it sums, sqrt(sum_h sum_t p_ht ||v_t||^2)."""
-    hq, hk = q.shape[0], k.shape[0]
-    k, v = k.astype(np.float64), v.astype(np.float64)
-    s = np.einsum("hgd,htd->hgt", q.astype(np.float64).reshape(hk, hq // hk, -1), k) * scale
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("hgt,htd->hgd", p, v).reshape(hq, -1), float(np.sqrt(np.einsum("hgt,ht->", p, (v ** 2).sum(-1))))
-
-
 def check_kvarn(cache, sid, q, plan):
     """kvarn's GPU output for the plan's first sequence (sid) against a float64 oracle and the CPU float path
     over the same records (cache.to_cpu, as tests/test_cuda.py check_attention). Returns (fp32 relative error
@@ -314,7 +306,7 @@ def check_kvarn(cache, sid, q, plan):
         want = kvarn.attend(q0, cpu)
     finally:
         _native.set_score_mode(mode)
-    want64, value_norm = attention_f64(q0, *cpu.dequantize(), 1 / math.sqrt(q0.shape[-1]))
+    want64, value_norm = attention_with_value_norm(q0, *cpu.dequantize(), 1 / math.sqrt(q0.shape[-1]))
     got32 = cache.attend(q.float(), plan=plan, validate=False)[0].cpu().numpy()
     got = cache.attend(q, plan=plan, validate=False)[0].float().cpu().numpy()  # the timed call's dtype
     err32, err = rel_err(got32, want), rel_err(got, want)

@@ -127,17 +127,21 @@ def dequantize_record(tile_record, kbits, vbits, group, head_dim):
     return rotate(k_rot), rotate(v_rot)
 
 
+def attention_with_value_norm(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> tuple:
+    """Exact softmax attention in float64 (q [Hq, D]; k, v [Hk, n, D]; GQA by consecutive heads) and the
+    p-weighted norm of the values it sums, sqrt(sum_h sum_t p_ht ||v_t||^2): the scale of an error that
+    cancels with the output (a flat softmax over random values gives an output far below the values)."""
+    hq, hk = q.shape[0], k.shape[0]
+    k, v = np.asarray(k, np.float64), np.asarray(v, np.float64)
+    s = np.einsum("hgd,htd->hgt", np.asarray(q, np.float64).reshape(hk, hq // hk, -1), k) * scale
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hgt,htd->hgd", p, v).reshape(hq, -1), float(np.sqrt(np.einsum("hgt,ht->", p, (v ** 2).sum(-1))))
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
     """Exact softmax attention in float64. q [Hq, D]; k, v [Hk, n, D]; GQA by consecutive heads."""
-    q = np.asarray(q, np.float64)
-    hq, hk = q.shape[0], k.shape[0]
-    out = np.empty_like(q)
-    for h in range(hq):
-        kv = h // (hq // hk)
-        s = np.asarray(k[kv], np.float64) @ q[h] * scale
-        p = np.exp(s - s.max())
-        out[h] = (p / p.sum()) @ np.asarray(v[kv], np.float64)
-    return out
+    return attention_with_value_norm(q, k, v, scale)[0]
 
 
 def dequantize_cache(cache, k, v) -> tuple:

@@ -17,6 +17,7 @@ import kvarn
 import kvarn.cuda as kc
 
 sys.path.insert(0, os.path.dirname(__file__))
+import oracle  # noqa: E402
 
 REASON = kc.unavailable_reason()
 if REASON is not None:
@@ -236,23 +237,6 @@ def test_gpu_key_norm_refusal_agrees_with_the_cpu_check(preset):
 
 
 # ---- cache + attention ------------------------------------------------------------
-def oracle_with_value_norm(q, K, V, scale):
-    """float64 attention, q [Hq, D], K/V [Hk, n, D] (query heads grouped consecutively per kv head), and the
-    p-weighted norm of the values it sums, sqrt(sum_h sum_t p_ht ||v_t||^2): the scale of an error that
-    cancels with the output (as bench_cuda.py's check; its attention_f64 is the same function)."""
-    hq, hk = q.shape[0], K.shape[0]
-    K, V = K.astype(np.float64), V.astype(np.float64)
-    s = np.einsum("hgd,htd->hgt", q.astype(np.float64).reshape(hk, hq // hk, -1), K) * scale
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("hgt,htd->hgd", p, V).reshape(hq, -1), float(np.sqrt(np.einsum("hgt,ht->", p, (V ** 2).sum(-1))))
-
-
-def oracle_attention(q, K, V, scale):
-    """float64: q [Hq, D], K/V [Hk, n, D]."""
-    return oracle_with_value_norm(q, K, V, scale)[0]
-
-
 def build(preset, head_dim, hk, lengths, rng, dtype=None, decode_steps=1):
     """GPU cache with one sequence per length: a prefill append each, then decode_steps
     one-token appends for the whole batch. Returns (cache, ids)."""
@@ -274,7 +258,7 @@ def check_attention(cache, ids, q_np, out_gpu, scale):
     for b, sid in enumerate(ids):
         cpu = cache.to_cpu(sid)  # the CPU path reads the GPU's records, sink and tail
         K, V = cpu.dequantize()
-        ref = oracle_attention(q_np[b], K, V, scale)
+        ref = oracle.attention(q_np[b], K, V, scale)
         cpu_out = kvarn.attend(q_np[b], cpu, scale)
         got = out_gpu[b].astype(np.float64)
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
@@ -583,7 +567,7 @@ def test_attend_precision_many_tiles_per_program(g):
     force_splits(cache, 1)
     q = torch.randn(1, hk * g, D, device="cuda", generator=gen)
     out = cache.attend(q, [sid])[0].cpu().numpy().astype(np.float64)
-    ref, value_norm = oracle_with_value_norm(q[0].cpu().numpy(), *cache.to_cpu(sid).dequantize(), 1 / np.sqrt(D))
+    ref, value_norm = oracle.attention_with_value_norm(q[0].cpu().numpy(), *cache.to_cpu(sid).dequantize(), 1 / np.sqrt(D))
     weighted, rel = np.linalg.norm(out - ref) / value_norm, np.linalg.norm(out - ref) / np.linalg.norm(ref)
     print(f"\n[precision] 64K, GQA {g}, one program per head: weighted {weighted:.2e}, relative {rel:.2e}")
     assert weighted < 5e-7 and rel < 3e-5
@@ -604,7 +588,7 @@ def test_cpu_records_decode_on_gpu():
         q = kv_like(rng, (1, 16, 128))
         out = cache.attend(dev(q), [sid]).cpu().numpy()[0]
         K, V = cpu.dequantize()
-        ref = oracle_attention(q[0], K, V, 1 / np.sqrt(128))
+        ref = oracle.attention(q[0], K, V, 1 / np.sqrt(128))
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < REL_TOL, preset
 
 
@@ -626,7 +610,7 @@ def test_cpu_cache_with_a_full_tail_attends_on_gpu():
     cpu.append(k[:, 640:], v[:, 640:])
     np.testing.assert_array_equal(cache.records(sid), cpu.records)
     K, V = cpu.dequantize()
-    ref = oracle_attention(q[0], K[:, :640], V[:, :640], 1 / np.sqrt(128))
+    ref = oracle.attention(q[0], K[:, :640], V[:, :640], 1 / np.sqrt(128))
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < REL_TOL
 
 
@@ -669,7 +653,7 @@ def test_sink_longer_than_max_seq_len_allocates_only_max_seq_len_rows():
     np.testing.assert_array_equal(cpu._sink_k, k[0].transpose(1, 0, 2).astype(np.float16))
     q = kv_like(rng, (1, 4, 64))
     out = huge.attend(dev(q), [sid]).cpu().numpy()[0]
-    ref = oracle_attention(q[0], k[0].transpose(1, 0, 2).astype(np.float16).astype(np.float64),
+    ref = oracle.attention(q[0], k[0].transpose(1, 0, 2).astype(np.float16).astype(np.float64),
                            v[0].transpose(1, 0, 2).astype(np.float16).astype(np.float64), 1 / 8)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < REL_TOL
 
@@ -2456,7 +2440,7 @@ def precision_sweep(first, last):
                     out = cache.attend(dev(q), ids).cpu().numpy()
                     for b, sid in enumerate(ids):
                         K, V = cache.to_cpu(sid).dequantize()
-                        ref = oracle_attention(q[b], K, V, 1 / np.sqrt(D))
+                        ref = oracle.attention(q[b], K, V, 1 / np.sqrt(D))
                         err = np.linalg.norm(out[b].astype(np.float64) - ref) / np.linalg.norm(ref)
                         n += 1
                         worst[(preset, D)] = max(worst.get((preset, D), 0.0), err)

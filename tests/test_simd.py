@@ -17,6 +17,7 @@ import pytest
 
 import kvarn
 from conftest import ALL_ISAS, skip_unless_available
+from oracle import attention as reference  # float64 softmax(q k^T scale) v with GQA, k/v [Hk, n, D], q [Hq, D]
 from kvarn import _native, _ops
 from kvarn.fp16cache import FP16Cache, attend_fp16_batch
 
@@ -73,18 +74,6 @@ def restore_isa():
 def run_isa(isa, fn, *args, **kw):
     kvarn.set_isa(isa)
     return fn(*args, **kw)
-
-
-def reference(q, k, v, scale):
-    """float64 softmax(q k^T scale) v with GQA, k/v [Hk, n, D], q [Hq, D]."""
-    hq, hk = q.shape[0], k.shape[0]
-    g = hq // hk
-    out = np.zeros(q.shape)
-    for h in range(hq):
-        s = k[h // g].astype(np.float64) @ q[h].astype(np.float64) * scale
-        p = np.exp(s - s.max())
-        out[h] = (p / p.sum()) @ v[h // g].astype(np.float64)
-    return out
 
 
 def rel_err(a, ref):
