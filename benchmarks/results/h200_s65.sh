@@ -39,3 +39,5 @@ fi
 # Runs 2 and 3 of the grid (results/h200_s65/run2, run3) were one more call right after "grid", with the same
 # prologue and build: for r in 2 3; do bench_cuda.py --out "$OUT/run$r" > "$OUT/run$r/bench_full.log"; done.
 # "grid"'s own files are results/h200_s65/run1.
+# After 9df1853 (one float64 oracle in tests/oracle.py) one more call: the prologue and build, then
+#   pytest tests/test_cuda.py; bench_cuda.py --points 4096x1,32768x8 --out "$OUT"   (results/h200_s65/after_oracle/)
