@@ -546,6 +546,33 @@ def test_a_dominant_score_anywhere_in_a_tile(preset, offset, rng):
         assert np.isfinite(out).all() and err < limit[mode], (isa, mode, err)
 
 
+def test_exp_accuracy_through_two_sink_tokens():
+    """The SIMD exp (exp_ps, <= 2 ulp on [-87, 0] by the ISA files' headers) checked on its own: two fp16 sink
+    tokens, k = 0 and e_0, v = 0 and ones, so a query with q_0 = -4g (head_dim 16, scale 1/4) scores 0 and -g
+    exactly in fp32 and the output is w / (1 + w), w = exp(-g), in every channel: its relative error is exp's
+    plus two roundings (the sum and the division). Every step is deterministic IEEE arithmetic, so the bound is
+    a measured one: 1.93e-7 at most on avx2 and avx512 (1.67e-7 scalar, libm's expf) over these 20,000 g on the
+    2-core Xeon. A mutation audit (h47) found a range reduction rounding down instead of to nearest passing every
+    attention test, whose tolerances sit far above exp's: here it gives 3.5e-7 on either ISA (a last polynomial
+    coefficient off by 1e-5 relative: 3.2e-7)."""
+    D = 16
+    g = np.concatenate([np.linspace(1e-4, 2, 10000), np.linspace(2, 60, 10000)]).astype(np.float32)
+    c = kvarn.KVCache(1, D)
+    k, v = np.zeros((1, 2, D), np.float32), np.zeros((1, 2, D), np.float32)
+    k[0, 1, 0], v[0, 1] = 1, 1
+    c.append(k, v)
+    assert c.sink_len == 2 and c.num_tiles == 0  # the dense kernel's softmax only
+    q = np.zeros((g.size, D), np.float32)
+    q[:, 0] = -4 * g
+    w = np.exp(-g.astype(np.float64))
+    ref = w / (1 + w)
+    for isa in ISAS:
+        out = run_isa(isa, kvarn.attend, q, c).astype(np.float64)
+        err = (np.abs(out - ref[:, None]) / ref[:, None]).max(axis=1)
+        print(f"\n[exp] {isa}: max relative error {err.max():.2e} at g = {g[err.argmax()]:.4f}")
+        assert err.max() < 2.5e-7, (isa, err.max(), float(g[err.argmax()]))
+
+
 def _every_isa_and_mode():
     """Selects, in turn, every ISA here with every score mode its kernels run; yields (isa, mode)."""
     for isa in ISAS:
