@@ -17,6 +17,7 @@ import pytest
 
 import kvarn
 from conftest import ALL_ISAS, skip_unless_available
+import oracle
 from oracle import attention as reference  # float64 softmax(q k^T scale) v with GQA, k/v [Hk, n, D], q [Hq, D]
 from kvarn import _native, _ops
 from kvarn.fp16cache import FP16Cache, attend_fp16_batch
@@ -854,7 +855,6 @@ def _int8_score_oracle(q, cache):
     max|q ka| / 127 (half to even, as cvtps2dq), dotted exactly with the 4-bit codes and finished as
     kt (sum * qscale + q.kz); sink, tail and the values exact (the kernels' values differ from these by
     the int16 weights' ~1e-4). Returns the output and the exact float64 reference."""
-    import oracle
     hq, D = q.shape
     hk, g = cache.num_kv_heads, q.shape[0] // cache.num_kv_heads
     p = cache.preset
@@ -911,7 +911,6 @@ def _int16_oracle(q, cache):
     even), dotted exactly with the codes, finished as kt (sum * qscale + q.kz); other keys score in float. 2-bit
     values: w = p va rounded to int16 against max w / 32767, with the centred-code identity
     sum_t w c = (wscale sum_t w16 (2c - 3) + 3 sum_t w) / 2; other values exact. Sink and tail exact."""
-    import oracle
     hq, D = q.shape
     g = hq // cache.num_kv_heads
     p = cache.preset
