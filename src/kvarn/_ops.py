@@ -288,9 +288,9 @@ def set_score_mode(mode: str) -> None:
     path on typical queries (up to 1.9e-4 on real SmolLM2 ones), more where one rotated query component or
     one token's weight dominates, as both are rounded relative to their largest (8e-3 on a contrived
     query); 1.4-1.8x faster; any AVX2 or AVX-512 CPU, vpdpwssd where it has VNNI), "float" (fp32, equal to
-    float64 up to reassociation) or "int8" (the query rounded to int8 per tile and head, values as in
-    int16: 7e-3 of the output on real SmolLM2 queries, 4e-2 on random data - ~4 % of the k4v2
-    quantisation's own error, ~0.2 % of its square; 12 % less time per record than int16 on one AVX2 core; runs on avx2
+    float64 up to reassociation) or "int8" (the query rounded to int8 and the 2-bit values' weights to uint8
+    per tile and head: 8.7e-3 of the output on real SmolLM2 queries, 4e-2 on random data - ~5 % of the k4v2
+    quantisation's own error, ~0.3 % of its square; 0.76-0.86x int16's time on one core; runs on avx2
     - vpdpbusd where the CPU has AVX-VNNI, else vpmaddubsw - and on avx512 with VNNI, where an avx512
     CPU without VNNI runs int16 instead). Refused with ValueError on a CPU without AVX2. The scalar
     kernels always run float; score_mode() says what the active kernels run. Also: KVARN_SCORES."""

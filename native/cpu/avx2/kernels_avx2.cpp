@@ -534,6 +534,125 @@ void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w1
     }
 }
 
+// The int8 mode's value sums for 2-bit values (the avx512 file's scheme): w = p va
+// rounded to uint8, centred codes, exact int32 sums. Per step 4 tokens x 32 channels:
+// the rows' 8 bytes go to one register (two rows per lane), a vpermd gathers dword L of
+// every row into lane L and an in-lane vpshufb transposes each lane's 4x4 bytes, so
+// dword b holds byte b (channels 4b..4b+3) of the four tokens; shift 2k + mask give
+// channel 4b+k, multiplied by the weight quad with vpdpbusd (AVX-VNNI) or vpmaddubsw:
+// int16 pair sums <= 2 * 255 * 3 = 1530, so 16 steps add up in int16 (<= 24480) before
+// vpmaddwd by ones widens them, the same exact sums. C: 16-channel halves in the chunk
+// (1 for D % 32's tail: the upper lane stays zero, no byte past the row is read).
+// One pass over the tokens makes channels 4b+k for k = K0..K0+KP-1 into acc[h][k].
+template <int NH, bool kVnni, int C, int K0, int KP>
+inline void values_pass_v2_int8(const uint8_t* p, size_t row_bytes, int G, const uint8_t* w8,
+                                int32_t (*acc)[4][8], Prefetcher& pf)
+{
+    constexpr int kStepsPerWiden = 16;  // 16 * 1530 <= 32767
+    const __m256i lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m256i transpose = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    const __m256i m = _mm256_set1_epi32(0x03030303), ones = _mm256_set1_epi16(1);
+    __m256i a[NH][KP];  // int32 sums (VNNI), int16 ones (madd: the int32 ones wait in acc)
+    for (int h = 0; h < NH; ++h)
+        for (int k = 0; k < KP; ++k) {
+            a[h][k] = _mm256_setzero_si256();
+            if constexpr (!kVnni) _mm256_store_si256(reinterpret_cast<__m256i*>(acc[h][K0 + k]), a[h][k]);
+        }
+    for (int t0 = 0; t0 < G; t0 += 4 * kStepsPerWiden) {
+        const int t1 = t0 + 4 * kStepsPerWiden < G ? t0 + 4 * kStepsPerWiden : G;
+        for (int t = t0; t < t1; t += 4, p += 4 * row_bytes) {
+            pf.step();
+            __m256i quads;
+            if constexpr (C == 2) {
+                const __m128i r01 = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + row_bytes)));
+                const __m128i r23 = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)),
+                                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)));
+                const __m256i rows = _mm256_inserti128_si256(_mm256_castsi128_si256(r01), r23, 1);
+                quads = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(rows, lanes), transpose);
+            } else {
+                int32_t r[4];
+                for (int i = 0; i < 4; ++i) memcpy(r + i, p + i * row_bytes, 4);
+                const __m128i rows = _mm_setr_epi32(r[0], r[1], r[2], r[3]);
+                quads = _mm256_inserti128_si256(_mm256_setzero_si256(),
+                                                _mm_shuffle_epi8(rows, _mm256_castsi256_si128(transpose)), 0);
+            }
+            __m256i x[KP];
+            for (int k = 0; k < KP; ++k) x[k] = _mm256_and_si256(_mm256_srli_epi32(quads, 2 * (K0 + k)), m);
+            for (int h = 0; h < NH; ++h) {
+                int32_t wq;
+                memcpy(&wq, w8 + h * G + t, 4);
+                const __m256i wb = _mm256_set1_epi32(wq);
+                for (int k = 0; k < KP; ++k) {
+                    if constexpr (kVnni)
+                        a[h][k] = dpbusd(a[h][k], wb, x[k]);
+                    else
+                        a[h][k] = maddubs_add(a[h][k], wb, x[k]);
+                }
+            }
+        }
+        if constexpr (!kVnni)
+            for (int h = 0; h < NH; ++h)
+                for (int k = 0; k < KP; ++k) {
+                    __m256i* q = reinterpret_cast<__m256i*>(acc[h][K0 + k]);
+                    _mm256_store_si256(q, _mm256_add_epi32(_mm256_load_si256(q), _mm256_madd_epi16(a[h][k], ones)));
+                    a[h][k] = _mm256_setzero_si256();
+                }
+    }
+    if constexpr (kVnni)
+        for (int h = 0; h < NH; ++h)
+            for (int k = 0; k < KP; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(acc[h][K0 + k]), a[h][k]);
+}
+
+template <int NH, bool kVnni, int C>
+inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const uint8_t* w8,
+                                 const int32_t* w8_sum, const float* wscale, const float* wsum, float* tmp,
+                                 Prefetcher& pf)
+{
+    alignas(32) int32_t acc[NH][4][8];
+    const uint8_t* p = vcodes + d0 / 4;
+    if constexpr (NH <= 2) {
+        values_pass_v2_int8<NH, kVnni, C, 0, 4>(p, row_bytes, G, w8, acc, pf);
+    } else {  // the sums of all 4 k for 3 or 4 heads (and the madd form's int16 ones) would not fit 16 registers
+        values_pass_v2_int8<NH, kVnni, C, 0, 2>(p, row_bytes, G, w8, acc, pf);
+        values_pass_v2_int8<NH, kVnni, C, 2, 2>(p, row_bytes, G, w8, acc, pf);
+    }
+    for (int h = 0; h < NH; ++h) {
+        const __m256 sc = _mm256_set1_ps(0.5f * wscale[h]), off = _mm256_set1_ps(1.5f * wsum[h]);
+        const __m256i w3 = _mm256_set1_epi32((int32_t)(3u * (uint32_t)w8_sum[h]));  // unsigned: as in the int16 kernel
+        __m256 y[4];
+        for (int k = 0; k < 4; ++k)  // y[k] lane L, dword b: channel 16L + 4b + k
+            y[k] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc[h][k])), 1), w3)),
+                sc, off);
+        // 4x4 transpose in each lane (z[j] lane L: channels 16L + 4j .. 4j+3), then the lanes in order
+        const __m256 t0 = _mm256_unpacklo_ps(y[0], y[1]), t1 = _mm256_unpackhi_ps(y[0], y[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(y[2], y[3]), t3 = _mm256_unpackhi_ps(y[2], y[3]);
+        const __m256 z0 = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2)));
+        const __m256 z1 = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t0), _mm256_castps_pd(t2)));
+        const __m256 z2 = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3)));
+        const __m256 z3 = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t1), _mm256_castps_pd(t3)));
+        float* o = tmp + h * D + d0;
+        _mm256_store_ps(o, _mm256_permute2f128_ps(z0, z1, 0x20));
+        _mm256_store_ps(o + 8, _mm256_permute2f128_ps(z2, z3, 0x20));
+        if constexpr (C == 2) {
+            _mm256_store_ps(o + 16, _mm256_permute2f128_ps(z0, z1, 0x31));
+            _mm256_store_ps(o + 24, _mm256_permute2f128_ps(z2, z3, 0x31));
+        }
+    }
+}
+
+template <int NH, bool kVnni>
+void tile_values_v2_int8(const uint8_t* vcodes, int D, int G, const uint8_t* w8, const int32_t* w8_sum,
+                         const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)D / 4;
+    int d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32)
+        values_chunk_v2_int8<NH, kVnni, 2>(vcodes, row_bytes, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
+    if (d0 < D) values_chunk_v2_int8<NH, kVnni, 1>(vcodes, row_bytes, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
+}
+
 template <bool kVnni>
 void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m256* smax,
                            Prefetcher& pf)
@@ -558,6 +677,15 @@ void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const
 {
     with_head_count(nh, [&](auto heads) {
         tile_values_v2_int16<decltype(heads)::value, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+    });
+}
+
+template <bool kVnni>
+void values_v2_int8_dispatch(int nh, const uint8_t* vcodes, int D, int G, const uint8_t* w8, const int32_t* w8_sum,
+                             const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+{
+    with_head_count(nh, [&](auto heads) {
+        tile_values_v2_int8<decltype(heads)::value, kVnni>(vcodes, D, G, w8, w8_sum, wscale, wsum, tmp, pf);
     });
 }
 
@@ -595,11 +723,12 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
 }
 
 // The int16 mode's per-head work on one tile: p = exp(s - m) with the cheaper exp, l,
-// pz = sum p vz, the weights w = p va and, for 2-bit values, w rounded to int16 against
-// its max (wscale), their exact int sum and the float sum, as the avx512 file does.
+// pz = sum p vz, the weights w = p va and, for 2-bit values, w rounded against its max
+// (wscale) to int16 (w16h) or, in the int8 mode, uint8 (w8h), their exact int sum and
+// the float sum, as the avx512 file does.
 template <bool kIntWeights>
 inline void int_mode_weights(float* sh, const float* va, const float* vz, float m, int G, float* l, float* pz,
-                             int16_t* w16h, float* wscale, float* wsum, int32_t* w16_sum, bool va_negative)
+                             int16_t* w16h, uint8_t* w8h, float* wscale, float* wsum, int32_t* w_isum, bool va_negative)
 {
     const __m256 mv = _mm256_set1_ps(m);
     __m256 psum = _mm256_setzero_ps(), z = psum, wmx = psum, wsm = psum;
@@ -618,21 +747,27 @@ inline void int_mode_weights(float* sh, const float* va, const float* vz, float 
     *pz = hsum(z);
     if (!kIntWeights) return;
     *wsum = hsum(wsm);
-    const float wmax = hmax(wmx);
-    *wscale = va_negative ? NAN : wmax > 0.0f ? wmax / 32767.0f : 0.0f;
-    const __m256 inv = _mm256_set1_ps(inverse_scale(32767.0f, wmax));
+    const float wmax = hmax(wmx), top = w8h ? 255.0f : 32767.0f;
+    *wscale = va_negative ? NAN : wmax > 0.0f ? wmax / top : 0.0f;
+    const __m256 inv = _mm256_set1_ps(inverse_scale(top, wmax));
+    const __m256i itop = _mm256_set1_epi32((int32_t)top);
     __m256i isum = _mm256_setzero_si256();
     for (int t = 0; t < G; t += 16) {
-        // min: a product rounded past 32767 saturates, and W16 must sum what is stored
-        const __m256i r0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(sh + t), inv)), _mm256_set1_epi32(32767));
-        const __m256i r1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(sh + t + 8), inv)), _mm256_set1_epi32(32767));
+        // min: a product rounded past the top saturates, and the sum must be of what is stored
+        const __m256i r0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(sh + t), inv)), itop);
+        const __m256i r1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(sh + t + 8), inv)), itop);
         isum = _mm256_add_epi32(isum, _mm256_add_epi32(r0, r1));
         // packs works per 128-bit lane: words 0-3 r0, 4-7 r1, 8-11 r0, 12-15 r1 -> reorder the qwords
-        _mm256_store_si256(reinterpret_cast<__m256i*>(w16h + t), _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8));
+        const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8);
+        if (w8h)  // packus stores what avx512's vpmovdb does: 0..255 as is, a NaN's INT_MIN as 0
+            _mm_store_si128(reinterpret_cast<__m128i*>(w8h + t),
+                            _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+        else
+            _mm256_store_si256(reinterpret_cast<__m256i*>(w16h + t), w);
     }
     const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
     const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    *w16_sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+    *w_isum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
 }
 
 template <int KB, int VB>
@@ -645,7 +780,8 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     const int mode = score_mode();
     const bool int_on = mode != kScoresFloat;
     const bool int_scores = KB == 4 && int_on, int_values = VB == 2 && int_on, int_mode = int_scores || int_values;
-    const bool int8_scores = int_scores && mode == kScoresInt8;  // the query in int8; values stay int16
+    const bool int8_scores = int_scores && mode == kScoresInt8;  // the query in int8
+    const bool byte_values = int_values && mode == kScoresInt8;  // and the value weights in uint8
     const bool vnni = int_mode && avx_vnni_on();
     alignas(32) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
     alignas(32) float kt[128], va[128], vz[128];
@@ -654,6 +790,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     alignas(32) int8_t qi8[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(32) float s[kHeadGroup * 128];
     alignas(32) int16_t w16[kHeadGroup * 128];
+    alignas(32) uint8_t w8[kHeadGroup * 128];
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
         Prefetcher pf{nullptr, nullptr};
@@ -666,7 +803,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), vc, D);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kt), kt, G);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.va), va, G);
-        // The int16 value sums round the weights p va against their largest, so they assume va >= 0 (the
+        // The integer value sums round the weights p va against their largest, so they assume va >= 0 (the
         // quantiser writes no other): a negative va in a record makes the value sums NaN (reported as
         // KVARN_ERR_OVERFLOW) instead of silently wrong.
         const bool va_negative = int_values && any_negative(va, G);
@@ -747,11 +884,12 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                                         st.acc_rot + (size_t)hq * D, D);
                     }
                     if (int_values)
-                        int_mode_weights<true>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, w16 + h * G, wscale + h,
-                                               wsum + h, w16_sum + h, va_negative);
+                        int_mode_weights<true>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, w16 + h * G,
+                                               byte_values ? w8 + h * G : nullptr, wscale + h, wsum + h, w16_sum + h,
+                                               va_negative);
                     else
                         int_mode_weights<false>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, nullptr, nullptr, nullptr,
-                                                nullptr, false);
+                                                nullptr, nullptr, false);
                     continue;
                 }
                 softmax_update(sh, G, st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D, st.acc_rot + (size_t)hq * D, D);
@@ -764,7 +902,11 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 }
                 pz[h] = hsum(z);
             }
-            if (int_values && vnni)
+            if (byte_values && vnni)
+                values_v2_int8_dispatch<true>(nh, rec + L.v_codes, D, G, w8, w16_sum, wscale, wsum, tmp, pf);
+            else if (byte_values)
+                values_v2_int8_dispatch<false>(nh, rec + L.v_codes, D, G, w8, w16_sum, wscale, wsum, tmp, pf);
+            else if (int_values && vnni)
                 values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
             else if (int_values)
                 values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);

@@ -12,8 +12,9 @@
 //   reassociated (fp32 FMA, blocked sums, polynomial exp, <= 2 ulp).
 // - attend_tiles with int8 scores (k4 only): q*ka is rounded to int8 per
 //   (tile, head) with a symmetric scale max|q*ka|/127, and dotted with the 4-bit
-//   codes exactly in int32 (vpdpbusd); the extra error is what that rounding
-//   costs (measured in docs/simd.md). The float path stays selectable.
+//   codes exactly in int32 (vpdpbusd); 2-bit values' weights p*va likewise to
+//   uint8 against max/255, summed exactly in int32 (vpdpbusd); the extra error is
+//   what that rounding costs (measured in docs/simd.md). The float path stays selectable.
 //
 // Link hygiene as in kernels_avx2.cpp: no header templates or inline library
 // functions are instantiated here, everything lives in an anonymous namespace.
@@ -556,6 +557,100 @@ inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D
     }
 }
 
+// 8-bit value weights (the int8 mode): w = p*va >= 0 rounded to uint8 per (tile,
+// head) against max w, and each dword lane holds the codes of tokens t..t+3 for one
+// channel as four bytes, so vpdpbusd (weights unsigned, codes signed) does four
+// tokens x 16 channels per instruction with exact int32 sums (<= 4*3*255 per quad).
+// Unpacking: the four rows' 4C bytes go to one register (row r in lane r), a vpermd
+// gathers dword L of every row into lane L and an in-lane vpshufb transposes each
+// lane's 4x4 bytes, so dword b holds byte b (channels 4b..4b+3) of the four tokens;
+// shift 2k + mask then gives channel 4b+k. Channels are put back in order at the end.
+// The result is formed with centred codes as in the int16 path.
+template <int NH, int C>
+inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const uint8_t* w8,
+                                 const int32_t* w8_sum, const float* wscale, const float* wsum, float* tmp,
+                                 Prefetcher& pf)
+{
+    __m512i a[NH][4];
+    for (int h = 0; h < NH; ++h)
+        for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_si512();
+    const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i transpose = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    const __m512i m = _mm512_set1_epi32(0x03030303);
+    const __mmask16 bytes = (__mmask16)((1u << (4 * C)) - 1);  // 4 bytes per 16 channels; never reads past the row
+    const uint8_t* p = vcodes + d0 / 4;
+    for (int t = 0; t < G; t += 4, p += 4 * row_bytes) {
+        pf.step();
+        pf.step();
+        __m512i rows;
+        if (C == 4) {
+            rows = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes)), 1);
+            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)), 2);
+            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)), 3);
+        } else {
+            rows = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(bytes, p));
+            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + row_bytes), 1);
+            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 2 * row_bytes), 2);
+            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 3 * row_bytes), 3);
+        }
+        const __m512i quads = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(lanes, rows), transpose);
+        __m512i x[4];
+        x[0] = _mm512_and_si512(quads, m);
+        x[1] = _mm512_and_si512(_mm512_srli_epi32(quads, 2), m);
+        x[2] = _mm512_and_si512(_mm512_srli_epi32(quads, 4), m);
+        x[3] = _mm512_and_si512(_mm512_srli_epi32(quads, 6), m);
+        for (int h = 0; h < NH; ++h) {
+            int32_t wq;
+            memcpy(&wq, w8 + h * G + t, 4);
+            const __m512i wb = _mm512_set1_epi32(wq);
+            for (int k = 0; k < 4; ++k) a[h][k] = dpbusd(a[h][k], wb, x[k]);
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        const __m512 sc = _mm512_set1_ps(0.5f * wscale[h]), off = _mm512_set1_ps(1.5f * wsum[h]);
+        const __m512i w3 = _mm512_set1_epi32((int32_t)(3u * (uint32_t)w8_sum[h]));
+        __m512 y[4];
+        for (int k = 0; k < 4; ++k)  // y[k] lane b: channel 4b + k
+            y[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_slli_epi32(a[h][k], 1), w3)), sc, off);
+        // 4x4 transpose inside each 128-bit lane, then of the lanes: out[c] lane j = channels 16c + 4j .. 4j+3
+        const __m512 t0 = _mm512_unpacklo_ps(y[0], y[1]), t1 = _mm512_unpackhi_ps(y[0], y[1]);
+        const __m512 t2 = _mm512_unpacklo_ps(y[2], y[3]), t3 = _mm512_unpackhi_ps(y[2], y[3]);
+        const __m512 z0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+        const __m512 z1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+        const __m512 z2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+        const __m512 z3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+        const __m512 u0 = _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 u1 = _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 u2 = _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512 u3 = _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512 out[4] = {_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)),
+                               _mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(3, 1, 3, 1))};
+        for (int c = 0; c < C; ++c) _mm512_store_ps(tmp + h * D + d0 + 16 * c, out[c]);
+    }
+}
+
+template <int NH>
+void tile_values_v2_int8(const uint8_t* vcodes, int D, int G, const uint8_t* w8, const int32_t* w8_sum,
+                         const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)D / 4;
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) values_chunk_v2_int8<NH, 4>(vcodes, row_bytes, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
+    for (; d0 + 32 <= D; d0 += 32) values_chunk_v2_int8<NH, 2>(vcodes, row_bytes, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
+    for (; d0 < D; d0 += 16) values_chunk_v2_int8<NH, 1>(vcodes, row_bytes, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
+}
+
+void values_v2_int8_dispatch(int nh, const uint8_t* vcodes, int D, int G, const uint8_t* w8, const int32_t* w8_sum,
+                             const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+{
+    with_head_count(nh, [&](auto heads) {
+        tile_values_v2_int8<decltype(heads)::value>(vcodes, D, G, w8, w8_sum, wscale, wsum, tmp, pf);
+    });
+}
+
 template <int NH, bool kVnni>
 void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
                           const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
@@ -690,7 +785,10 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     alignas(64) int16_t qi16[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(64) float s[kHeadGroup * 128];
     alignas(64) int16_t w16[kHeadGroup * 128];
+    alignas(64) uint8_t w8[kHeadGroup * 128];
     const bool int_values = VB == 2 && score_mode() != kScoresFloat;
+    const bool byte_values = int_values && score_mode() == kScoresInt8;  // the int8 mode: 8-bit value weights too
+    const float wmax_int = byte_values ? 255.0f : 32767.0f;
     const bool vnni = avx512_vnni_on();  // int8 (vpdpbusd) runs only then: score_mode() says so
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
@@ -783,20 +881,25 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 if (int_values) {
                     wsum[h] = _mm512_reduce_add_ps(wsm);
                     const float wmax = _mm512_reduce_max_ps(wmx);
-                    wscale[h] = va_negative ? NAN : wmax > 0.0f ? wmax / 32767.0f : 0.0f;
-                    const __m512 inv = _mm512_set1_ps(inverse_scale(32767.0f, wmax));
+                    wscale[h] = va_negative ? NAN : wmax > 0.0f ? wmax / wmax_int : 0.0f;
+                    const __m512 inv = _mm512_set1_ps(inverse_scale(wmax_int, wmax));
+                    const __m512i top = _mm512_set1_epi32((int32_t)wmax_int);
                     __m512i isum = _mm512_setzero_si512();
                     for (int t = 0; t < G; t += 16) {
-                        // min: a product rounded past 32767 saturates, and W16 must sum what is stored
-                        const __m512i r = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sh + t), inv)),
-                                                           _mm512_set1_epi32(32767));
+                        // min: a product rounded past the top saturates, and the sum must be of what is stored
+                        const __m512i r = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sh + t), inv)), top);
                         isum = _mm512_add_epi32(isum, r);
-                        _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t), _mm512_cvtepi32_epi16(r));
+                        if (byte_values)
+                            _mm_store_si128(reinterpret_cast<__m128i*>(w8 + h * G + t), _mm512_cvtepi32_epi8(r));
+                        else
+                            _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t), _mm512_cvtepi32_epi16(r));
                     }
                     w16_sum[h] = _mm512_reduce_add_epi32(isum);
                 }
             }
-            if (int_values && vnni)
+            if (byte_values)
+                values_v2_int8_dispatch(nh, rec + L.v_codes, D, G, w8, w16_sum, wscale, wsum, tmp, pf);
+            else if (int_values && vnni)
                 values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
             else if (int_values)
                 values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
