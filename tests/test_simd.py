@@ -938,20 +938,24 @@ def test_int_modes_are_the_stated_integer_arithmetic(mode, preset, Hk, D, Hq, n,
 INT_ORACLE_DRAWS = 8
 
 
+@pytest.mark.parametrize("mode", ["int8", "int16"])
 @pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "madd"])
-@pytest.mark.parametrize("D", [16, 48, 112, 1024])
+@pytest.mark.parametrize("D", [16, 48, 112, 256, 288, 1024])
 @pytest.mark.parametrize("sign", [1, -1])
-def test_int8_sums_at_their_largest(D, sign, vnni, rng):
-    """The int8 kernels' worst case: every code 15 (half the tokens; the others 0) against a query whose
-    every int8 value is +-127, so each 2-channel product pair is +-3810 and avx2's int16 sums reach
-    +-30480 after 32 channels, where they must widen (a 9th step would wrap past 32767). The scores are
-    then exactly +-3 or 0, and int8 must give the float path's output up to its 8-bit value weights. On the tests' random data no sum
-    came near the limit (a kernel that never widened passed them all, a review found). Both forms: on a CPU
-    with AVX-VNNI the default runs avx2's vpdpbusd, whose int32 sums never wrap, so only "madd" (VNNI off)
-    reaches the vpmaddubsw + vpaddw widening there (h47: widening every 10 steps passed every test)."""
-    isas = [i for i in MODE_ISAS["int8"] if vnni or i == "avx2"]  # avx512's int8 has no madd form
+def test_int_score_sums_at_their_largest(mode, D, sign, vnni, rng):
+    """The integer score kernels' worst case: every code 15 (half the tokens; the others 0) against a query
+    whose every integer value is the largest (+-127 in int8, +-32767 in int16). int8: each 2-channel product
+    pair is +-3810 and avx2's int16 sums reach +-30480 after 32 channels, where they must widen (a 9th step
+    would wrap past 32767). int16: avx512 masks the high nibbles in place as 16 c, whose int32 sums reach
+    D/2 * 2 * 240 * 32767, which wraps from D 288 on (the kernel shifts them there). The scores are then
+    exactly +-3 or 0, and each mode must give the float path's output up to its value weights' rounding. On
+    the tests' random data no sum came near the limit (a kernel that never widened passed them all, a review
+    found). Both forms: on a CPU with AVX-VNNI the default runs avx2's vpdpbusd, whose int32 sums never wrap,
+    so only "madd" (VNNI off) reaches the vpmaddubsw + vpaddw widening there (h47: widening every 10 steps
+    passed every test)."""
+    isas = [i for i in MODE_ISAS[mode] if vnni or mode == "int16" or i == "avx2"]  # avx512's int8 has no madd form
     if not isas:
-        pytest.skip("no ISA here runs this form of the int8 mode")
+        pytest.skip(f"no ISA here runs this form of the {mode} mode")
     preset, G = "k4v2_g128", 128
     c = kvarn.KVCache(1, D, preset=preset)
     c.append(1e-3 * rng.standard_normal((1, 700, D)).astype(np.float32), rng.standard_normal((1, 700, D)).astype(np.float32))
@@ -965,19 +969,20 @@ def test_int8_sums_at_their_largest(D, sign, vnni, rng):
     outs = {}
     try:
         _native.set_vnni(vnni)
-        for isa, mode in [("scalar", "float")] + [(i, "int8") for i in isas]:
+        for isa, m in [("scalar", "float")] + [(i, mode) for i in isas]:
             kvarn.set_isa(isa)
-            _native.set_score_mode(mode)
-            assert _native.score_mode() == mode
+            _native.set_score_mode(m)
+            assert _native.score_mode() == m
             out = np.zeros_like(q)
             assert _native.attend([parts], q, float(scale), out, 2) == _native.OK
-            outs[isa, mode] = out
+            outs[isa, m] = out
     finally:
         _native.set_vnni(True)
-    # The 8-bit value weights cost 1.5e-3 to 3.2e-3 of max|out| here (avx512, the 8 cases); a wrapped int16 score
-    # sum turns a score of 3 into one near -2e4 (an output off by O(1)).
+    # The 8-bit value weights cost 1.5e-3 to 3.2e-3 of max|out| here (avx512, int8); the int16 ones ~1e-5. A
+    # wrapped score sum turns a score of 3 into a large negative one (an output off by O(1)).
+    atol = {"int8": 1e-2, "int16": 1e-3}[mode]
     for key, out in outs.items():
-        np.testing.assert_allclose(out, outs["scalar", "float"], rtol=0, atol=1e-2 * np.abs(out).max(), err_msg=str(key))
+        np.testing.assert_allclose(out, outs["scalar", "float"], rtol=0, atol=atol * np.abs(out).max(), err_msg=str(key))
 
 
 def test_public_score_mode_api():

@@ -355,13 +355,16 @@ constexpr ScoreOrder kScoreOrder = make_score_order();
 // Epilogue shared by the integer score kernels: 64 tokens' int32 sums per head,
 // put into token order (one two-source permute per 16 tokens) and finished as
 // s = kt * (sum * qscale + qz); smax[h] keeps the running maximum.
-template <int NH>
+// kHighTimes16: the upper 256 bits of each sum hold 16x the codes' sum (high nibbles masked in place), exactly.
+template <int NH, bool kHighTimes16 = false>
 inline void finish_int_scores(const __m512i (&acc)[NH][4], const ScoreArgs& a, int half, __m512* smax)
 {
+    const __m512i high_by_16 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
     for (int h = 0; h < NH; ++h) {
         const __m512 sc = _mm512_set1_ps(a.qscale[h]), z = _mm512_set1_ps(a.qz[h]);
         __m512 f[4];
-        for (int j = 0; j < 4; ++j) f[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][j]), sc);
+        for (int j = 0; j < 4; ++j)
+            f[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(kHighTimes16 ? _mm512_srav_epi32(acc[h][j], high_by_16) : acc[h][j]), sc);
         for (int b = 0; b < 4; ++b) {
             const int t = half * 64 + 16 * b;
             const __m512 v = _mm512_permutex2var_ps(f[2 * (b % 2)], _mm512_load_si512(kScoreOrder.idx[b]), f[2 * (b % 2) + 1]);
@@ -381,8 +384,9 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
 {
     const int G = a.G;
     const size_t row_bytes = (size_t)G / 2;
-    const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);  // low 256: low nibbles, high: high
-    const __m512i nib = _mm512_set1_epi8(0x0F);
+    // low 256 bits: the low nibbles; high: the high nibbles masked in place (16 c <= 240, a byte
+    // still: no shift, which would take a port-0 slot next to the vpdpbusd; finish divides by 16)
+    const __m512i nib = _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8((char)0xF0), 1);
     for (int half = 0; half < G / 64; ++half) {
         __m512i acc[NH][4];
         for (int h = 0; h < NH; ++h)
@@ -394,7 +398,7 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
             __m512i n[4];
             for (int r = 0; r < 4; ++r) {
                 const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * row_bytes)));
-                n[r] = _mm512_and_si512(_mm512_srlv_epi64(x, shift), nib);
+                n[r] = _mm512_and_si512(x, nib);
             }
             const __m512i u01l = _mm512_unpacklo_epi8(n[0], n[1]), u01h = _mm512_unpackhi_epi8(n[0], n[1]);
             const __m512i u23l = _mm512_unpacklo_epi8(n[2], n[3]), u23h = _mm512_unpackhi_epi8(n[2], n[3]);
@@ -410,22 +414,26 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
                 acc[h][3] = dpbusd(acc[h][3], w3, qb);
             }
         }
-        finish_int_scores<NH>(acc, a, half, smax);
+        finish_int_scores<NH, true>(acc, a, half, smax);
     }
 }
 
 // Int16 scores for 4-bit keys (VNNI vpdpwssd): rows d and d+1 are interleaved
 // so that each dword holds one token's two codes as int16, multiplied by the
-// int16 pair (q16[d], q16[d+1]) and summed exactly in int32 (|sum| <= 2*15*32767
+// int16 pair (q16[d], q16[d+1]) and summed exactly in int32 (|sum| <= 2*15*32768
 // per pair, D/2 pairs: fits for D <= 1024). Same token order as the int8 path.
-template <int NH, bool kVnni>
+// kInPlace: the high nibbles masked in place as 16 c (no port-0 shift beside the
+// vpdpwssd), which fits int32 while D/2 * 2*240*32767 < 2^31: to D 272 (used to 256).
+template <int NH, bool kVnni, bool kInPlace>
 void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                           Prefetcher& pf)
 {
     const int G = a.G;
     const size_t row_bytes = (size_t)G / 2;
     const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-    const __m512i nib = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    const __m512i nib = kInPlace ? _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8((char)0xF0), 1)
+                                 : _mm512_set1_epi8(0x0F);
+    const __m512i zero = _mm512_setzero_si512();
     for (int half = 0; half < G / 64; ++half) {
         __m512i acc[NH][4];
         for (int h = 0; h < NH; ++h)
@@ -433,11 +441,14 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const Sco
         const uint8_t* p = kc + half * 32;
         for (int d = 0; d < D; d += 2, p += 2 * row_bytes) {
             pf.step();
-            const __m512i n0 = _mm512_and_si512(
-                _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), shift), nib);
-            const __m512i n1 = _mm512_and_si512(
-                _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row_bytes))), shift),
-                nib);
+            __m512i n0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+            __m512i n1 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row_bytes)));
+            if (!kInPlace) {
+                n0 = _mm512_srlv_epi64(n0, shift);
+                n1 = _mm512_srlv_epi64(n1, shift);
+            }
+            n0 = _mm512_and_si512(n0, nib);
+            n1 = _mm512_and_si512(n1, nib);
             const __m512i e = _mm512_unpacklo_epi8(n0, n1), f = _mm512_unpackhi_epi8(n0, n1);
             const __m512i w0 = _mm512_unpacklo_epi8(e, zero), w1 = _mm512_unpackhi_epi8(e, zero);
             const __m512i w2 = _mm512_unpacklo_epi8(f, zero), w3 = _mm512_unpackhi_epi8(f, zero);
@@ -451,7 +462,7 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const Sco
                 acc[h][3] = dpwssd<kVnni>(acc[h][3], w3, qb);
             }
         }
-        finish_int_scores<NH>(acc, a, half, smax);
+        finish_int_scores<NH, kInPlace>(acc, a, half, smax);
     }
 }
 
@@ -487,85 +498,65 @@ void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp
     for (; d0 < D; d0 += 16) values_chunk<VB, NH, 1>(vcodes, row_bytes, D, G, d0, w, tmp, pf);
 }
 
-// Integer value aggregation for 2-bit values (integer score modes only):
-// w = p*va >= 0 rounded to int16 per (tile, head) against max w, and each dword
-// lane holds the codes of tokens t and t+1 for one channel as two int16, so
-// vpdpwssd does two tokens x 16 channels per instruction with exact int32 sums
-// (<= 2*3*32767 per pair, G/2 pairs). The codes come out of one vpermw (the byte
-// holding channel j's code of each token, as a word) + vpsrlvw (its bit offset)
-// + and per 16 channels, from the two tokens' rows side by side in one register.
-// The result is formed with centred codes y = 2c - 3, whose weight-rounding
-// errors mostly cancel where raw codes (mean 1.5) would add them up as a bias:
-// sum_t w16 y = 2 sum_t w16 c - 3 W16 exactly in int32 (W16 = sum_t w16), and
-// sum_t w c = (wscale sum_t w16 y + 3 wsum) / 2 takes the 3 sum w part from the
-// exact float weights.
-struct V2Unpack {
-    alignas(64) int16_t word[32];   // chunk 0's vpermw indices; chunk c adds 2c
-    alignas(64) int16_t shift[32];
-};
-constexpr V2Unpack make_v2_unpack()
+// The codes of tokens t..t+3 for channels d0 .. d0+16C-1 (rows row_bytes apart), as
+// one register whose dword b holds byte b of each of the four rows (channels 4b..4b+3,
+// token r in byte r): row r goes to lane r, a vpermd gathers dword L of every row into
+// lane L and an in-lane vpshufb transposes each lane's 4x4 bytes.
+template <int C>
+inline __m512i load_code_quads(const uint8_t* p, size_t row_bytes)
 {
-    V2Unpack u{};
-    for (int j = 0; j < 16; ++j) {  // channel j of a 16-channel chunk: byte j/4, bits 2(j%4)
-        u.word[2 * j] = (int16_t)(j / 8);          // token t: bytes 0..15 = words 0..7
-        u.word[2 * j + 1] = (int16_t)(8 + j / 8);  // token t+1: bytes 16..31
-        u.shift[2 * j] = u.shift[2 * j + 1] = (int16_t)(8 * ((j / 4) % 2) + 2 * (j % 4));
-    }
-    return u;
-}
-constexpr V2Unpack kV2Unpack = make_v2_unpack();
-
-template <int NH, int C, bool kVnni>
-inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const int16_t* w16,
-                                  const int32_t* w16_sum, const float* wscale, const float* wsum, float* tmp,
-                                  Prefetcher& pf)
-{
-    __m512i a[NH][C];
-    for (int h = 0; h < NH; ++h)
-        for (int c = 0; c < C; ++c) a[h][c] = _mm512_setzero_si512();
-    __m512i idx[C];
-    idx[0] = _mm512_load_si512(kV2Unpack.word);
-    for (int c = 1; c < C; ++c) idx[c] = _mm512_add_epi16(idx[0], _mm512_set1_epi16((short)(2 * c)));
-    const __m512i sh = _mm512_load_si512(kV2Unpack.shift);
-    const __m512i m = _mm512_set1_epi32(0x00030003);
     const __mmask16 bytes = (__mmask16)((1u << (4 * C)) - 1);  // 4 bytes per 16 channels; never reads past the row
-    const uint8_t* p = vcodes + d0 / 4;
-    for (int t = 0; t < G; t += 2, p += 2 * row_bytes) {
-        pf.step();
-        const __m128i r0 = C == 4 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_maskz_loadu_epi8(bytes, p);
-        const __m128i r1 = C == 4 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes))
-                                  : _mm_maskz_loadu_epi8(bytes, p + row_bytes);
-        const __m512i rows = _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1));
-        __m512i x[C];
-        for (int c = 0; c < C; ++c)
-            x[c] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi16(idx[c], rows), sh), m);
-        for (int h = 0; h < NH; ++h) {
-            int32_t wp;
-            memcpy(&wp, w16 + h * G + t, 4);
-            const __m512i wb = _mm512_set1_epi32(wp);
-            for (int c = 0; c < C; ++c) a[h][c] = dpwssd<kVnni>(a[h][c], x[c], wb);
-        }
+    __m512i rows;
+    if (C == 4) {
+        rows = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes)), 1);
+        rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)), 2);
+        rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)), 3);
+    } else {
+        rows = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(bytes, p));
+        rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + row_bytes), 1);
+        rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 2 * row_bytes), 2);
+        rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 3 * row_bytes), 3);
     }
-    for (int h = 0; h < NH; ++h) {
-        const __m512 sc = _mm512_set1_ps(0.5f * wscale[h]), off = _mm512_set1_ps(1.5f * wsum[h]);
-        // unsigned: wraps instead of overflowing where a NaN weight (a corrupt record) made w16_sum garbage
-        const __m512i w3 = _mm512_set1_epi32((int32_t)(3u * (uint32_t)w16_sum[h]));
-        for (int c = 0; c < C; ++c) {
-            const __m512i y = _mm512_sub_epi32(_mm512_slli_epi32(a[h][c], 1), w3);  // sum_t w16 (2c - 3)
-            _mm512_store_ps(tmp + h * D + d0 + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(y), sc, off));
-        }
-    }
+    const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i transpose = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(lanes, rows), transpose);
+}
+
+// tmp = (wscale (2 S - 3 W) + 3 wsum) / 2 for the exact sums S[k] (lane b: channel 4b + k)
+// of one head, stored in channel order: a 4x4 transpose inside each 128-bit lane, then of the lanes.
+template <int C>
+inline void store_value_sums(const __m512i (&S)[4], int32_t w_sum, float wscale, float wsum, float* out)
+{
+    const __m512 sc = _mm512_set1_ps(0.5f * wscale), off = _mm512_set1_ps(1.5f * wsum);
+    // unsigned: wraps instead of overflowing where a NaN weight (a corrupt record) made w_sum garbage
+    const __m512i w3 = _mm512_set1_epi32((int32_t)(3u * (uint32_t)w_sum));
+    __m512 y[4];
+    for (int k = 0; k < 4; ++k)
+        y[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_slli_epi32(S[k], 1), w3)), sc, off);
+    const __m512 t0 = _mm512_unpacklo_ps(y[0], y[1]), t1 = _mm512_unpackhi_ps(y[0], y[1]);
+    const __m512 t2 = _mm512_unpacklo_ps(y[2], y[3]), t3 = _mm512_unpackhi_ps(y[2], y[3]);
+    const __m512 z0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+    const __m512 z1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+    const __m512 z2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    const __m512 z3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    // z[i] lane j: channels 16j + 4i .. 4i+3
+    const __m512 u0 = _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 u1 = _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 u2 = _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 u3 = _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(3, 2, 3, 2));
+    _mm512_store_ps(out, _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)));
+    if (C > 1) _mm512_store_ps(out + 16, _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+    if (C > 2) _mm512_store_ps(out + 32, _mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(2, 0, 2, 0)));
+    if (C > 3) _mm512_store_ps(out + 48, _mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 // 8-bit value weights (the int8 mode): w = p*va >= 0 rounded to uint8 per (tile,
 // head) against max w, and each dword lane holds the codes of tokens t..t+3 for one
-// channel as four bytes, so vpdpbusd (weights unsigned, codes signed) does four
-// tokens x 16 channels per instruction with exact int32 sums (<= 4*3*255 per quad).
-// Unpacking: the four rows' 4C bytes go to one register (row r in lane r), a vpermd
-// gathers dword L of every row into lane L and an in-lane vpshufb transposes each
-// lane's 4x4 bytes, so dword b holds byte b (channels 4b..4b+3) of the four tokens;
-// shift 2k + mask then gives channel 4b+k. Channels are put back in order at the end.
-// The result is formed with centred codes as in the int16 path.
+// channel as four bytes (load_code_quads, then shift 2k + mask for channel 4b+k), so
+// vpdpbusd (weights unsigned, codes signed) does four tokens x 16 channels per
+// instruction with exact int32 sums (<= 4*3*255 per quad). The result is formed with
+// centred codes as in the int16 path.
 template <int NH, int C>
 inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const uint8_t* w8,
                                  const int32_t* w8_sum, const float* wscale, const float* wsum, float* tmp,
@@ -574,27 +565,12 @@ inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D,
     __m512i a[NH][4];
     for (int h = 0; h < NH; ++h)
         for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_si512();
-    const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512i transpose = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     const __m512i m = _mm512_set1_epi32(0x03030303);
-    const __mmask16 bytes = (__mmask16)((1u << (4 * C)) - 1);  // 4 bytes per 16 channels; never reads past the row
     const uint8_t* p = vcodes + d0 / 4;
     for (int t = 0; t < G; t += 4, p += 4 * row_bytes) {
         pf.step();
         pf.step();
-        __m512i rows;
-        if (C == 4) {
-            rows = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes)), 1);
-            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)), 2);
-            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)), 3);
-        } else {
-            rows = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(bytes, p));
-            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + row_bytes), 1);
-            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 2 * row_bytes), 2);
-            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 3 * row_bytes), 3);
-        }
-        const __m512i quads = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(lanes, rows), transpose);
+        const __m512i quads = load_code_quads<C>(p, row_bytes);
         __m512i x[4];
         x[0] = _mm512_and_si512(quads, m);
         x[1] = _mm512_and_si512(_mm512_srli_epi32(quads, 2), m);
@@ -607,29 +583,81 @@ inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D,
             for (int k = 0; k < 4; ++k) a[h][k] = dpbusd(a[h][k], wb, x[k]);
         }
     }
-    for (int h = 0; h < NH; ++h) {
-        const __m512 sc = _mm512_set1_ps(0.5f * wscale[h]), off = _mm512_set1_ps(1.5f * wsum[h]);
-        const __m512i w3 = _mm512_set1_epi32((int32_t)(3u * (uint32_t)w8_sum[h]));
-        __m512 y[4];
-        for (int k = 0; k < 4; ++k)  // y[k] lane b: channel 4b + k
-            y[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_slli_epi32(a[h][k], 1), w3)), sc, off);
-        // 4x4 transpose inside each 128-bit lane, then of the lanes: out[c] lane j = channels 16c + 4j .. 4j+3
-        const __m512 t0 = _mm512_unpacklo_ps(y[0], y[1]), t1 = _mm512_unpackhi_ps(y[0], y[1]);
-        const __m512 t2 = _mm512_unpacklo_ps(y[2], y[3]), t3 = _mm512_unpackhi_ps(y[2], y[3]);
-        const __m512 z0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
-        const __m512 z1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
-        const __m512 z2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
-        const __m512 z3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
-        const __m512 u0 = _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512 u1 = _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512 u2 = _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 2, 3, 2));
-        const __m512 u3 = _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(3, 2, 3, 2));
-        const __m512 out[4] = {_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)),
-                               _mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(3, 1, 3, 1))};
-        for (int c = 0; c < C; ++c) _mm512_store_ps(tmp + h * D + d0 + 16 * c, out[c]);
+    for (int h = 0; h < NH; ++h) store_value_sums<C>(a[h], w8_sum[h], wscale[h], wsum[h], tmp + h * D + d0);
+}
+
+// Integer value aggregation for 2-bit values, int16 mode: w = p*va >= 0 rounded
+// to int16 per (tile, head) against max w, exact int32 sums of w16 times the codes.
+// As load_code_quads gives the codes, the even tokens' code of channel 4b+k sits
+// in bits 2k..2k+1 of the two words of dword b, the odd tokens' 8 bits higher, so
+// each vpdpwssd does two tokens x 16 channels. Masked in place (no shift: that
+// would take a port-0 slot beside the vpdpwssd, the loop's bound), a code is
+// c 4^k, and S = sum_t w16 c 4^k stays exact in int32 (<= 128 * 32767 * 192 < 2^31):
+// S >> 2k is the sum. The weights are stored in quad order (t0, t2, t1, t3) to
+// pair with the even and odd words. The result is formed with centred codes
+// y = 2c - 3, whose weight-rounding errors mostly cancel where raw codes (mean
+// 1.5) would add them up as a bias: sum_t w16 y = 2 sum_t w16 c - 3 W16 exactly in
+// int32 (W16 = sum_t w16), and sum_t w c = (wscale sum_t w16 y + 3 wsum) / 2 takes
+// the 3 sum w part from the exact float weights (store_value_sums).
+template <int NH, int C, bool kVnni>
+inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const int16_t* w16,
+                                   const int32_t* w16_sum, const float* wscale, const float* wsum, float* tmp,
+                                   Prefetcher& pf)
+{
+    __m512i a[NH][4];
+    for (int h = 0; h < NH; ++h)
+        for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_si512();
+    const uint8_t* p = vcodes + d0 / 4;
+    for (int t = 0; t < G; t += 4, p += 4 * row_bytes) {
+        pf.step();
+        pf.step();
+        const __m512i even = load_code_quads<C>(p, row_bytes);
+        const __m512i odd = _mm512_srli_epi16(even, 8);
+        __m512i xe[4], xo[4];
+        for (int k = 0; k < 4; ++k) {
+            const __m512i m = _mm512_set1_epi32((int32_t)(0x00030003u << (2 * k)));
+            xe[k] = _mm512_and_si512(even, m);
+            xo[k] = _mm512_and_si512(odd, m);
+        }
+        for (int h = 0; h < NH; ++h) {
+            int32_t we, wo;
+            memcpy(&we, w16 + h * G + t, 4);
+            memcpy(&wo, w16 + h * G + t + 2, 4);
+            const __m512i be = _mm512_set1_epi32(we), bo = _mm512_set1_epi32(wo);
+            for (int k = 0; k < 4; ++k) {
+                a[h][k] = dpwssd<kVnni>(a[h][k], xe[k], be);
+                a[h][k] = dpwssd<kVnni>(a[h][k], xo[k], bo);
+            }
+        }
     }
+    for (int h = 0; h < NH; ++h) {
+        __m512i S[4];
+        for (int k = 0; k < 4; ++k) S[k] = _mm512_srai_epi32(a[h][k], 2 * k);
+        store_value_sums<C>(S, w16_sum[h], wscale[h], wsum[h], tmp + h * D + d0);
+    }
+}
+
+template <int NH, bool kVnni>
+void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
+                           const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+{
+    const size_t row_bytes = (size_t)D / 4;
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64)
+        values_chunk_v2_int16<NH, 4, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+    for (; d0 + 32 <= D; d0 += 32)
+        values_chunk_v2_int16<NH, 2, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+    for (; d0 < D; d0 += 16)
+        values_chunk_v2_int16<NH, 1, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+}
+
+template <bool kVnni>
+void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
+                               const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+{
+    with_head_count(nh, [&](auto heads) {
+        tile_values_v2_int16<decltype(heads)::value, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+    });
 }
 
 template <int NH>
@@ -651,28 +679,6 @@ void values_v2_int8_dispatch(int nh, const uint8_t* vcodes, int D, int G, const 
     });
 }
 
-template <int NH, bool kVnni>
-void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
-                          const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
-{
-    const size_t row_bytes = (size_t)D / 4;
-    int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64)
-        values_chunk_v2_int16<NH, 4, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
-    for (; d0 + 32 <= D; d0 += 32)
-        values_chunk_v2_int16<NH, 2, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
-    for (; d0 < D; d0 += 16)
-        values_chunk_v2_int16<NH, 1, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
-}
-
-template <bool kVnni>
-void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
-                              const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
-{
-    with_head_count(nh, [&](auto heads) {
-        tile_values_v2_int16<decltype(heads)::value, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
-    });
-}
 
 template <int KB>
 void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, float* s, Prefetcher& pf)
@@ -693,7 +699,10 @@ void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, 
                            Prefetcher& pf)
 {
     with_head_count(nh, [&](auto heads) {
-        tile_scores_k4_int16<decltype(heads)::value, kVnni>(kc, D, qi, a, smax, pf);
+        if (D <= 256)
+            tile_scores_k4_int16<decltype(heads)::value, kVnni, true>(kc, D, qi, a, smax, pf);
+        else
+            tile_scores_k4_int16<decltype(heads)::value, kVnni, false>(kc, D, qi, a, smax, pf);
     });
 }
 
@@ -891,8 +900,9 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                         isum = _mm512_add_epi32(isum, r);
                         if (byte_values)
                             _mm_store_si128(reinterpret_cast<__m128i*>(w8 + h * G + t), _mm512_cvtepi32_epi8(r));
-                        else
-                            _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t), _mm512_cvtepi32_epi16(r));
+                        else  // quad order t0, t2, t1, t3 (values_chunk_v2_int16)
+                            _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t),
+                                               _mm512_cvtepi32_epi16(_mm512_shuffle_epi32(r, _MM_PERM_DBCA)));
                     }
                     w16_sum[h] = _mm512_reduce_add_epi32(isum);
                 }
