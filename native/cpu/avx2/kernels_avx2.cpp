@@ -872,7 +872,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 }
             }
             float pz[kHeadGroup], wscale[kHeadGroup], wsum[kHeadGroup];
-            int32_t w16_sum[kHeadGroup];
+            int32_t w_int_sum[kHeadGroup];
             for (int h = 0; h < nh; ++h) {
                 float* sh = s + h * G;
                 const int hq = h0 + h;
@@ -885,7 +885,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     }
                     if (int_values)
                         int_mode_weights<true>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, w16 + h * G,
-                                               byte_values ? w8 + h * G : nullptr, wscale + h, wsum + h, w16_sum + h,
+                                               byte_values ? w8 + h * G : nullptr, wscale + h, wsum + h, w_int_sum + h,
                                                va_negative);
                     else
                         int_mode_weights<false>(sh, va, vz, st.m[hq], G, st.l + hq, pz + h, nullptr, nullptr, nullptr,
@@ -903,13 +903,13 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 pz[h] = hsum(z);
             }
             if (byte_values && vnni)
-                values_v2_int8_dispatch<true>(nh, rec + L.v_codes, D, G, w8, w16_sum, wscale, wsum, tmp, pf);
+                values_v2_int8_dispatch<true>(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
             else if (byte_values)
-                values_v2_int8_dispatch<false>(nh, rec + L.v_codes, D, G, w8, w16_sum, wscale, wsum, tmp, pf);
+                values_v2_int8_dispatch<false>(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
             else if (int_values && vnni)
-                values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+                values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
             else if (int_values)
-                values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+                values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
             else
                 values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             for (int h = 0; h < nh; ++h) {

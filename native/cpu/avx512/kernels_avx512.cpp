@@ -872,7 +872,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 }
             }
             float pz[kHeadGroup], wscale[kHeadGroup], wsum[kHeadGroup];
-            int32_t w16_sum[kHeadGroup];
+            int32_t w_int_sum[kHeadGroup];
             for (int h = 0; h < nh; ++h) {
                 const int hq = h0 + h;
                 float* sh = s + h * G;
@@ -904,15 +904,15 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                             _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t),
                                                _mm512_cvtepi32_epi16(_mm512_shuffle_epi32(r, _MM_PERM_DBCA)));
                     }
-                    w16_sum[h] = _mm512_reduce_add_epi32(isum);
+                    w_int_sum[h] = _mm512_reduce_add_epi32(isum);
                 }
             }
             if (byte_values)
-                values_v2_int8_dispatch(nh, rec + L.v_codes, D, G, w8, w16_sum, wscale, wsum, tmp, pf);
+                values_v2_int8_dispatch(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
             else if (int_values && vnni)
-                values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+                values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
             else if (int_values)
-                values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+                values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
             else
                 values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             for (int h = 0; h < nh; ++h) {
