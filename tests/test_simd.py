@@ -985,6 +985,45 @@ def test_int_score_sums_at_their_largest(mode, D, sign, vnni, rng):
         np.testing.assert_allclose(out, outs["scalar", "float"], rtol=0, atol=atol * np.abs(out).max(), err_msg=str(key))
 
 
+@pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "madd"])
+@pytest.mark.parametrize("D", [16, 48, 112, 256])
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128"])
+def test_int8_value_sums_at_their_largest(preset, D, vnni, rng):
+    """The int8 mode's 2-bit value sums at their worst case: every value code 3 and, in a tile, every weight
+    p va the same (every score kt * ... = 0, one va), so every 8-bit weight is 255. avx2's madd form then adds
+    2 * 255 * 3 = 1530 per 4 tokens to each int16 lane: 16 steps reach 24480, 22 would wrap past 32767 (h50:
+    widening every 22 steps passed every test before this one, whose random weights are mostly far below 255; with
+    G = 128 one tile is 32 steps). The weights are then exact (all 255), so int8 must give the float path's
+    output up to float rounding; a wrapped sum moves a channel by O(1) of max|out|. D 16, 48, 112 take the
+    C = 1 and C = 2 tails on both ISAs."""
+    isas = [i for i in MODE_ISAS["int8"] if vnni or i == "avx2"]  # avx512's int8 has no madd form
+    if not isas:
+        pytest.skip("no ISA here runs this form of the int8 mode")
+    c = kvarn.KVCache(1, D, preset=preset)
+    c.append(rng.standard_normal((1, 700, D)).astype(np.float32), rng.standard_normal((1, 700, D)).astype(np.float32))
+    parts, f = _editable_parts(c)
+    f["v_codes"][:] = 0xFF  # every 2-bit code 3
+    f["va"][:] = np.float16(0.25)
+    f["kt"][:] = np.float16(0)  # every tile score 0: within a tile every p, so every w = p va, is equal
+    q = rng.standard_normal((1, 3, D)).astype(np.float32)
+    scale = float(1 / np.sqrt(D))
+    outs = {}
+    try:
+        _native.set_vnni(vnni)
+        for isa, m in [("scalar", "float")] + [(i, "int8") for i in isas]:
+            kvarn.set_isa(isa)
+            _native.set_score_mode(m)
+            assert _native.score_mode() == m
+            out = np.zeros_like(q)
+            assert _native.attend([parts], q, scale, out, 2) == _native.OK
+            outs[isa, m] = out
+    finally:
+        _native.set_vnni(True)
+    ref = outs["scalar", "float"]
+    for key, out in outs.items():
+        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max(), err_msg=str(key))
+
+
 def test_public_score_mode_api():
     before = kvarn.score_mode()
     with pytest.raises(ValueError, match="mode: unknown"):

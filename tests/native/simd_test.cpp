@@ -102,7 +102,7 @@ static void check_table(const KernelTable* t)
         }
     const int fmts[][3] = {{4, 2, 128}, {4, 4, 128}, {4, 2, 64}, {2, 2, 128}, {8, 8, 128}, {4, 8, 64}};
     for (auto& f : fmts)
-        for (int D : {16, 48, 64, 128}) {
+        for (int D : {16, 48, 64, 80, 128, 240}) {  // 80, 240: avx512's 64-channel chunks then a 16-channel tail
             const TileFormat fmt{f[0], f[1], f[2], D};
             const size_t G = fmt.group, rec = record_layout(fmt).total;
             // Quantise 3 tiles: identical records.
