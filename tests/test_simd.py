@@ -938,6 +938,24 @@ def test_int_modes_are_the_stated_integer_arithmetic(mode, preset, Hk, D, Hq, n,
 INT_ORACLE_DRAWS = 8
 
 
+def _attend_parts_scalar_and(parts, q, scale, vnni, isas, mode):
+    """Outputs of the C ABI's attend over one sequence's parts: the scalar float kernels, then each of isas in
+    mode, with VNNI on or off (restored on after). Keys: (isa, mode)."""
+    outs = {}
+    try:
+        _native.set_vnni(vnni)
+        for isa, m in [("scalar", "float")] + [(i, mode) for i in isas]:
+            kvarn.set_isa(isa)
+            _native.set_score_mode(m)
+            assert _native.score_mode() == m
+            out = np.zeros_like(q)
+            assert _native.attend([parts], q, scale, out, 2) == _native.OK
+            outs[isa, m] = out
+    finally:
+        _native.set_vnni(True)
+    return outs
+
+
 @pytest.mark.parametrize("mode", ["int8", "int16"])
 @pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "madd"])
 @pytest.mark.parametrize("D", [16, 48, 112, 256, 288, 1024])
@@ -966,18 +984,7 @@ def test_int_score_sums_at_their_largest(mode, D, sign, vnni, rng):
     f["kt"][:] = np.float16(1)
     scale = np.float32(1 / np.sqrt(D))
     q = (_ops.hadamard(np.full((1, 5, D), sign, np.float32)) / scale).astype(np.float32)  # rotated: +-1 everywhere
-    outs = {}
-    try:
-        _native.set_vnni(vnni)
-        for isa, m in [("scalar", "float")] + [(i, mode) for i in isas]:
-            kvarn.set_isa(isa)
-            _native.set_score_mode(m)
-            assert _native.score_mode() == m
-            out = np.zeros_like(q)
-            assert _native.attend([parts], q, float(scale), out, 2) == _native.OK
-            outs[isa, m] = out
-    finally:
-        _native.set_vnni(True)
+    outs = _attend_parts_scalar_and(parts, q, float(scale), vnni, isas, mode)
     # The 8-bit value weights cost 1.5e-3 to 3.2e-3 of max|out| here (avx512, int8); the int16 ones ~1e-5. A
     # wrapped score sum turns a score of 3 into a large negative one (an output off by O(1)).
     atol = {"int8": 1e-2, "int16": 1e-3}[mode]
@@ -1007,18 +1014,7 @@ def test_int8_value_sums_at_their_largest(preset, D, vnni, rng):
     f["kt"][:] = np.float16(0)  # every tile score 0: within a tile every p, so every w = p va, is equal
     q = rng.standard_normal((1, 3, D)).astype(np.float32)
     scale = float(1 / np.sqrt(D))
-    outs = {}
-    try:
-        _native.set_vnni(vnni)
-        for isa, m in [("scalar", "float")] + [(i, "int8") for i in isas]:
-            kvarn.set_isa(isa)
-            _native.set_score_mode(m)
-            assert _native.score_mode() == m
-            out = np.zeros_like(q)
-            assert _native.attend([parts], q, scale, out, 2) == _native.OK
-            outs[isa, m] = out
-    finally:
-        _native.set_vnni(True)
+    outs = _attend_parts_scalar_and(parts, q, scale, vnni, isas, "int8")
     ref = outs["scalar", "float"]
     for key, out in outs.items():
         np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max(), err_msg=str(key))
