@@ -824,12 +824,14 @@ def test_int_score_error_measured(rng):
     e = {k: np.linalg.norm(o - ref) / np.linalg.norm(ref) for k, o in outs.items()}
     print("relative L2 error vs float64 on the dequantised cache:", e)
     # Measured over 320 seeds (relative L2, avx512): float median 2.0e-6, max 4.3e-6; int16 median
-    # 1.8e-4, max 3.4e-4; int8 median 0.041, p90 0.053, max 0.082 - one draw's int8 error varies too
-    # much for a tight bound (0.05 on one draw held only for this test's seed). So one draw's int8
-    # error is capped loosely (a gross bug), and the mean over INT_SCORE_DRAWS draws is bounded: a
-    # query rounded to 7 bits instead of 8 gave 1.76x one draw's error (0.068 vs 0.0386). Means of 8
-    # draws resampled from the 320: honest >= 0.056 in 0.02 %, 1.76x the error >= 0.056 in 99.85 %.
-    limit = {"float": 1e-5, "int16": 5e-4, "int8": 0.12}
+    # 1.8e-4, max 3.4e-4; int8 (8-bit value weights since the twenty-sixth session; both ISAs alike) median
+    # 0.042, p90 0.053, max 0.104 - one draw's int8 error varies too much for a tight bound (0.05 on one draw
+    # held only for this test's seed). So one draw's int8 error is capped loosely (a gross bug), and the mean
+    # over INT_SCORE_DRAWS draws is bounded: a query rounded to 7 bits instead of 8 gave 1.76x one draw's
+    # error (0.068 vs 0.0386). Means of 8 draws resampled from the 320 (results/xeon2c_s66_int8/
+    # int8_err_seeds.*): honest >= 0.062 in 0.006 %, 1.76x the error >= 0.062 in 99.8 % (the bound was 0.056
+    # with int16 value weights, which the honest means now pass in 0.24 % of resamples).
+    limit = {"float": 1e-5, "int16": 5e-4, "int8": 0.15}
     for (isa, mode), err in e.items():
         assert err < limit[mode], (isa, mode, err)
     # int16, the default mode: one draw's error (9e-5 to 3.1e-4 over 48 seeds on avx2) hides a coarser
@@ -841,7 +843,7 @@ def test_int_score_error_measured(rng):
         assert max(int16) < limit["int16"] and np.mean(int16) < 2.7e-4, (isa, int16)
     for isa in MODE_ISAS["int8"]:
         int8 = [e[isa, "int8"]] + _more_draws(rng, isa, "int8")
-        assert max(int8) < limit["int8"] and np.mean(int8) < 0.056, (isa, int8)
+        assert max(int8) < limit["int8"] and np.mean(int8) < 0.062, (isa, int8)
     if ("avx2", "int16") in outs and ("avx512", "int16") in outs:
         # Measured over 200 seeds: median 3.2e-6, p99 1.6e-5, max 2.7e-5 (2e-5 held only for this
         # test's seed); avx2 computing in float instead of int16: min 7.2e-5, median 2.0e-4 (40 seeds).
