@@ -485,6 +485,13 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
     }
 }
 
+// The value sums' float form from the exact int32 sums S = sum_t wi c: y = 2 S - 3 W is
+// sum_t wi (2c - 3) (w3 = 3 W), and sum_t w c = (wscale y + 3 wsum) / 2 = y sc + off.
+inline __m256 centred_value_sums(__m256i S, __m256i w3, __m256 sc, __m256 off)
+{
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(S, 1), w3)), sc, off);
+}
+
 // Int16 value sums for 2-bit values, 16 channels x 2 tokens per step (the avx512
 // file's scheme: w = p va rounded to int16, centred codes, exact int32 sums). The 4
 // bytes of rows t and t+1 interleaved and widened give per dword one byte of each
@@ -523,9 +530,7 @@ void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w1
             const __m256 sc = _mm256_set1_ps(0.5f * wscale[h]), off = _mm256_set1_ps(1.5f * wsum[h]);
             // unsigned: wraps instead of overflowing where a NaN weight (a corrupt record) made w16_sum garbage
             const __m256i w3 = _mm256_set1_epi32((int32_t)(3u * (uint32_t)w16_sum[h]));
-            // sum_t w16 (2c - 3) per channel, then as the avx512 file: (wscale y + 3 wsum) / 2
-            const __m256 f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(a0[h], 1), w3)), sc, off);
-            const __m256 f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(a1[h], 1), w3)), sc, off);
+            const __m256 f0 = centred_value_sums(a0[h], w3, sc, off), f1 = centred_value_sums(a1[h], w3, sc, off);
             // f0 = channels 0 4 8 12 | 1 5 9 13, f1 = 2 6 10 14 | 3 7 11 15
             const __m256 lo = _mm256_unpacklo_ps(f0, f1), hi = _mm256_unpackhi_ps(f0, f1);  // 0 2 4 6 | 1 3 5 7, 8.. | 9..
             _mm256_store_ps(tmp + h * D + d0, _mm256_permutevar8x32_ps(lo, order));
@@ -622,9 +627,7 @@ inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D,
         const __m256i w3 = _mm256_set1_epi32((int32_t)(3u * (uint32_t)w8_sum[h]));  // unsigned: as in the int16 kernel
         __m256 y[4];
         for (int k = 0; k < 4; ++k)  // y[k] lane L, dword b: channel 16L + 4b + k
-            y[k] = _mm256_fmadd_ps(
-                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc[h][k])), 1), w3)),
-                sc, off);
+            y[k] = centred_value_sums(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc[h][k])), w3, sc, off);
         // 4x4 transpose in each lane (z[j] lane L: channels 16L + 4j .. 4j+3), then the lanes in order
         const __m256 t0 = _mm256_unpacklo_ps(y[0], y[1]), t1 = _mm256_unpackhi_ps(y[0], y[1]);
         const __m256 t2 = _mm256_unpacklo_ps(y[2], y[3]), t3 = _mm256_unpackhi_ps(y[2], y[3]);
