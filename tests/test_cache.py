@@ -17,8 +17,8 @@ from conftest import kv_like
 LENGTHS = [1, 2, 127, 128, 129, 255, 256, 257, 1000, 3000]
 
 
-def filled(rng, hk, d, n, preset="k4v2_g128", sink=None, chunks=None):
-    cache = kvarn.KVCache(hk, d, preset, sink_tokens=sink)
+def filled(rng, hk, d, n, preset="k4v2_g128", sink=None, chunks=None, quantize_on="fill"):
+    cache = kvarn.KVCache(hk, d, preset, sink_tokens=sink, quantize_on=quantize_on)
     k = kv_like(rng, (hk, n, d)) * 0.5
     v = rng.standard_normal((hk, n, d)).astype(np.float32)
     if chunks is None:
@@ -428,6 +428,23 @@ def test_thread_counts_agree(rng):
 
 
 # ---- bad input ---------------------------------------------------------------------
+@pytest.mark.parametrize("name, value", [("num_kv_heads", 1), ("head_dim", 128), ("preset", "k4v4_g128"),
+                                         ("sink_tokens", -5), ("iters", 3), ("quantize_on", "next")])
+def test_cache_settings_are_read_only(name, value, rng):
+    # A later assignment used to be taken as it came: sink_tokens = -5 then a one-token append
+    # dropped the 40 tail tokens and stored the new one 50 times.
+    cache, _, _ = filled(rng, 2, 64, 300, sink=4)
+    before = snapshot(cache)
+    with pytest.raises(AttributeError):
+        setattr(cache, name, value)
+    assert_unchanged(cache, before)
+    fp16 = kvarn.FP16Cache(2, 64)
+    if name in ("num_kv_heads", "head_dim"):
+        with pytest.raises(AttributeError):
+            setattr(fp16, name, value)
+        assert (fp16.num_kv_heads, fp16.head_dim) == (2, 64)
+
+
 def snapshot(cache):
     # Everything the cache holds. Not the tail buffer's slots past tail_len: a completing append
     # assembles its first tile there (as decode appends write tokens), where no state reads.
@@ -1280,8 +1297,7 @@ def test_truncate_then_reappend_equals_never_appended(quantize_on, n, keep, rng)
 
 @pytest.mark.parametrize("quantize_on", ["fill", "next"])
 def test_truncate_within_tail_and_sink_and_whole_tiles(quantize_on, rng):
-    cache, k, v = filled(rng, 2, 64, 600, sink=100)  # sink 100, tiles at 100..483, tail 116 ("fill")
-    cache.quantize_on = quantize_on  # the policy only changes what later appends quantise
+    cache, k, v = filled(rng, 2, 64, 600, sink=100, quantize_on=quantize_on)  # sink 100, tiles at 100..483, tail 116
     assert cache.truncation_point(590) == 590  # in the tail
     cache.truncate(590)
     assert (len(cache), cache.num_tiles, cache.tail_len) == (590, 3, 106)

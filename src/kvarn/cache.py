@@ -70,13 +70,13 @@ class KVCache:
         iters: int = SINKHORN_ITERS,
         quantize_on: str = "fill",
     ):
-        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self._num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
         _ops.check_choice(quantize_on, "quantize_on", QUANTIZE_ON, "mode")
-        self.quantize_on = quantize_on
-        self.head_dim = check_head_dim(head_dim)
-        self.preset = get_preset(preset)
-        self.sink_tokens = self.preset.group if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
-        self.iters = check_iters(iters)
+        self._quantize_on = quantize_on
+        self._head_dim = check_head_dim(head_dim)
+        self._preset = get_preset(preset)
+        self._sink_tokens = self.preset.group if sink_tokens is None else check_positive_int(sink_tokens, "sink_tokens", 0)
+        self._iters = check_iters(iters)
         self._record_bytes = self.preset.record_bytes(self.head_dim)
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
         empty = np.zeros((H, 0, D), np.float16)
@@ -100,6 +100,16 @@ class KVCache:
         # Serialises appends (the native quantiser runs without the GIL). attend() needs no lock:
         # it reads a snapshot, and append only writes records past that snapshot's tile count.
         self._append_lock = _ops.new_append_lock(self)
+
+    # ---- settings --------------------------------------------------------------
+    # Read-only, as Tile's: every append and attend sizes its buffers and native reads from them, so
+    # an assignment would make later calls drop or repeat tokens. Other settings need a new cache.
+    num_kv_heads = property(lambda self: self._num_kv_heads, doc="KV heads (fixed at construction).")
+    head_dim = property(lambda self: self._head_dim, doc="Channels per token (fixed at construction).")
+    preset = property(lambda self: self._preset, doc="The quantisation format, a kvarn.Preset (fixed at construction).")
+    sink_tokens = property(lambda self: self._sink_tokens, doc="Tokens kept in the fp16 sink (fixed at construction).")
+    iters = property(lambda self: self._iters, doc="Balancing iterations per tile (fixed at construction).")
+    quantize_on = property(lambda self: self._quantize_on, doc='"fill" or "next" (fixed at construction; class docstring).')
 
     # ---- state ---------------------------------------------------------------
     _sink_k = property(lambda self: self._state[0])

@@ -30,12 +30,16 @@ class FP16Cache:
     (buffers, length); an append writes only past the published length, or into new buffers."""
 
     def __init__(self, num_kv_heads: int, head_dim: int, capacity: int = 0):
-        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
-        self.head_dim = check_head_dim(head_dim)
+        self._num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self._head_dim = check_head_dim(head_dim)
         capacity = check_positive_int(capacity, "capacity", 0)
         k = np.zeros((self.num_kv_heads, capacity, self.head_dim), np.float16)
         self._state = (k, np.zeros_like(k), 0)  # (K buffer, V buffer, tokens): replaced whole
         self._append_lock = _ops.new_append_lock(self)
+
+    # Read-only (as KVCache's): appends and attend size their buffers from them.
+    num_kv_heads = property(lambda self: self._num_kv_heads, doc="KV heads (fixed at construction).")
+    head_dim = property(lambda self: self._head_dim, doc="Channels per token (fixed at construction).")
 
     def __len__(self) -> int:
         return self._state[2]
@@ -72,7 +76,8 @@ class FP16Cache:
         """An independent cache with the same contents."""
         kbuf, vbuf, length = self._state  # one snapshot
         new = object.__new__(type(self))  # a subclass copies into its own type
-        new.__dict__.update(self.__getstate__())  # known-good state: not __setstate__'s checks
+        # known-good settings and attributes (not __setstate__'s checks); the buffers follow
+        new.__dict__.update({k: v for k, v in self.__dict__.copy().items() if k not in ("_append_lock", "_parts_cache")})
         new._append_lock = _ops.new_append_lock(new)
         new._state = (kbuf[:, :length].copy(), vbuf[:, :length].copy(), length)
         return new
@@ -80,7 +85,9 @@ class FP16Cache:
     # pickle: everything but the lock (recreated) and the parts cache; the buffers without their spare capacity.
     def __getstate__(self) -> dict:
         # a snapshot of __dict__ (one C call): attend adds _parts_cache meanwhile, as KVCache.copy
-        state = {k: v for k, v in self.__dict__.copy().items() if k not in ("_append_lock", "_parts_cache")}
+        state = {k: v for k, v in self.__dict__.copy().items()
+                 if k not in ("_append_lock", "_parts_cache", "_num_kv_heads", "_head_dim")}
+        state["num_kv_heads"], state["head_dim"] = self._num_kv_heads, self._head_dim  # the public names, as ever
         kbuf, vbuf, length = self._state  # one snapshot
         state["_state"] = (kbuf[:, :length], vbuf[:, :length], length)
         return state
@@ -101,7 +108,10 @@ class FP16Cache:
                                  f"{getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}")
             if not _ops._f16_all_finite(buf):
                 raise ValueError(f"FP16Cache state: {name} buffer contains NaN or Inf")
+        state = dict(state)
+        del state["num_kv_heads"], state["head_dim"]  # read-only properties now: stored privately
         self.__dict__.update(state)
+        self._num_kv_heads, self._head_dim = H, D
         self._state = (np.ascontiguousarray(kbuf), np.ascontiguousarray(vbuf), length)
         self._append_lock = _ops.new_append_lock(self)
 
