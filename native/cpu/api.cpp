@@ -285,6 +285,9 @@ int run_items(int64_t n, int threads, F& fn)
 // cache (everything in the sink) therefore splits as well as a quantised one.
 constexpr int64_t kSinkChunk = 128;
 
+// The most softmax state an attend call's splits may hold (floats: 64 MiB).
+constexpr size_t kSplitStateBudgetFloats = size_t(16) << 20;
+
 // One unit of attention work: a KV head of one sequence, over a contiguous
 // range of its units.
 struct WorkItem {
@@ -479,16 +482,24 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
 
         // Split long caches across threads (flash-decoding): about two work
         // items per thread so dynamic scheduling can even out, never fewer than
-        // 4 units (tiles or 128-token fp16 chunks) per split.
+        // 4 units (tiles or 128-token fp16 chunks) per split, and never more than the state
+        // budget below allows (a large num_threads over many query heads would otherwise
+        // ask for gigabytes; the cap depends on the arguments alone, so outputs stay the
+        // same for the same num_threads on every machine).
         // Items of one (sequence, kv head) group g = seq * Hk + head are contiguous, from group_first[g];
         // group_left[g] counts the ones not finished yet.
+        // Per item: m[n_q], l[n_q], acc_orig[n_q*D], acc_rot[n_q*D], then its group's queries
+        // scaled [n_q*D] and rotated [n_q*D] (each item prepares its own: no serial pass, and a
+        // split's copy costs a few rows). Left uninitialised: every item sets what it reads.
+        const size_t state_floats = (size_t)n_q * (2 + 4 * (size_t)D);
         std::vector<WorkItem> items;
         const int64_t heads_total = (int64_t)batch * Hk;
+        const int64_t max_splits = std::max<int64_t>(1, (int64_t)(kSplitStateBudgetFloats / ((size_t)heads_total * state_floats)));
         std::unique_ptr<int64_t[]> group_first(new int64_t[heads_total]);
         std::unique_ptr<std::atomic<int32_t>[]> group_left(new std::atomic<int32_t>[heads_total]);
         for (int32_t b = 0; b < batch; ++b) {
             const int64_t U = total_units(caches[b]);
-            int64_t want = (2 * (int64_t)threads + heads_total - 1) / heads_total;
+            int64_t want = std::min<int64_t>((2 * (int64_t)threads + heads_total - 1) / heads_total, max_splits);
             int64_t splits = std::max<int64_t>(1, std::min<int64_t>(want, U / 4));
             for (int h = 0; h < Hk; ++h) {
                 group_first[(int64_t)b * Hk + h] = (int64_t)items.size();
@@ -498,11 +509,6 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
             }
         }
         const int64_t n_items = (int64_t)items.size();
-
-        // Per item: m[n_q], l[n_q], acc_orig[n_q*D], acc_rot[n_q*D], then its group's queries
-        // scaled [n_q*D] and rotated [n_q*D] (each item prepares its own: no serial pass, and a
-        // split's copy costs a few rows). Left uninitialised: every item sets what it reads.
-        const size_t state_floats = (size_t)n_q * (2 + 4 * (size_t)D);
         std::unique_ptr<float[]> states(new float[items.size() * state_floats]);
         // The rotated frame serves only the quantised tiles: an all-fp16 batch (the FP16Cache,
         // short sequences still in their sink) needs no Hadamard and no rotated sum.

@@ -220,7 +220,8 @@ def check_status(rc: int, what: str) -> None:
         raise ValueError(f"{what}: the native core rejected its arguments")
     if rc == _native.ERR_OVERFLOW:
         raise ValueError(f"{what}: values too large for the fp16 scales of a tile")
-    raise MemoryError(f"{what}: native failure (status {rc})")
+    # KVARN_ERR_INTERNAL: in practice an allocation that failed (the working memory of a call)
+    raise MemoryError(f"{what}: the native core could not allocate its working memory or failed internally (status {rc})")
 
 
 # ---- threads and ISA ---------------------------------------------------------
