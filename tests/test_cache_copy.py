@@ -186,7 +186,8 @@ def test_fp16cache_unpickling_checks_what_it_restores(rng):
         ({**state, "_state": (kbuf, vbuf, length + 1)}, r"K buffer must be float16 \[2, 6, 64\]"),
         ({**state, "_state": (kbuf.astype(np.float32), vbuf, length)}, "K buffer must be float16"),
         ({**state, "head_dim": 24}, "head_dim"),
-        ({k: val for k, val in state.items() if k != "_state"}, "_state"),
+        ({k: val for k, val in state.items() if k != "_state"}, "missing '_state'"),
+        ({k: val for k, val in state.items() if k != "num_kv_heads"}, "missing 'num_kv_heads'"),
     ]
     for bad, msg in bad_states:
         with pytest.raises(ValueError, match=msg):

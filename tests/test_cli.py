@@ -105,7 +105,8 @@ def test_info_lists_isas_and_presets():
 
 
 @pytest.mark.parametrize("option, value", [("--queries", "0"), ("--queries", "-3"), ("--repeats", "0"),
-                                           ("--threads", "-1"), ("--threads", "5000"), ("--queries", "two")])
+                                           ("--threads", "-1"), ("--threads", "5000"), ("--queries", "two"),
+                                           ("--repeats", str(2**31))])
 def test_bad_demo_numbers_name_the_option(option, value):
     r = run("demo", option, value)
     assert r.returncode == 2

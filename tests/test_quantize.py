@@ -26,6 +26,7 @@ def test_record_size_matches_spec():
     p = kvarn.PRESETS["k4v2_g128"]
     assert 2 * p.group * 128 * 2 / p.record_bytes(128) == pytest.approx(4.74, abs=0.005)
     assert 16 / p.bits_per_element(128) == pytest.approx(4.74, abs=0.005)
+    assert type(p.bits_per_element(np.int64(128))) is float and type(p.record_bytes(np.int64(128))) is int
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -40,7 +40,7 @@ class Preset:
         return int(_native.record_layout(p.kbits, p.vbits, p.group, head_dim)["total"])
 
     def bits_per_element(self, head_dim: int) -> float:
-        return 8.0 * self.record_bytes(head_dim) / (2 * self.group * head_dim)
+        return float(8.0 * self.record_bytes(head_dim) / (2 * self.group * head_dim))  # a numpy int head_dim too
 
     def describe(self) -> str:
         """Name and format, for messages (a custom preset may reuse a built-in's name)."""

@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="compress a KV sample and compare with fp16, KIVI and numpy attention")
     demo.add_argument("--preset", default="k4v2_g128")
     demo.add_argument("--synthetic", action="store_true", help="use the synthetic sample even if a real one ships")
-    demo.add_argument("--queries", type=int_at_least(1), default=8, help="query positions per layer for the error")
-    demo.add_argument("--repeats", type=int_at_least(1), default=21, help="timed runs per measurement (median)")
+    demo.add_argument("--queries", type=int_at_least(1, 2**31 - 1), default=8, help="query positions per layer for the error")
+    demo.add_argument("--repeats", type=int_at_least(1, 2**31 - 1), default=21, help="timed runs per measurement (median)")
     demo.add_argument("--threads", type=int_at_least(0, MAX_THREADS), default=None,
                       help="native threads (default, 0: all cores)")
     demo.set_defaults(func=_cmd_demo)

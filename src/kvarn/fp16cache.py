@@ -100,7 +100,9 @@ class FP16Cache:
             D = check_head_dim(state["head_dim"])
             kbuf, vbuf, length = state["_state"]
             length = check_positive_int(length, "length", 0)
-        except (KeyError, TypeError, ValueError) as e:
+        except KeyError as e:
+            raise ValueError(f"FP16Cache state: missing {e}") from None
+        except (TypeError, ValueError) as e:
             raise ValueError(f"FP16Cache state: {e}") from None
         for name, buf in (("K", kbuf), ("V", vbuf)):
             if not isinstance(buf, np.ndarray) or buf.dtype != np.float16 or buf.shape != (H, length, D):
