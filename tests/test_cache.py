@@ -1,6 +1,7 @@
 """KVCache and decode attention against float64 attention over the oracle-decoded cache."""
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -826,6 +827,27 @@ def test_check_key_norms_names_the_tile_and_head(rng):
         _check_norms(parts)
 
 
+@pytest.mark.parametrize("kt, refused", [(17.0, False), (17.5, True)])
+def test_key_norm_limit_is_sqrt_head_dim_times_2_to_17(kt, refused):
+    # The limit (what check_queries assumes) from both sides: one key of norm 60000 * kt, the rest 0,
+    # against 8 * 2**17 = 1,048,576 at head_dim 64 (h52: raising it 8x passed every CPU test).
+    D = 64
+    cache = kvarn.KVCache(1, D, "k4v2_g128", sink_tokens=0)
+    cache.append(np.ones((1, 128, D), np.float32), np.ones((1, 128, D), np.float32))
+    rec = cache.to_parts()["records"].reshape(1, -1).copy()
+    L = kvarn._native.record_layout(4, 2, 128, D)
+    rec[0, L["k_codes"] : L["ka"]] = 0
+    rec[0, L["k_codes"]] = 1  # channel 0, token 0: code 1, every other code 0
+    rec[0, L["ka"] : L["kz"]].view(np.float16)[0] = 60000
+    rec[0, L["kz"] : L["kt"]].view(np.float16)[...] = 0
+    rec[0, L["kt"] : L["v_codes"]].view(np.float16)[0] = kt  # norm 1.02e6 (below) or 1.05e6 (above)
+    if refused:
+        with pytest.raises(ValueError, match=r"L2 norm 1.05e\+06, beyond the 1.05e\+06 the query check assumes"):
+            kvarn.cache.check_key_norms(rec, cache.preset, D, 1, "records")
+    else:
+        kvarn.cache.check_key_norms(rec, cache.preset, D, 1, "records")
+
+
 def test_spiky_fp16_max_keys_overflow_as_a_named_error_not_nan():
     """The quantiser can decode extreme inputs (a few +-65504 spikes among ones, head_dim 16) to keys
     ~8x beyond the bound the query check assumes: a query inside that check then overflows the
@@ -838,8 +860,10 @@ def test_spiky_fp16_max_keys_overflow_as_a_named_error_not_nan():
     cache = kvarn.KVCache(1, 16, sink_tokens=0)
     cache.append(k, np.ones_like(k))
     keys = cache.dequantize()[0][0]
-    worst = int(np.linalg.norm(keys.astype(np.float64), axis=-1).argmax())
-    with pytest.raises(ValueError, match=r"^x: tile 0, kv head 0 decodes to keys of L2 norm 4.38e\+06"):
+    norms = np.linalg.norm(keys.astype(np.float64), axis=-1)
+    worst = int(norms.argmax())
+    tile0 = re.escape(f"{norms[:128].max():.3g}")  # the decoded keys' own norm (4.38e+06), not a number copied in
+    with pytest.raises(ValueError, match=rf"^x: tile 0, kv head 0 decodes to keys of L2 norm {tile0}"):
         kvarn.cache.check_key_norms(cache.records.reshape(2, -1), cache.preset, 16, 1, "x")
     q_limit = np.finfo(np.float32).max / (16 * 2**17)  # check_queries' bound on max |q * scale|
     q = (np.sign(keys[worst]) * q_limit * 0.9).astype(np.float32)[None]
@@ -941,9 +965,10 @@ def test_concurrent_appends_and_attends_lose_nothing(rng):
     np.testing.assert_array_equal(kvarn.attend(q, cache, num_threads=1), expected[24 * 37])
 
 
-def _race(seconds, writer, readers):
-    """Runs writer() repeatedly for `seconds` (at least once) while each reader() loops in its own
-    thread; returns the exceptions raised."""
+def _race(seconds, writer, readers, until=lambda: True, deadline=60.0):
+    """Runs writer() repeatedly for `seconds` (at least once), and on until until() holds (a count of
+    what the race must have seen, which a slow machine reaches later) or `deadline` seconds pass, while
+    each reader() loops in its own thread; returns the exceptions raised."""
     import threading
     import time
 
@@ -962,7 +987,7 @@ def _race(seconds, writer, readers):
     t0 = time.perf_counter()
     try:
         writer()
-        while time.perf_counter() - t0 < seconds:
+        while (time.perf_counter() - t0 < seconds or not until()) and time.perf_counter() - t0 < deadline:
             writer()
     except Exception as exc:
         errors.append(exc)
@@ -1035,7 +1060,7 @@ def test_readers_snapshots_hold_while_rollbacks_and_appends_run(rng):
             for a, b in zip(_visible(parts), before):
                 np.testing.assert_array_equal(a, b)
 
-    errors = _race(1.0, writer, [reader, reader])
+    errors = _race(1.0, writer, [reader, reader], until=lambda: held[0] >= 10)
     assert not errors, errors[:3]
     assert held[0] >= 10  # the readers did hold snapshots of both kinds of state
 

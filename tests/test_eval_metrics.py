@@ -102,3 +102,13 @@ def test_eval_needs_a_scored_position_that_sees_a_quantised_tile(tmp_path):
     check(128 + 128 + 2)  # the last scored position, 256, reads the tile 128..255 quantised (under "next")
     with pytest.raises(ValueError, match="--tokens, --sink: no scored position sees a quantised tile"):
         check(128 + 128 + 1)
+
+
+def test_identical_prefix_counts_the_leading_agreement_only():
+    # The greedy-agreement measure the integration tests and `kvarn eval` rely on (h52: dropping its
+    # break passed every test, and then the integration tests could not fail).
+    assert kev.identical_prefix([1, 2, 3, 4], [1, 2, 9, 4]) == 2  # stops at the first difference
+    assert kev.identical_prefix([7, 2], [1, 2]) == 0
+    assert kev.identical_prefix([1, 2, 3], [1, 2, 3]) == 3
+    assert kev.identical_prefix([1, 2, 3], [1, 2]) == 2  # the shorter list bounds it
+    assert kev.identical_prefix([], [1]) == 0

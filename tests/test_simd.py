@@ -303,17 +303,27 @@ def test_quantize_identical_iters(iters, rng):
         assert np.array_equal(run_isa(isa, _ops.quantize_tiles_native, k, v, p, iters, 2), ref), isa
 
 
-def _fp16_edge_values(rng, shape):
+def _fp16_edge_values(rng, shape, scale=1.0):
     """float32 values hitting fp16 rounding's edge cases: exact ties between neighbours (ties to
-    even), subnormals and their ties, values just under the largest fp16, plus ordinary ones."""
-    ordinary = rng.standard_normal(shape).astype(np.float32)
-    f16 = rng.standard_normal(shape).astype(np.float16)
+    even), subnormals and their ties, values just under the largest fp16 (times scale), plus ordinary
+    ones. scale, a power of two, multiplies all but the subnormal ties and keeps every tie a tie (a
+    factor like 1e-3 left 2 ties of ~10,000 and no subnormal ones: h52's audit)."""
+    ordinary = rng.standard_normal(shape) * scale
+    f16 = (rng.standard_normal(shape) * scale).astype(np.float16)
     above = np.nextafter(f16, np.float16(np.inf))
     ties = (f16.astype(np.float64) + above.astype(np.float64)) / 2  # exactly halfway, representable in float32
-    sub = (rng.integers(-1023, 1024, shape) * 2.0**-24 + 2.0**-25).astype(np.float32)  # subnormal ties
-    big = rng.uniform(65000, 65519.99, shape).astype(np.float32) * np.sign(rng.standard_normal(shape))
+    sub = rng.integers(-1023, 1024, shape) * 2.0**-24 + 2.0**-25  # subnormal ties
+    big = rng.uniform(65000, 65519.99, shape) * np.sign(rng.standard_normal(shape)) * scale
     pick = rng.integers(0, 5, shape)
-    return np.choose(pick, [ordinary, ties.astype(np.float32), sub, big.astype(np.float32), f16.astype(np.float32)])
+    return np.choose(pick, [ordinary, ties, sub, big, f16.astype(np.float64)]).astype(np.float32)
+
+
+def _exact_fp16_ties(x):
+    """How many float32 values lie exactly halfway between two fp16 neighbours."""
+    x64 = x.astype(np.float64)
+    lo = x.astype(np.float16)
+    other = np.where(lo.astype(np.float64) <= x64, np.nextafter(lo, np.float16(np.inf)), np.nextafter(lo, np.float16(-np.inf)))
+    return int(np.count_nonzero(np.abs(x64 - lo) == np.abs(other.astype(np.float64) - x64)))
 
 
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v4_g64", "k8v8_g128"])
@@ -321,8 +331,9 @@ def test_quantize_fp16_inputs_give_the_float32_records(preset, rng):
     """kvarn_quantize_tiles_typed on every ISA: fp16 tiles, and float32 tiles rounded to fp16 on the
     way in, give exactly the records of float32 tiles holding those fp16 values."""
     p = _ops.get_preset(preset)
-    k = _fp16_edge_values(rng, (3, p.group, 64)) * np.float32(1e-3)  # well inside the scales' range
-    v = _fp16_edge_values(rng, (3, p.group, 64)) * np.float32(1e-3)
+    k = _fp16_edge_values(rng, (3, p.group, 64), scale=2.0**-10)  # the large ones well inside the scales' range
+    v = _fp16_edge_values(rng, (3, p.group, 64), scale=2.0**-10)
+    assert _exact_fp16_ties(k) > k.size // 5 and _exact_fp16_ties(v) > v.size // 5  # the edge cases are there
     k16, v16 = k.astype(np.float16), v.astype(np.float16)  # numpy rounds to nearest, ties to even
     for isa in ISAS:
         ref = run_isa(isa, _ops.quantize_tiles_native, k16.astype(np.float32), v16.astype(np.float32), p, 8, 2)
