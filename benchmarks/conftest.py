@@ -145,7 +145,3 @@ def pytest_terminal_summary(terminalreporter):
         with open(path, "w") as f:
             f.write(text + "\n")
 
-
-@pytest.fixture(scope="session")
-def rng():
-    return np.random.default_rng(0)
