@@ -549,9 +549,12 @@ void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w1
 // vpmaddwd by ones widens them, the same exact sums. C: 16-channel halves in the chunk
 // (1 for D % 32's tail: the upper lane stays zero, no byte past the row is read).
 // One pass over the tokens makes channels 4b+k for k = K0..K0+KP-1 into acc[h][k].
-template <int NH, bool kVnni, int C, int K0, int KP>
+// kQuads: kSave keeps each step's transposed quads in quads_buf (G/4 registers), kReuse
+// reads them back instead of loading and transposing the rows again (the second pass).
+enum QuadSource { kTranspose, kSave, kReuse };
+template <int NH, bool kVnni, int C, int K0, int KP, QuadSource kQuads = kTranspose>
 inline void values_pass_v2_int8(const uint8_t* p, size_t row_bytes, int G, const uint8_t* w8,
-                                int32_t (*acc)[4][8], Prefetcher& pf)
+                                int32_t (*acc)[4][8], Prefetcher& pf, __m256i* quads_buf = nullptr)
 {
     constexpr int kStepsPerWiden = 16;  // 16 * 1530 <= 32767
     const __m256i lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -568,7 +571,9 @@ inline void values_pass_v2_int8(const uint8_t* p, size_t row_bytes, int G, const
         for (int t = t0; t < t1; t += 4, p += 4 * row_bytes) {
             pf.step();
             __m256i quads;
-            if constexpr (C == 2) {
+            if constexpr (kQuads == kReuse) {
+                quads = _mm256_load_si256(quads_buf + t / 4);
+            } else if constexpr (C == 2) {
                 const __m128i r01 = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
                                                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + row_bytes)));
                 const __m128i r23 = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)),
@@ -582,6 +587,7 @@ inline void values_pass_v2_int8(const uint8_t* p, size_t row_bytes, int G, const
                 quads = _mm256_inserti128_si256(_mm256_setzero_si256(),
                                                 _mm_shuffle_epi8(rows, _mm256_castsi256_si128(transpose)), 0);
             }
+            if constexpr (kQuads == kSave) _mm256_store_si256(quads_buf + t / 4, quads);
             __m256i x[KP];
             for (int k = 0; k < KP; ++k) x[k] = _mm256_and_si256(_mm256_srli_epi32(quads, 2 * (K0 + k)), m);
             for (int h = 0; h < NH; ++h) {
@@ -619,8 +625,9 @@ inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D,
     if constexpr (NH <= 2) {
         values_pass_v2_int8<NH, kVnni, C, 0, 4>(p, row_bytes, G, w8, acc, pf);
     } else {  // the sums of all 4 k for 3 or 4 heads (and the madd form's int16 ones) would not fit 16 registers
-        values_pass_v2_int8<NH, kVnni, C, 0, 2>(p, row_bytes, G, w8, acc, pf);
-        values_pass_v2_int8<NH, kVnni, C, 2, 2>(p, row_bytes, G, w8, acc, pf);
+        alignas(32) __m256i quads[128 / 4];  // G <= 128: the first pass's transposed rows, for the second
+        values_pass_v2_int8<NH, kVnni, C, 0, 2, kSave>(p, row_bytes, G, w8, acc, pf, quads);
+        values_pass_v2_int8<NH, kVnni, C, 2, 2, kReuse>(p, row_bytes, G, w8, acc, pf, quads);
     }
     for (int h = 0; h < NH; ++h) {
         const __m256 sc = _mm256_set1_ps(0.5f * wscale[h]), off = _mm256_set1_ps(1.5f * wsum[h]);
