@@ -1,7 +1,10 @@
 #!/bin/bash
-A=$1; B=$2; R=${3:-6}
+# as ab.sh, with aprof2.py (VNNI=0 turns VNNI off)
+A=$1; B=$2; R=${3:-6}; rows=$(mktemp)
 for i in $(seq $R); do
   a=$(python aprof2.py $A | sed 's/.*best \([0-9.]*\).*/\1/')
   b=$(python aprof2.py $B | sed 's/.*best \([0-9.]*\).*/\1/')
-  echo "$a $b $(python -c "print(f'{$b/$a:.3f}')")"
-done | tee /dev/stderr | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {print "median B/A", a[int((NR+1)/2)], "min", a[1], "max", a[NR]}'
+  echo "$a $b $(python -c "print(f'{$b/$a:.3f}')")" | tee -a $rows
+done
+awk '{print $3}' $rows | sort -n | awk '{a[NR]=$1} END {print "median B/A", a[int((NR+1)/2)], "min", a[1], "max", a[NR]}'
+rm -f $rows

@@ -385,7 +385,7 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
     const int G = a.G;
     const size_t row_bytes = (size_t)G / 2;
     // low 256 bits: the low nibbles; high: the high nibbles masked in place (16 c <= 240, a byte
-    // still: no shift, which would take a port-0 slot next to the vpdpbusd; finish divides by 16)
+    // still: no shift, an extra operation on the ports the vpdpbusd issue on; finish divides by 16)
     const __m512i nib = _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8((char)0xF0), 1);
     for (int half = 0; half < G / 64; ++half) {
         __m512i acc[NH][4];
@@ -422,8 +422,8 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
 // so that each dword holds one token's two codes as int16, multiplied by the
 // int16 pair (q16[d], q16[d+1]) and summed exactly in int32 (|sum| <= 2*15*32768
 // per pair, D/2 pairs: fits for D <= 1024). Same token order as the int8 path.
-// kInPlace: the high nibbles masked in place as 16 c (no port-0 shift beside the
-// vpdpwssd), which fits int32 while D/2 * 2*240*32767 < 2^31: to D 272 (used to 256).
+// kInPlace: the high nibbles masked in place as 16 c (no shift beside the vpdpwssd,
+// whose ports bound the loop), which fits int32 while D/2 * 2*240*32767 < 2^31: to D 272 (used to 256).
 template <int NH, bool kVnni, bool kInPlace>
 void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                           Prefetcher& pf)
@@ -590,8 +590,8 @@ inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D,
 // to int16 per (tile, head) against max w, exact int32 sums of w16 times the codes.
 // As load_code_quads gives the codes, the even tokens' code of channel 4b+k sits
 // in bits 2k..2k+1 of the two words of dword b, the odd tokens' 8 bits higher, so
-// each vpdpwssd does two tokens x 16 channels. Masked in place (no shift: that
-// would take a port-0 slot beside the vpdpwssd, the loop's bound), a code is
+// each vpdpwssd does two tokens x 16 channels. Masked in place (no shift: every extra
+// operation takes a slot on the ports the vpdpwssd issue on, the loop's bound), a code is
 // c 4^k, and S = sum_t w16 c 4^k stays exact in int32 (<= 128 * 32767 * 192 < 2^31):
 // S >> 2k is the sum. The weights are stored in quad order (t0, t2, t1, t3) to
 // pair with the even and odd words. The result is formed with centred codes
