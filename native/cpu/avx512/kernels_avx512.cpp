@@ -756,28 +756,71 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
     *l += _mm512_reduce_add_ps(sum);
 }
 
-// One pass over a head's G scores in s: p = exp(s - m) summed into psum, z = sum
-// p vz, and the value weights w = p va written back to s; for the integer value
-// path also their max and sum. Wherever integer arithmetic is on (integer scores
-// or integer value weights), the cheaper exp serves.
-template <bool kIntExp, bool kIntWeights>
-inline void weights_pass(float* s, const float* va, const float* vz, float m, int G, __m512& psum, __m512& z,
-                         __m512& wmx, __m512& wsm)
+// The weights of the NH heads of a unit (the online softmax and the value weights): per head,
+// the running max and l are updated from the block max smax, p = exp(s - m) is summed into l,
+// pz = sum p vz, and the value weights w = p va are written back to s; for the integer value
+// path also their max and sum, their rounding to w16 / w8 (against max w) and its exact sum.
+// Wherever integer arithmetic is on (integer scores or integer value weights), the cheaper exp
+// serves. Each step runs across the heads before the next: a head's pass, reductions, divisions
+// and rounding form one dependency chain, and the heads' chains side by side keep the ports
+// busy where head after head left them waiting (the same operations per head, so the same
+// bits; timings in RESULTS §2, twenty-seventh session).
+template <int NH, bool kIntExp, bool kIntWeights>
+inline void weights_heads(float* s, int G, const float* va, const float* vz, const __m512* smax, SoftmaxState st,
+                          int h0, int D, bool byte_values, bool va_negative, float wmax_int, float* pz, float* wsum,
+                          float* wscale, int32_t* w_int_sum, int16_t* w16, uint8_t* w8)
 {
-    const __m512 mv = _mm512_set1_ps(m);
-    psum = z = wmx = wsm = _mm512_setzero_ps();
+    __m512 mv[NH], psum[NH], z[NH], wmx[NH], wsm[NH];
+    for (int h = 0; h < NH; ++h) {
+        const int hq = h0 + h;
+        softmax_rescale(_mm512_reduce_max_ps(smax[h]), st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D,
+                        st.acc_rot + (size_t)hq * D, D);
+        mv[h] = _mm512_set1_ps(st.m[hq]);
+        psum[h] = z[h] = wmx[h] = wsm[h] = _mm512_setzero_ps();
+    }
     for (int t = 0; t < G; t += 16) {
-        const __m512 x = _mm512_sub_ps(_mm512_load_ps(s + t), mv);
-        const __m512 p = kIntExp ? exp_int_mode_ps(x) : exp_ps(x);
-        psum = _mm512_add_ps(psum, p);
-        z = _mm512_fmadd_ps(p, _mm512_load_ps(vz + t), z);
-        const __m512 w = _mm512_mul_ps(p, _mm512_load_ps(va + t));
-        _mm512_store_ps(s + t, w);
-        if (kIntWeights) {
-            wmx = _mm512_max_ps(wmx, w);
-            wsm = _mm512_add_ps(wsm, w);
+        const __m512 vzt = _mm512_load_ps(vz + t), vat = _mm512_load_ps(va + t);
+        for (int h = 0; h < NH; ++h) {
+            float* sh = s + h * G;
+            const __m512 x = _mm512_sub_ps(_mm512_load_ps(sh + t), mv[h]);
+            const __m512 p = kIntExp ? exp_int_mode_ps(x) : exp_ps(x);
+            psum[h] = _mm512_add_ps(psum[h], p);
+            z[h] = _mm512_fmadd_ps(p, vzt, z[h]);
+            const __m512 w = _mm512_mul_ps(p, vat);
+            _mm512_store_ps(sh + t, w);
+            if (kIntWeights) {
+                wmx[h] = _mm512_max_ps(wmx[h], w);
+                wsm[h] = _mm512_add_ps(wsm[h], w);
+            }
         }
     }
+    for (int h = 0; h < NH; ++h) {
+        st.l[h0 + h] += _mm512_reduce_add_ps(psum[h]);
+        pz[h] = _mm512_reduce_add_ps(z[h]);
+    }
+    if (!kIntWeights) return;
+    __m512 inv[NH];
+    for (int h = 0; h < NH; ++h) {
+        wsum[h] = _mm512_reduce_add_ps(wsm[h]);
+        const float wmax = _mm512_reduce_max_ps(wmx[h]);
+        wscale[h] = va_negative ? NAN : wmax > 0.0f ? wmax / wmax_int : 0.0f;
+        inv[h] = _mm512_set1_ps(inverse_scale(wmax_int, wmax));
+    }
+    const __m512i top = _mm512_set1_epi32((int32_t)wmax_int);
+    __m512i isum[NH];
+    for (int h = 0; h < NH; ++h) isum[h] = _mm512_setzero_si512();
+    for (int t = 0; t < G; t += 16)
+        for (int h = 0; h < NH; ++h) {
+            // min: a product rounded past the top saturates, and the sum must be of what is stored
+            const __m512i r = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(s + h * G + t), inv[h])), top);
+            isum[h] = _mm512_add_epi32(isum[h], r);
+            if (byte_values)
+                _mm_store_si128(reinterpret_cast<__m128i*>(w8 + h * G + t), _mm512_cvtepi32_epi8(r));
+            else  // quad order t0, t2, t1, t3 (values_chunk_v2_int16)
+                _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t),
+                                   _mm512_cvtepi32_epi16(_mm512_shuffle_epi32(r, _MM_PERM_DBCA)));
+        }
+    for (int h = 0; h < NH; ++h) w_int_sum[h] = _mm512_reduce_add_epi32(isum[h]);
 }
 
 template <int KB, int VB>
@@ -873,40 +916,18 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
             }
             float pz[kHeadGroup], wscale[kHeadGroup], wsum[kHeadGroup];
             int32_t w_int_sum[kHeadGroup];
-            for (int h = 0; h < nh; ++h) {
-                const int hq = h0 + h;
-                float* sh = s + h * G;
-                softmax_rescale(_mm512_reduce_max_ps(smax[h]), st.m + hq, st.l + hq, st.acc_orig + (size_t)hq * D,
-                                st.acc_rot + (size_t)hq * D, D);
-                __m512 psum, z, wmx, wsm;
+            with_head_count(nh, [&](auto heads) {
+                constexpr int NH = decltype(heads)::value;
                 if (int_values)
-                    weights_pass<true, true>(sh, va, vz, st.m[hq], G, psum, z, wmx, wsm);
+                    weights_heads<NH, true, true>(s, G, va, vz, smax, st, h0, D, byte_values, va_negative, wmax_int, pz,
+                                                  wsum, wscale, w_int_sum, w16, w8);
                 else if (mode != kScoresFloat)
-                    weights_pass<true, false>(sh, va, vz, st.m[hq], G, psum, z, wmx, wsm);
+                    weights_heads<NH, true, false>(s, G, va, vz, smax, st, h0, D, byte_values, va_negative, wmax_int, pz,
+                                                   wsum, wscale, w_int_sum, w16, w8);
                 else
-                    weights_pass<false, false>(sh, va, vz, st.m[hq], G, psum, z, wmx, wsm);
-                st.l[hq] += _mm512_reduce_add_ps(psum);
-                pz[h] = _mm512_reduce_add_ps(z);
-                if (int_values) {
-                    wsum[h] = _mm512_reduce_add_ps(wsm);
-                    const float wmax = _mm512_reduce_max_ps(wmx);
-                    wscale[h] = va_negative ? NAN : wmax > 0.0f ? wmax / wmax_int : 0.0f;
-                    const __m512 inv = _mm512_set1_ps(inverse_scale(wmax_int, wmax));
-                    const __m512i top = _mm512_set1_epi32((int32_t)wmax_int);
-                    __m512i isum = _mm512_setzero_si512();
-                    for (int t = 0; t < G; t += 16) {
-                        // min: a product rounded past the top saturates, and the sum must be of what is stored
-                        const __m512i r = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(sh + t), inv)), top);
-                        isum = _mm512_add_epi32(isum, r);
-                        if (byte_values)
-                            _mm_store_si128(reinterpret_cast<__m128i*>(w8 + h * G + t), _mm512_cvtepi32_epi8(r));
-                        else  // quad order t0, t2, t1, t3 (values_chunk_v2_int16)
-                            _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t),
-                                               _mm512_cvtepi32_epi16(_mm512_shuffle_epi32(r, _MM_PERM_DBCA)));
-                    }
-                    w_int_sum[h] = _mm512_reduce_add_epi32(isum);
-                }
-            }
+                    weights_heads<NH, false, false>(s, G, va, vz, smax, st, h0, D, byte_values, va_negative, wmax_int,
+                                                    pz, wsum, wscale, w_int_sum, w16, w8);
+            });
             if (byte_values)
                 values_v2_int8_dispatch(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
             else if (int_values && vnni)
