@@ -767,9 +767,10 @@ inline void softmax_update(float* s, int n, float* m, float* l, float* acc_orig,
 // bits; timings in RESULTS §2, twenty-seventh session).
 template <int NH, bool kIntExp, bool kIntWeights>
 inline void weights_heads(float* s, int G, const float* va, const float* vz, const __m512* smax, SoftmaxState st,
-                          int h0, int D, bool byte_values, bool va_negative, float wmax_int, float* pz, float* wsum,
+                          int h0, int D, bool byte_values, bool va_negative, float* pz, float* wsum,
                           float* wscale, int32_t* w_int_sum, int16_t* w16, uint8_t* w8)
 {
+    const float wmax_int = byte_values ? 255.0f : 32767.0f;  // the int8 mode's uint8 weights, else int16's
     __m512 mv[NH], psum[NH], z[NH], wmx[NH], wsm[NH];
     for (int h = 0; h < NH; ++h) {
         const int hq = h0 + h;
@@ -840,7 +841,6 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     alignas(64) uint8_t w8[kHeadGroup * 128];
     const bool int_values = VB == 2 && score_mode() != kScoresFloat;
     const bool byte_values = int_values && score_mode() == kScoresInt8;  // the int8 mode: 8-bit value weights too
-    const float wmax_int = byte_values ? 255.0f : 32767.0f;
     const bool vnni = avx512_vnni_on();  // int8 (vpdpbusd) runs only then: score_mode() says so
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
@@ -918,15 +918,15 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
             int32_t w_int_sum[kHeadGroup];
             with_head_count(nh, [&](auto heads) {
                 constexpr int NH = decltype(heads)::value;
+                auto weights = [&](auto stage) {
+                    stage(s, G, va, vz, smax, st, h0, D, byte_values, va_negative, pz, wsum, wscale, w_int_sum, w16, w8);
+                };
                 if (int_values)
-                    weights_heads<NH, true, true>(s, G, va, vz, smax, st, h0, D, byte_values, va_negative, wmax_int, pz,
-                                                  wsum, wscale, w_int_sum, w16, w8);
+                    weights(weights_heads<NH, true, true>);
                 else if (mode != kScoresFloat)
-                    weights_heads<NH, true, false>(s, G, va, vz, smax, st, h0, D, byte_values, va_negative, wmax_int, pz,
-                                                   wsum, wscale, w_int_sum, w16, w8);
+                    weights(weights_heads<NH, true, false>);
                 else
-                    weights_heads<NH, false, false>(s, G, va, vz, smax, st, h0, D, byte_values, va_negative, wmax_int,
-                                                    pz, wsum, wscale, w_int_sum, w16, w8);
+                    weights(weights_heads<NH, false, false>);
             });
             if (byte_values)
                 values_v2_int8_dispatch(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
