@@ -303,6 +303,35 @@ def test_quantize_identical_iters(iters, rng):
         assert np.array_equal(run_isa(isa, _ops.quantize_tiles_native, k, v, p, iters, 2), ref), isa
 
 
+@pytest.mark.parametrize("preset", ["k4v4_g64", "k8v8_g128"])
+def test_codes_at_exact_half_integers(preset, rng):
+    """Balanced values exactly halfway between two codes, under an RTN scale (15) whose float
+    reciprocal moves most ties off the half-integer: every ISA must round them half to even, as the
+    scalar's exact division does (the SIMD kernels multiply by 1/scale and divide only near
+    half-integers, row_codes). With iters=0 the balanced tile is the rotated one, and at D 64 the
+    Hadamard (±1/8) maps multiples of 15/2 to multiples of 15/16 exactly: the rotated tile is Y."""
+    p = _ops.get_preset(preset)
+    G, D, qmax = p.group, 64, (1 << p.kbits) - 1
+    assert p.kbits == p.vbits
+    scale = 15.0  # 3 would not do: its reciprocal's products round back onto every tie
+    hi = scale * qmax
+    Y = scale * (rng.integers(0, qmax, (G, D)) + 0.5)  # (y - 0) / scale = code + 1/2
+    Y[0], Y[1] = 0.0, hi  # every column (a key row: a channel over tokens) spans [0, hi]
+    Y[2:, 0], Y[2:, 1] = 0.0, hi  # every token row from 2 on (value rows) too; rows 0 and 1 are constant
+    x = (Y @ oracle.hadamard_matrix(D)).astype(np.float32)  # H symmetric and orthonormal: rotates back to Y
+    assert np.array_equal(x.astype(np.float64) @ oracle.hadamard_matrix(D), Y)  # exact in float32
+    expected = np.round(Y / scale)  # numpy rounds half to even
+    ties = Y / scale - np.floor(Y / scale) == 0.5
+    assert ties.sum() > G * D // 2
+    # Not vacuous: multiplied by the float reciprocal, most ties land off the half-integer.
+    assert (np.float32(Y) * np.float32(1 / scale) != Y / scale)[ties].mean() > 0.5
+    for isa in ISAS:
+        t = kvarn.Tile(run_isa(isa, _ops.quantize_tiles_native, x[None], x[None], p, 0, 1), p, D)
+        assert np.array_equal(t.k_codes()[0], expected.T), isa
+        assert np.array_equal(t.v_codes()[0, 2:], expected[2:]), isa
+        assert not t.v_codes()[0, :2].any(), isa  # constant rows: the scale floor, all codes 0
+
+
 def _fp16_edge_values(rng, shape, scale=1.0):
     """float32 values hitting fp16 rounding's edge cases: exact ties between neighbours (ties to
     even), subnormals and their ties, values just under the largest fp16 (times scale), plus ordinary
