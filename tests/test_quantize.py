@@ -451,7 +451,28 @@ def test_pack_codes_checks_bits_and_range():
         with pytest.raises(exc, match=msg):
             kvarn.unpack_codes(np.zeros(2, np.uint8), bits)
     with pytest.raises(TypeError, match="packed: expected a uint8 array"):
-        kvarn.unpack_codes(np.zeros(2, np.int32), 4)
+        kvarn.unpack_codes(np.zeros(2, np.float32), 4)
+
+
+def test_unpack_codes_takes_what_pack_codes_takes():
+    """pack_codes takes any integer array-like; unpack_codes refused a list of bytes (np.asarray gives int64)
+    with a TypeError about uint8. Any integers in [0, 255] are bytes now; other values and non-integers are
+    refused, naming packed, and the input is left as it was."""
+    np.testing.assert_array_equal(kvarn.unpack_codes([0x21, 0xF0], 4), [1, 2, 0, 15])
+    np.testing.assert_array_equal(kvarn.unpack_codes([[0b00111001]], 2), [[1, 2, 3, 0]])
+    assert kvarn.unpack_codes((0x21,), 4).dtype == np.uint8
+    codes = np.random.default_rng(0).integers(0, 16, size=(3, 8))
+    np.testing.assert_array_equal(kvarn.unpack_codes(kvarn.pack_codes(codes.tolist(), 4).tolist(), 4), codes)
+    for dtype in (np.int16, np.int32, np.int64, np.uint16, np.uint64):
+        packed = np.array([[0x21, 0xF0]], dtype)
+        np.testing.assert_array_equal(kvarn.unpack_codes(packed, 4), [[1, 2, 0, 15]])
+        assert packed.dtype == dtype and packed.tolist() == [[0x21, 0xF0]]
+    for bad in ([256, 0], [0, -1], np.array([1, 300], np.int32)):
+        with pytest.raises(ValueError, match=r"^packed: values must be in \[0, 255\] \(bytes\), got \[-?\d+, \d+\]"):
+            kvarn.unpack_codes(bad, 4)
+    for bad in ([1.0, 2.0], np.array([1, 2], np.float64), [True, False], [2**70], 7, []):
+        with pytest.raises(TypeError, match="^packed: expected a uint8 array"):
+            kvarn.unpack_codes(bad, 4)
 
 
 def test_tile_round_trip_keeps_its_shape_and_reads_version_1(rng):

@@ -59,11 +59,21 @@ def _check_bits(bits) -> int:
 
 
 def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
-    """Unpacks codes along the last axis: code i from byte i // (8/bits), shift (i % (8/bits))*bits."""
+    """Unpacks codes along the last axis: code i from byte i // (8/bits), shift (i % (8/bits))*bits.
+
+    packed: bytes of at least 1 dimension: a uint8 array, or any integer array-like (a list of ints, an
+    int64 array) whose values are all in [0, 255], as pack_codes takes any integer array-like. Returns
+    uint8 codes, the last axis 8/bits times longer."""
     bits = _check_bits(bits)
     packed = np.asarray(packed)
-    if packed.dtype != np.uint8 or packed.ndim == 0:
-        raise TypeError(f"packed: expected a uint8 array of at least 1 dimension, got {packed.dtype} {packed.shape}")
+    if packed.dtype.kind not in "iu" or packed.ndim == 0:
+        raise TypeError(f"packed: expected a uint8 array (or integers in [0, 255]) of at least 1 dimension, got "
+                        f"{packed.dtype} {packed.shape}")
+    if packed.dtype != np.uint8:
+        # np.asarray makes a list of ints int64: bytes if in range (astype would wrap the others silently).
+        if packed.size and (packed.min() < 0 or packed.max() > 255):
+            raise ValueError(f"packed: values must be in [0, 255] (bytes), got [{packed.min()}, {packed.max()}]")
+        packed = packed.astype(np.uint8)
     per_byte = 8 // bits
     shifts = (np.arange(per_byte, dtype=np.uint8) * bits).astype(np.uint8)
     codes = (packed[..., :, None] >> shifts) & np.uint8((1 << bits) - 1)
