@@ -2,6 +2,8 @@
 import importlib.util
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,6 +181,20 @@ def test_eval_refuses_an_unusable_out_folder_before_the_run_and_creates_nothing(
                      (str(tmp_path / "a_file" / ".." / "new"), "is not a folder")):
         with pytest.raises(ValueError, match=f"--out: .*{msg}"):
             _check_args(build_parser().parse_args(["eval", "--out", out]))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux's /proc, a folder that takes no new files")
+@pytest.mark.parametrize("out, probe", [("/proc/kvarn_out", "/proc"), ("/proc", "/proc"),
+                                        ("/proc/a/b", "/proc")])
+def test_eval_out_that_cannot_be_written_names_the_path_and_the_reason(out, probe):
+    """`--out /proc/x` said only "cannot write into '/proc': No such file or directory" (the errno of the
+    probe's temporary file): neither the path given nor what failed."""
+    r = run("eval", "--out", out)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    prefix = f"kvarn: error: --out: cannot write the results into {out!r}: {probe!r} is not writable "
+    # then the reason the OS gave, whatever it is here
+    assert re.fullmatch(re.escape(prefix) + r"\(creating a file there fails: \w[^()]*\)\n", r.stderr), r.stderr
 
 
 def test_eval_defaults_fit_a_short_window():

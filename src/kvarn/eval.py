@@ -480,7 +480,9 @@ def _check_out_folder(path: str) -> None:
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
-        raise ValueError(f"--out: cannot write into {probe!r}: {e.strerror or e}") from None
+        # The errno alone misleads: /proc exists, yet creating a file there gives "No such file or directory".
+        raise ValueError(f"--out: cannot write the results into {path!r}: {probe!r} is not writable (creating a "
+                         f"file there fails: {e.strerror or e})") from None
 
 
 def run_eval(args) -> int:
