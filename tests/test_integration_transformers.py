@@ -1103,6 +1103,37 @@ def test_configs_checked_at_construction_and_multimodal_served():
         KVarNCache(mcfg)
 
 
+def test_a_crop_window_no_memory_holds_is_refused_at_construction(monkeypatch):
+    """KVarNCache(config, crop_window=2**31 - 1) was accepted and failed at the first forward with numpy's
+    MemoryError: the window's fp16 ring (K and V of every kv-head and channel, per batch row and KVarN layer) is
+    allocated whole then. A window whose ring for one batch row exceeds the machine's memory is refused now,
+    naming the largest that fits; smaller windows are taken as before."""
+    import transformers
+    from kvarn.integrations import transformers as kt
+
+    # 256 KiB of ring a token (2 x 2 bytes x 8 kv-heads x 128 channels x 64 layers): 512 TiB for 2**31 - 1
+    big = transformers.LlamaConfig(hidden_size=1024, num_attention_heads=8, num_key_value_heads=8, head_dim=128,
+                                   num_hidden_layers=64)
+    before = big._attn_implementation
+    with pytest.raises(ValueError, match=r"^crop_window: 2147483647 tokens need a 524,288\.0 GiB fp16 ring per "
+                       r"batch row \(262144 bytes a token: K and V of 8 kv-heads x 128 channels in 64 layers\), more "
+                       r"than this machine's [0-9,.]+ GiB of memory: at most \d+ tokens fit"):
+        KVarNCache(big, crop_window=2**31 - 1)
+    assert big._attn_implementation == before
+    # At the limit, with this machine's memory taken as 1 GiB; sliding-window layers hold no ring.
+    tiny = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    num_hidden_layers=3, layer_types=["full_attention", "sliding_attention",
+                                                                      "full_attention"], sliding_window=8)
+    monkeypatch.setattr(kt, "_physical_memory", lambda: 2**30)
+    limit = 2**30 // (2 * 2 * 2 * 16 * 2)
+    assert KVarNCache(tiny, crop_window=limit).kvarn_layers[1].crop_window == limit
+    with pytest.raises(ValueError, match=f"^crop_window: {limit + 1} tokens need a 1\\.0 GiB .* at most {limit} "
+                       "tokens fit"):
+        KVarNCache(tiny, crop_window=limit + 1)
+    monkeypatch.setattr(kt, "_physical_memory", lambda: None)  # not known here: not checked
+    assert KVarNCache(tiny, crop_window=limit + 1).kvarn_layers[0].crop_window == limit + 1
+
+
 def test_torch_compile_runs_the_cache_and_attention_uncompiled():
     """Under torch.compile, dynamo traced kvarn's numpy code and stored a non-contiguous sink: the next
     decode step failed, and the cache stayed broken for eager use too. Now graph breaks."""

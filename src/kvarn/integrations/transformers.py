@@ -76,6 +76,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import os
 import sys
 import threading
 import weakref
@@ -794,6 +795,33 @@ def _check_model_support(config, text_config) -> None:
                                   "are not supported by KVarNCache")
 
 
+def _physical_memory():
+    """This machine's memory in bytes, or None where the OS does not say."""
+    try:
+        size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no os.sysconf (Windows) or no such name
+        return None
+    return size if size > 0 else None
+
+
+def _check_crop_ring(crop_window: int, group: int, kv_heads, head_dim, kvarn_layers: int) -> None:
+    """Refuses a crop window whose fp16 ring (allocated whole at the first forward, K and V of every kv-head and
+    channel per KVarN layer) cannot fit this machine's memory even for one batch row: numpy's MemoryError came
+    mid-generate. Unknown dimensions count at their least (one head, head_dim 16), so what works is never refused."""
+    memory = _physical_memory()
+    if not crop_window or memory is None:
+        return
+    kv_heads = kv_heads if isinstance(kv_heads, int) and kv_heads > 0 else 1
+    head_dim = head_dim if isinstance(head_dim, int) and head_dim > 0 else 16
+    per_token = 2 * 2 * kv_heads * head_dim * kvarn_layers
+    if crop_window * per_token > memory:
+        raise ValueError(
+            f"crop_window: {crop_window} tokens need a {crop_window * per_token / 2**30:,.1f} GiB fp16 ring per batch "
+            f"row ({per_token} bytes a token: K and V of {kv_heads} kv-heads x {head_dim} channels in {kvarn_layers} "
+            f"layer{'s' * (kvarn_layers != 1)}), more than this machine's {memory / 2**30:,.1f} GiB of memory: at "
+            f"most {memory // per_token} tokens fit; {2 * group} serves any crop of up to {group} tokens")
+
+
 class KVarNCache(Cache):
     """A transformers ``Cache`` storing every full-attention layer's K/V as a KVarN cache.
 
@@ -804,7 +832,9 @@ class KVarNCache(Cache):
     kvarn.KVCache. crop_window: fp16 tokens kept per row besides the cache so that ``crop`` can
     roll back into a quantised tile (assisted / prompt-lookup decoding); 0 (default) keeps none,
     and assisted decoding then refuses the cache. ``2 * group`` allows any crop of up to ``group``
-    tokens, at ``crop_window`` fp16 tokens of memory per row and layer (counted in ``nbytes``).
+    tokens, at ``crop_window`` fp16 tokens of memory per row and layer (counted in ``nbytes``); that
+    ring is allocated whole at the first forward, so a window whose ring for one batch row exceeds this
+    machine's memory is refused here (ValueError naming the largest that fits).
     """
 
     def __init__(self, config, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill",
@@ -866,6 +896,9 @@ class KVarNCache(Cache):
                 f"{getattr(text_config, 'attention_chunk_size', None)}); kvarn attention has no window, so a "
                 "KVarNCache would compress nothing: use the model's own cache"
             )
+        kvarn_layers = [layer for layer in layers if isinstance(layer, KVarNLayer)]
+        _check_crop_ring(kvarn_layers[0].crop_window, kvarn_layers[0].preset.group,
+                         getattr(text_config, "num_key_value_heads", None), head_dim, len(kvarn_layers))
         super().__init__(layers=layers)
         self._failure = [None]
         self._journal = _StepJournal(len(layers))
