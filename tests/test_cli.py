@@ -197,6 +197,19 @@ def test_eval_out_that_cannot_be_written_names_the_path_and_the_reason(out, prob
     assert re.fullmatch(re.escape(prefix) + r"\(creating a file there fails: \w[^()]*\)\n", r.stderr), r.stderr
 
 
+def test_eval_out_with_a_name_too_long_fails_before_the_run(tmp_path):
+    """A folder name longer than the file system allows passed the early check and failed in os.makedirs
+    after the whole run (h53)."""
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    out = tmp_path / ("a" * (name_max + 1)) / "results"
+    r = run("eval", "--out", str(out))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert f"kvarn: error: --out: cannot make the folder {str(out)!r}: its part 'aaaa" in r.stderr, r.stderr
+    assert f"is {name_max + 1} bytes long, more than the {name_max} a name may have" in r.stderr, r.stderr
+    assert not any(tmp_path.iterdir())  # nothing made
+
+
 def test_eval_defaults_fit_a_short_window():
     """--tokens 512 alone used to fail on two options the user had not given (--decode-prefix 1024 +
     --decode-steps 192 > 512): the prefix now defaults to what the window leaves."""

@@ -483,6 +483,15 @@ def _check_out_folder(path: str) -> None:
         # The errno alone misleads: /proc exists, yet creating a file there gives "No such file or directory".
         raise ValueError(f"--out: cannot write the results into {path!r}: {probe!r} is not writable (creating a "
                          f"file there fails: {e.strerror or e})") from None
+    # The folders still to be made: a name longer than the file system takes fails only in os.makedirs, at the end.
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # not known here (or no pathconf): os.makedirs will say
+        return
+    for name in os.path.relpath(os.path.join(os.getcwd(), path), probe).split(os.sep):
+        if name not in (os.curdir, os.pardir) and len(os.fsencode(name)) > name_max:
+            raise ValueError(f"--out: cannot make the folder {path!r}: its part {name[:40]!r}... is "
+                             f"{len(os.fsencode(name))} bytes long, more than the {name_max} a name may have in {probe!r}")
 
 
 def run_eval(args) -> int:
