@@ -144,10 +144,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.n
     return attention_with_value_norm(q, k, v, scale)[0]
 
 
-def dequantize_cache(cache, k, v) -> tuple:
+def dequantize_cache(cache, k, v, decode=None) -> tuple:
     """Float64 (K̂, V̂) [Hk, n, D] of a kvarn.KVCache that was given the tokens k, v [Hk, n, D].
 
-    Quantised tiles come from the cache's records through the oracle decoder; the sink and tail
+    Quantised tiles come from the cache's records through the oracle decoder (decode: a function
+    with dequantize_record's arguments, e.g. a memoised one; default dequantize_record); the sink and tail
     positions come from the *inputs* rounded to fp16 (what SPEC §7 keeps there), not from the
     cache's own fp16 buffers, so a wrong stored sink or tail value cannot cancel out."""
     p = cache.preset
@@ -156,13 +157,14 @@ def dequantize_cache(cache, k, v) -> tuple:
     v = np.asarray(v).astype(np.float16).astype(np.float64)
     n, sink, tail = k.shape[1], cache.sink_len, cache.tail_len
     recs = cache.records
+    decode = decode or dequantize_record
     assert k.shape == v.shape == (H, len(cache), D), "k, v must be every token the cache was given"
     assert sink + recs.shape[0] * p.group + tail == n, "sink + tiles + tail does not add up to the tokens"
     tk = np.zeros((H, recs.shape[0] * p.group, D))
     tv = np.zeros_like(tk)
     for t in range(recs.shape[0]):
         for h in range(H):
-            kk, vv = dequantize_record(recs[t, h], p.kbits, p.vbits, p.group, D)
+            kk, vv = decode(recs[t, h], p.kbits, p.vbits, p.group, D)
             tk[h, t * p.group : (t + 1) * p.group] = kk
             tv[h, t * p.group : (t + 1) * p.group] = vv
     ks = [k[:, :sink], tk, k[:, n - tail :]]

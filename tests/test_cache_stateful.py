@@ -84,11 +84,10 @@ def reference_records(k16, v16, preset, iters):
     return _memo(_RECORD_MEMO, key, lambda: kvarn.quantize_tile(k16, v16, preset, iters=iters).records.copy())
 
 
-def decoded_record(rec, preset, head_dim):
-    """Float64 (K̂, V̂) [G, D] of one record, by the oracle's decoder (shares no code with the C++)."""
-    key = (preset.kbits, preset.vbits, preset.group, head_dim, rec.tobytes())
-    return _memo(_DECODE_MEMO, key, lambda: oracle.dequantize_record(rec, preset.kbits, preset.vbits, preset.group,
-                                                                     head_dim))
+def decoded_record(rec, kbits, vbits, group, head_dim):
+    """oracle.dequantize_record, memoised: float64 (K̂, V̂) [G, D] of one record (shares no code with the C++)."""
+    key = (kbits, vbits, group, head_dim, rec.tobytes())
+    return _memo(_DECODE_MEMO, key, lambda: oracle.dequantize_record(rec, kbits, vbits, group, head_dim))
 
 
 def make_chunk(seed, H, n, D, dtypes, layout, scale):
@@ -600,15 +599,8 @@ class KVCacheMachine(RuleBasedStateMachine):
 
         if len(e):
             q = self.query()
-            k_hat = np.empty((H, len(e), D))
-            v_hat = np.empty_like(k_hat)
-            k_hat[:, :sink_len], v_hat[:, :sink_len] = e.k[:, :sink_len], e.v[:, :sink_len]
-            k_hat[:, len(e) - tail_len :] = e.k[:, len(e) - tail_len :]
-            v_hat[:, len(e) - tail_len :] = e.v[:, len(e) - tail_len :]
-            for t in range(tiles):
-                for h in range(H):
-                    span = slice(sink_len + t * G, sink_len + (t + 1) * G)
-                    k_hat[h, span], v_hat[h, span] = decoded_record(recs[t, h], self.preset, D)
+            # the records decoded by the oracle, sink and tail from the model (checked equal to the cache's above)
+            k_hat, v_hat = oracle.dequantize_cache(c, e.k, e.v, decode=decoded_record)
             # Scores of O(10), as a model's: float32 scores of |s| ~ 1e3 (keys x 30 with outlier channels)
             # are off by ~1e-4 relative in exp(s) whatever the kernel, which no tolerance of 1e-5 allows.
             scores = np.einsum("hgd,htd->hgt", q.reshape(H, -1, D).astype(np.float64), k_hat) / np.sqrt(D)

@@ -471,7 +471,7 @@ def _check_out_folder(path: str) -> None:
     file is not a folder; a dangling or looping symlink exists but is not one), must be a writable folder."""
     if not path:
         raise ValueError("--out: empty path")
-    probe = os.path.join(os.getcwd(), path)
+    full = probe = os.path.join(os.getcwd(), path)
     while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
@@ -488,7 +488,7 @@ def _check_out_folder(path: str) -> None:
         name_max = os.pathconf(probe, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):  # not known here (or no pathconf): os.makedirs will say
         return
-    for name in os.path.relpath(os.path.join(os.getcwd(), path), probe).split(os.sep):
+    for name in os.path.relpath(full, probe).split(os.sep):
         if name not in (os.curdir, os.pardir) and len(os.fsencode(name)) > name_max:
             raise ValueError(f"--out: cannot make the folder {path!r}: its part {name[:40]!r}... is "
                              f"{len(os.fsencode(name))} bytes long, more than the {name_max} a name may have in {probe!r}")

@@ -76,18 +76,21 @@ class FP16Cache:
         """An independent cache with the same contents."""
         kbuf, vbuf, length = self._state  # one snapshot
         new = object.__new__(type(self))  # a subclass copies into its own type
-        # known-good settings and attributes (not __setstate__'s checks); the buffers follow
-        new.__dict__.update({k: v for k, v in self.__dict__.copy().items() if k not in ("_append_lock", "_parts_cache")})
+        new.__dict__.update(self._plain_attributes())  # known-good (not __setstate__'s checks); the buffers follow
         new._append_lock = _ops.new_append_lock(new)
         new._state = (kbuf[:, :length].copy(), vbuf[:, :length].copy(), length)
         return new
 
-    # pickle: everything but the lock (recreated) and the parts cache; the buffers without their spare capacity.
+    def _plain_attributes(self) -> dict:
+        """Everything but the lock (recreated) and the parts cache: a snapshot of __dict__ (one C call), since
+        attend adds _parts_cache meanwhile, as KVCache.copy."""
+        return {k: v for k, v in self.__dict__.copy().items() if k not in ("_append_lock", "_parts_cache")}
+
+    # pickle: the plain attributes, the buffers without their spare capacity.
     def __getstate__(self) -> dict:
-        # a snapshot of __dict__ (one C call): attend adds _parts_cache meanwhile, as KVCache.copy
-        state = {k: v for k, v in self.__dict__.copy().items()
-                 if k not in ("_append_lock", "_parts_cache", "_num_kv_heads", "_head_dim")}
-        state["num_kv_heads"], state["head_dim"] = self._num_kv_heads, self._head_dim  # the public names, as ever
+        state = self._plain_attributes()
+        state["num_kv_heads"] = state.pop("_num_kv_heads")  # the public names, as pickles have always had
+        state["head_dim"] = state.pop("_head_dim")
         kbuf, vbuf, length = self._state  # one snapshot
         state["_state"] = (kbuf[:, :length], vbuf[:, :length], length)
         return state
