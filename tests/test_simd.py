@@ -789,6 +789,48 @@ print(np.allclose(kvarn.attend(np.ones((4, 64), np.float32), c, num_threads=2), 
     assert r.stdout.split() == ["True", "199", "True", "True"], r.stdout
 
 
+def test_pool_helpers_sleep_after_an_isolated_call():
+    # Helpers spin after a job only when jobs come close together (back-to-back calls); after a
+    # call that followed idle time they sleep at once, so that inside a model they leave the cores to
+    # torch's and BLAS's threads, which run between two attention calls. Read off each thread's CPU
+    # time (schedstat, ns) over 50 ms after a call: a spinning helper takes ~200 us of it.
+    if _native.default_threads() < 2:
+        pytest.skip("one CPU in the affinity mask: the pool has no helper threads")
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
+        pytest.skip("no per-thread CPU times (/proc/.../schedstat) on this system")
+    code = """
+import glob, threading, time
+import numpy as np, kvarn
+def others_cpu_ns():
+    me = str(threading.get_native_id())
+    return sum(int(open(f).read().split()[0]) for f in glob.glob("/proc/self/task/*/schedstat")
+               if f.split("/")[4] != me)
+rng = np.random.default_rng(0)
+c = kvarn.KVCache(2, 64)
+c.append(rng.standard_normal((2, 600, 64)).astype(np.float32), rng.standard_normal((2, 600, 64)).astype(np.float32))
+q = rng.standard_normal((4, 64)).astype(np.float32)
+for _ in range(20):
+    kvarn.attend(q, c, num_threads=2)
+after_idle, after_back_to_back = [], []
+for trial in range(6):
+    time.sleep(0.05)
+    t = others_cpu_ns(); kvarn.attend(q, c, num_threads=2); time.sleep(0.05)
+    after_idle.append((others_cpu_ns() - t) / 1e3)
+    for _ in range(50):
+        kvarn.attend(q, c, num_threads=2)
+    t = others_cpu_ns(); time.sleep(0.05)
+    after_back_to_back.append((others_cpu_ns() - t) / 1e3)
+print(min(after_idle), max(after_back_to_back))
+"""
+    r = _py(code)
+    assert r.returncode == 0, r.stderr
+    after_idle_us, after_back_to_back_us = map(float, r.stdout.split())
+    # The helper's part of a ~20 us call plus its wake-up, against >= 200 us with a spin.
+    assert after_idle_us < 100, (after_idle_us, after_back_to_back_us)
+    # Back to back it still spins (waking it per call would cost more than such a call's work).
+    assert after_back_to_back_us > 100, (after_idle_us, after_back_to_back_us)
+
+
 # ---- fp16 cache (attend_dense_f16) ------------------------------------------------------------
 @pytest.mark.parametrize("n", ODD_LENGTHS)
 @pytest.mark.parametrize("head_dim,groups", [(128, 4), (64, 3), (16, 1), (80, 5)])

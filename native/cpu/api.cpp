@@ -87,8 +87,12 @@ bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 // thread to arrive (an OpenMP parallel-for ends in a barrier): a worker that
 // the OS has not scheduled yet simply finds no items left, which keeps a call
 // from losing a scheduler tick (~4 ms) when the machine is oversubscribed.
-// Workers spin for ~200 us after a job (decode calls come back to back, one per
-// layer), then sleep on a condition variable until the next one.
+// After a job, workers spin for up to 200 us, then sleep on a condition variable
+// until the next one - but only while jobs come that close together (a benchmark's
+// back-to-back calls): when the gap before this job was longer, they sleep at once.
+// Inside a model, other pools (torch's OpenMP, BLAS) run between two attention calls
+// (~1.3 ms per layer for SmolLM2 on 2 cores), and a helper spinning there took a core
+// from them: SmolLM2's decode step on a 2-core Xeon took ~45.5 ms with a fixed spin, ~40.5 ms so.
 // One job at a time: a concurrent caller (another Python thread; the GIL is
 // released) that finds the pool busy runs its items itself.
 // At most one helper per CPU the process may use besides the caller: more threads than
@@ -113,6 +117,10 @@ public:
         // registers (active_++) and then re-reads the generation; the writer
         // makes it odd and then waits for active_ == 0 (both seq_cst), so a
         // worker never works on half-written fields.
+        // Spin after this job only if it followed the previous one closely (see above).
+        const int64_t start = now_ns();
+        spin_after_job_.store(start - last_end_ns_.load(std::memory_order_relaxed) <= kSpinNs,
+                              std::memory_order_relaxed);
         const uint64_t g = gen_.load(std::memory_order_relaxed);
         gen_.store(g + 1);
         while (active_.load() != 0) pause();
@@ -131,6 +139,7 @@ public:
         }
         work();
         while (done_.load(std::memory_order_acquire) < n) pause();
+        last_end_ns_.store(now_ns(), std::memory_order_relaxed);
         // error_ was written before its item's done_ release, and done_ was read with acquire.
         if (failed_.load(std::memory_order_relaxed)) std::rethrow_exception(std::exchange(error_, nullptr));
     }
@@ -156,6 +165,14 @@ private:
     static void invoke(void* ctx, int64_t i)
     {
         (*static_cast<F*>(ctx))(i);
+    }
+
+    static constexpr int64_t kSpinNs = 200000;  // the most a helper spins after a job
+
+    static int64_t now_ns()
+    {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count();
     }
 
     static void pause()
@@ -200,10 +217,11 @@ private:
         for (;;) {
             uint64_t g;
             const auto t0 = std::chrono::steady_clock::now();
+            const auto spin_for = std::chrono::nanoseconds(spin_after_job_.load(std::memory_order_relaxed) ? kSpinNs : 0);
             int spins = 0;
             bool slept = false;  // once asleep, stay asleep until a job: no new spin per wake-up
             while ((g = gen_.load(std::memory_order_acquire)) == seen || (g & 1)) {
-                if (slept || (++spins % 256 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(200))) {
+                if (slept || (++spins % 256 == 0 && std::chrono::steady_clock::now() - t0 > spin_for)) {
                     std::unique_lock<std::mutex> lk(mu_);
                     sleeping_.fetch_add(1);
                     // A timed wait: the publisher checks sleeping_ without the lock, so a
@@ -232,6 +250,10 @@ private:
     std::atomic<int> active_{0}, sleeping_{0};
     std::atomic<int64_t> next_{0}, done_{0};
     std::atomic<bool> failed_{false};
+    // When the last job ended (steady clock, ns; 0: none yet, so the first job is "after idle"), and whether
+    // helpers spin after the current one.
+    std::atomic<int64_t> last_end_ns_{0};
+    std::atomic<bool> spin_after_job_{false};
     std::exception_ptr error_;  // the first item's exception; written by the thread that set failed_
     void (*call_)(void*, int64_t) = nullptr;
     void* ctx_ = nullptr;
