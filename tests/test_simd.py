@@ -799,7 +799,9 @@ def test_pool_helpers_sleep_after_an_isolated_call():
     if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
         pytest.skip("no per-thread CPU times (/proc/.../schedstat) on this system")
     code = """
-import glob, threading, time
+import glob, os, threading, time
+# Two CPUs, so one helper whatever the machine (every sleeping helper wakes for a job).
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 import numpy as np, kvarn
 def others_cpu_ns():
     me = str(threading.get_native_id())
