@@ -119,8 +119,7 @@ public:
         // worker never works on half-written fields.
         // Spin after this job only if it followed the previous one closely (see above).
         const int64_t start = now_ns();
-        spin_after_job_.store(start - last_end_ns_.load(std::memory_order_relaxed) <= kSpinNs,
-                              std::memory_order_relaxed);
+        spin_after_job_.store(start - last_end_ns_ <= kSpinNs, std::memory_order_relaxed);
         const uint64_t g = gen_.load(std::memory_order_relaxed);
         gen_.store(g + 1);
         while (active_.load() != 0) pause();
@@ -139,7 +138,7 @@ public:
         }
         work();
         while (done_.load(std::memory_order_acquire) < n) pause();
-        last_end_ns_.store(now_ns(), std::memory_order_relaxed);
+        last_end_ns_ = now_ns();
         // error_ was written before its item's done_ release, and done_ was read with acquire.
         if (failed_.load(std::memory_order_relaxed)) std::rethrow_exception(std::exchange(error_, nullptr));
     }
@@ -250,9 +249,9 @@ private:
     std::atomic<int> active_{0}, sleeping_{0};
     std::atomic<int64_t> next_{0}, done_{0};
     std::atomic<bool> failed_{false};
-    // When the last job ended (steady clock, ns; 0: none yet, so the first job is "after idle"), and whether
-    // helpers spin after the current one.
-    std::atomic<int64_t> last_end_ns_{0};
+    // When the last job ended (steady clock, ns; 0: none yet, so the first job is "after idle"); only run()
+    // reads and writes it, under run_mu_. Whether helpers spin after the current job (they read it).
+    int64_t last_end_ns_ = 0;
     std::atomic<bool> spin_after_job_{false};
     std::exception_ptr error_;  // the first item's exception; written by the thread that set failed_
     void (*call_)(void*, int64_t) = nullptr;
