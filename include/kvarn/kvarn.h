@@ -172,6 +172,19 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
  * r[rows], c[cols]; rows, cols >= 2, iters in [0, KVARN_MAX_SINKHORN_ITERS]. For tests and inspection. */
 int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, float* r, float* c);
 
+/* ---- Float32 inputs: one pass of checks, and the fp16 copy a cache stores --------------- */
+/* x: float32 [shape[0]][shape[1]][shape[2]] at element strides x_strides (any sign). Writes
+ * *max_abs = the largest |x| (0 when x is empty), NaN when x holds a NaN, else +Inf when it
+ * holds an Inf. When out is not NULL and *max_abs <= f16_limit, also writes out (same shape,
+ * element strides out_strides) = x rounded to the nearest IEEE binary16, ties to even (numpy's
+ * astype(float16)); otherwise out is not written. f16_limit in [0, 65504] (the largest
+ * binary16), else KVARN_ERR_ARGUMENT; likewise a negative size, a NULL max_abs, or a NULL or
+ * misaligned x (4 bytes) or out (2 bytes) with elements. out must not overlap x. A decode step's
+ * token takes one call per tensor where separate NaN, range and rounding passes took several.
+ * Baseline code, in no ISA table: it runs also while KVARN_ISA names an ISA that cannot run. */
+int kvarn_scan_f32(const float* x, const int64_t shape[3], const int64_t x_strides[3], float* max_abs,
+                   uint16_t* out, const int64_t out_strides[3], float f16_limit);
+
 /* Threads that num_threads <= 0 stands for. */
 int32_t kvarn_default_threads(void);
 

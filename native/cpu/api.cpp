@@ -624,6 +624,79 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
     });
 }
 
+// kvarn::float_to_half with its common case inline: a normal half that does not overflow, rounded
+// to nearest even by adding the carry ((rem + odd) > half-ulp) to the truncated bits.
+static inline uint16_t to_half_bits(float f)
+{
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
+    if (absx - 0x38800000u < 0x477ff000u - 0x38800000u) {  // [2^-14, 65520): a normal half after rounding
+        const uint32_t q = (absx - 0x38000000u) >> 13, rem = absx & 0x1fffu;
+        return (uint16_t)(sign | (q + ((rem + (q & 1u)) > 0x1000u ? 1u : 0u)));
+    }
+    return kvarn::float_to_half(f);  // subnormals, zeros, overflow, Inf and NaN
+}
+
+int kvarn_scan_f32(const float* x, const int64_t shape[3], const int64_t x_strides[3], float* max_abs,
+                   uint16_t* out, const int64_t out_strides[3], float f16_limit)
+{
+    if (!shape || !x_strides || !max_abs || shape[0] < 0 || shape[1] < 0 || shape[2] < 0 ||
+        !(f16_limit >= 0.0f && f16_limit <= 65504.0f) || (out && !out_strides))
+        return KVARN_ERR_ARGUMENT;
+    const int64_t n0 = shape[0], n1 = shape[1], n2 = shape[2];
+    if (n0 == 0 || n1 == 0 || n2 == 0) {
+        *max_abs = 0.0f;
+        return KVARN_OK;
+    }
+    if (!x || !aligned(x, 4) || (out && !aligned(out, 2))) return KVARN_ERR_ARGUMENT;
+    // Contiguous axes scanned as one row (a prompt's [H, n, D]: one long loop, not H·n short ones).
+    int64_t s0 = x_strides[0], s1 = x_strides[1], s2 = x_strides[2], m0 = n0, m1 = n1, m2 = n2;
+    if (s2 == 1 && s1 == m2) {
+        m2 *= m1, m1 = 1, s1 = m2;
+        if (s0 == m2) m2 *= m0, m0 = 1, s0 = m2;
+    }
+    // The largest |x| as its bit pattern (sign cleared): IEEE order is integer order there, and
+    // NaNs lie above +Inf, so one integer max finds the maximum, any Inf and any NaN at once;
+    // with a unit stride the compiler vectorises it (baseline SSE2 has the signed compare).
+    int32_t top = 0;
+    for (int64_t i = 0; i < m0; ++i)
+        for (int64_t j = 0; j < m1; ++j) {
+            const float* row = x + i * s0 + j * s1;
+            int32_t m = top;
+            if (s2 == 1) {
+                for (int64_t t = 0; t < m2; ++t) {
+                    uint32_t bits;
+                    std::memcpy(&bits, row + t, 4);
+                    const int32_t a = (int32_t)(bits & 0x7fffffffu);
+                    m = a > m ? a : m;
+                }
+            } else {
+                for (int64_t t = 0; t < m2; ++t) {
+                    uint32_t bits;
+                    std::memcpy(&bits, row + t * s2, 4);
+                    const int32_t a = (int32_t)(bits & 0x7fffffffu);
+                    m = a > m ? a : m;
+                }
+            }
+            top = m;
+        }
+    float largest;
+    const uint32_t top_bits = (uint32_t)top;
+    std::memcpy(&largest, &top_bits, 4);
+    *max_abs = largest;  // a NaN stays a NaN; Inf stays Inf
+    if (!out || !(largest <= f16_limit)) return KVARN_OK;
+    // In the original axes: out may have other strides than x.
+    const int64_t o0 = out_strides[0], o1 = out_strides[1], o2 = out_strides[2];
+    for (int64_t i = 0; i < n0; ++i)
+        for (int64_t j = 0; j < n1; ++j) {
+            const float* row = x + i * x_strides[0] + j * x_strides[1];
+            uint16_t* dst = out + i * o0 + j * o1;
+            for (int64_t t = 0; t < n2; ++t) dst[t * o2] = to_half_bits(row[t * x_strides[2]]);
+        }
+    return KVARN_OK;
+}
+
 int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper, int64_t* finished,
                              int32_t* faulted)
 {

@@ -199,7 +199,7 @@ cdef int fill_view(kvarn_cache_view* c, dict parts) except -1:
             or rec.shape[1] != parts["num_kv_heads"] or sk.shape[2] != parts["head_dim"] \
             or tk.shape[2] != parts["head_dim"]:
         raise ValueError("cache view: buffer shapes do not match heads/head_dim")
-    if rec.shape[0] and rec.shape[2] != record_layout(parts["kbits"], parts["vbits"], parts["group"], parts["head_dim"])["total"]:
+    if rec.shape[0] and rec.shape[2] != kvarn_layout(parts["kbits"], parts["vbits"], parts["group"], parts["head_dim"]).total:
         raise ValueError("cache view: record size does not match the format")
     c.num_kv_heads = parts["num_kv_heads"]
     c.head_dim = parts["head_dim"]
@@ -246,6 +246,40 @@ def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] o
     finally:
         free(views)
     return rc
+
+
+def scan_f32(const float[:, :, :] x, uint16_t[:, :, :] out=None, float f16_limit=0.0):
+    """(status, max |x|) of a float32 array (NaN if it holds a NaN, inf if an Inf); with out
+    (uint16 bits of an fp16 array of x's shape), also writes x's fp16 rounding there when
+    max |x| <= f16_limit (see kvarn_scan_f32)."""
+    cdef int64_t shape[3]
+    cdef int64_t x_strides[3]
+    cdef int64_t out_strides[3]
+    cdef float max_abs = 0.0
+    cdef int rc, i
+    cdef bint empty = x.shape[0] == 0 or x.shape[1] == 0 or x.shape[2] == 0
+    cdef uint16_t* out_ptr = NULL
+    cdef const float* x_ptr = NULL
+    if not empty:
+        x_ptr = &x[0, 0, 0]
+    for i in range(3):
+        shape[i] = x.shape[i]
+        if x.strides[i] % 4:
+            return KVARN_ERR_ARGUMENT, 0.0
+        x_strides[i] = x.strides[i] // 4
+    if out is not None:
+        for i in range(3):
+            if out.shape[i] != x.shape[i]:
+                raise ValueError("scan_f32: out's shape differs from x's")
+            if out.strides[i] % 2:
+                return KVARN_ERR_ARGUMENT, 0.0
+            out_strides[i] = out.strides[i] // 2
+        if not empty:
+            out_ptr = &out[0, 0, 0]
+    with nogil:
+        rc = kvarn_scan_f32(x_ptr, shape, x_strides, &max_abs,
+                            out_ptr, out_strides, f16_limit)
+    return rc, max_abs
 
 
 def testing_pool_fault(int64_t n_items, int num_threads, bint fault_on_helper):

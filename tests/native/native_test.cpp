@@ -52,6 +52,59 @@ static uint16_t to_half(float f)
     return (uint16_t)(sign | ((uint32_t)exp << 10) | ((x >> 13) & 0x3ff));
 }
 
+// kvarn_scan_f32: max |x| with NaN / Inf, and the fp16 copy written only within the limit, over
+// strided and reversed views (exact-size buffers, so that ASan sees any access outside them).
+void scan_checks()
+{
+    const int64_t n0 = 2, n1 = 3, n2 = 5;
+    std::vector<float> x(n0 * n1 * n2);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = ((int)i - 11) * 0.37f;
+    x[7] = 65504.0f;  // the largest half: within the limit
+    const int64_t shape[3] = {n0, n1, n2};
+    const int64_t forward[3] = {n1 * n2, n2, 1};
+    const int64_t reversed[3] = {-n1 * n2, -n2, -1};  // from the last element
+    for (int dir = 0; dir < 2; ++dir) {
+        const float* base = dir ? x.data() + x.size() - 1 : x.data();
+        std::vector<uint16_t> out(x.size(), 0xabcd);
+        uint16_t* obase = dir ? out.data() + out.size() - 1 : out.data();
+        float m = -1.0f;
+        CHECK(kvarn_scan_f32(base, shape, dir ? reversed : forward, &m, obase, dir ? reversed : forward, 65504.0f) ==
+              KVARN_OK);
+        CHECK(m == 65504.0f);
+        for (size_t i = 0; i < x.size(); ++i) CHECK(out[i] == kvarn::float_to_half(x[i]));
+        std::vector<uint16_t> kept(x.size(), 0xabcd);
+        CHECK(kvarn_scan_f32(base, shape, dir ? reversed : forward, &m, kept.data(), forward, 100.0f) == KVARN_OK);
+        CHECK(m == 65504.0f && kept == std::vector<uint16_t>(x.size(), 0xabcd));  // beyond the limit: not written
+    }
+    // Every other element of each row (x's stride 2 in the last axis), written contiguously.
+    const int64_t half_shape[3] = {n0, n1, 2}, every_other[3] = {n1 * n2, n2, 2}, dense[3] = {n1 * 2, 2, 1};
+    std::vector<uint16_t> sub(n0 * n1 * 2, 0);
+    float m = 0.0f;
+    CHECK(kvarn_scan_f32(x.data(), half_shape, every_other, &m, sub.data(), dense, 65504.0f) == KVARN_OK);
+    CHECK(sub[3] == kvarn::float_to_half(x[n2 + 2]));
+    std::vector<float> bad = x;
+    bad[13] = INFINITY;
+    CHECK(kvarn_scan_f32(bad.data(), shape, forward, &m, nullptr, nullptr, 65504.0f) == KVARN_OK && std::isinf(m));
+    bad[4] = NAN;
+    std::vector<uint16_t> out(x.size(), 0xabcd);
+    CHECK(kvarn_scan_f32(bad.data(), shape, forward, &m, out.data(), forward, 65504.0f) == KVARN_OK && std::isnan(m));
+    CHECK(out == std::vector<uint16_t>(x.size(), 0xabcd));
+    // Empty: max 0, nothing read or written, NULL pointers allowed.
+    const int64_t empty[3] = {2, 0, 5};
+    CHECK(kvarn_scan_f32(nullptr, empty, forward, &m, nullptr, forward, 65504.0f) == KVARN_OK && m == 0.0f);
+    // Refused: negative size, no max_abs, a limit outside [0, 65504], out without strides, misalignment.
+    const int64_t negative[3] = {2, -1, 5};
+    CHECK(kvarn_scan_f32(x.data(), negative, forward, &m, nullptr, nullptr, 1.0f) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_scan_f32(x.data(), shape, forward, nullptr, nullptr, nullptr, 1.0f) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_scan_f32(x.data(), shape, forward, &m, nullptr, nullptr, 65505.0f) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_scan_f32(x.data(), shape, forward, &m, nullptr, nullptr, NAN) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_scan_f32(x.data(), shape, forward, &m, out.data(), nullptr, 1.0f) == KVARN_ERR_ARGUMENT);
+    const float* odd = reinterpret_cast<const float*>(reinterpret_cast<const char*>(x.data()) + 1);
+    CHECK(kvarn_scan_f32(odd, empty, forward, &m, nullptr, nullptr, 1.0f) == KVARN_OK);  // empty: not read
+    const int64_t one[3] = {1, 1, 1};
+    CHECK(kvarn_scan_f32(odd, one, forward, &m, nullptr, nullptr, 1.0f) == KVARN_ERR_ARGUMENT);
+}
+
 // KVARN_ISA names an ISA that cannot run (asan.sh runs this once): every kernel call refuses with
 // KVARN_ERR_ISA and writes nothing, the scalar-only ones included.
 int unusable_isa_checks()
@@ -68,6 +121,7 @@ int unusable_isa_checks()
     CHECK(rec == untouched);
     CHECK(kvarn_dequantize_tiles(rec.data(), 1, 4, 2, G, D, kk.data(), vv.data()) == KVARN_ERR_ISA);
     CHECK(std::strstr(kvarn_isa_error(), "KVARN_ISA=") != nullptr);
+    scan_checks();  // baseline code outside the kernel tables: it runs whatever KVARN_ISA says
     std::printf("%s (KVARN_ISA=%s cannot run): %d failure(s)\n", failures ? "FAILED" : "ok", std::getenv("KVARN_ISA"),
                 failures);
     return failures ? 1 : 0;
@@ -77,6 +131,7 @@ int main()
 {
     if (!std::strcmp(kvarn_active_isa(), "none")) return unusable_isa_checks();
     std::printf("kvarn native test, ISA %s\n", kvarn_active_isa());
+    scan_checks();
     std::mt19937 gen(7);
     std::normal_distribution<float> normal(0.f, 1.f);
     const int formats[][3] = {{4, 2, 128}, {4, 4, 64}, {2, 2, 128}, {8, 8, 64}};
