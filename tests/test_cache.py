@@ -1,4 +1,5 @@
 """KVCache and decode attention against float64 attention over the oracle-decoded cache."""
+import math
 import os
 import pickle
 import re
@@ -537,6 +538,171 @@ def test_nonfinite_fp16_input_is_refused_in_a_long_prompt(where, rng):
     with pytest.raises(ValueError, match="k: contains NaN or Inf"):
         cache.append(k, np.zeros_like(k))
     assert_unchanged(cache, snap)
+
+
+# float32 views of one [H, n, D] append in the layouts callers hand over: a model's K/V token of a
+# [B, H, n, D] tensor (the integration's k[b, :, i:i+1]), strided, transposed and reversed views.
+FLOAT32_TOKEN_LAYOUTS = {
+    "contiguous": lambda a: a[:, :3, :64].copy(),
+    "token of a batch": lambda a: a[:, 5:8, :64],
+    "strided": lambda a: a[:, :6:2, :128:2],
+    "transposed": lambda a: a[:, :64, :3].transpose(0, 2, 1),
+    "reversed": lambda a: a[:, 2::-1, 63::-1],
+    "misaligned": lambda a: misaligned_copy(a[:, :3, :64]),  # out of a byte buffer: check_kv's path
+}
+
+
+def misaligned_copy(a):
+    buf = np.empty(a.nbytes + 1, np.uint8)
+    out = buf[1:].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert not out.flags.aligned
+    return out
+
+
+def rounding_probe(rng):
+    """[2, 300, 200] float32: normal values, and values at the edges of fp16 rounding - ties between
+    two halves (to even), subnormals and their ties, the largest half, signed zeros - placed where
+    every layout above reads them (the first tokens' first and last channels, the first channels'
+    first tokens)."""
+    a = (rng.standard_normal((2, 300, 200)) * 100).astype(np.float32)
+    edge = np.array([1 + 2.0**-11, 1 + 3 * 2.0**-11, -(1 + 2.0**-11), 2.0**-25, 3 * 2.0**-26, 2.0**-24,
+                     2.0**-14, 2.0**-14 - 2.0**-25, 1e-30, 65504.0, -65504.0, 65503.0, 0.0, -0.0], np.float32)
+    for t in range(8):
+        a[:, t, : edge.size] = edge
+        a[:, t, 64 - edge.size : 64] = edge[::-1]
+        a[:, : edge.size, t] = edge
+    return a
+
+
+@pytest.mark.parametrize("cache_type", ["KVCache", "FP16Cache"])
+@pytest.mark.parametrize("layout", FLOAT32_TOKEN_LAYOUTS)
+def test_float32_tokens_into_the_tail_are_their_fp16_rounding(cache_type, layout, rng):
+    """float32 tokens that go only into the tail (a decode step) are checked and rounded in one native
+    pass per tensor (_ops.store_tokens_f16): the same halves as numpy's astype, in any layout."""
+    probe = rounding_probe(rng)
+    k = FLOAT32_TOKEN_LAYOUTS[layout](probe)
+    v = FLOAT32_TOKEN_LAYOUTS[layout](-probe)
+    assert k.shape == (2, 3, 64) and k.dtype == np.float32
+    assert _ops.plain_f32_tokens(k, v, 2, 64) == (layout != "misaligned")
+    if cache_type == "KVCache":
+        cache, _, _ = filled(rng, 2, 64, 250)
+        assert cache.tail_len + 3 < 128  # the tail path
+        cache.append(k, v)
+        got_k, got_v = cache._tail_k[:, cache.tail_len - 3 : cache.tail_len], cache._tail_v[:, cache.tail_len - 3 : cache.tail_len]
+    else:
+        cache = kvarn.FP16Cache(2, 64)
+        cache.append(rng.standard_normal((2, 5, 64)), rng.standard_normal((2, 5, 64)))
+        cache.append(k, v)
+        got_k, got_v = (x[:, 5:] for x in cache.keys_values())
+    np.testing.assert_array_equal(got_k.view(np.uint16), k.astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(got_v.view(np.uint16), v.astype(np.float16).view(np.uint16))
+
+
+@pytest.mark.parametrize("cache_type", ["KVCache", "FP16Cache"])
+@pytest.mark.parametrize("layout", FLOAT32_TOKEN_LAYOUTS)
+@pytest.mark.parametrize("bad, message", [(np.nan, "contains NaN or Inf"), (np.inf, "contains NaN or Inf"),
+                                          (-np.inf, "contains NaN or Inf"), (65505.0, r"values beyond the fp16 range"),
+                                          (-7e4, r"values beyond the fp16 range")])
+@pytest.mark.parametrize("tensor", ["k", "v"])
+def test_bad_float32_tokens_into_the_tail_are_refused(cache_type, layout, bad, message, tensor, rng):
+    """The tail path's native check refuses what check_kv refuses, with its messages (a NaN beside an
+    out-of-range value is named as the NaN), and the cache keeps what it held."""
+    probe = rounding_probe(rng)
+    k = FLOAT32_TOKEN_LAYOUTS[layout](probe.copy())
+    v = FLOAT32_TOKEN_LAYOUTS[layout](probe.copy())
+    target = k if tensor == "k" else v
+    target[1, 2, 63] = bad
+    if not np.isfinite(bad):
+        target[0, 0, 0] = 7e4  # beyond the range too: the non-finite value is what is reported
+    if cache_type == "KVCache":
+        cache, _, _ = filled(rng, 2, 64, 250)
+        snap = snapshot(cache)
+    else:
+        cache = kvarn.FP16Cache(2, 64)
+        cache.append(np.ones((2, 5, 64), np.float32), np.ones((2, 5, 64), np.float32))
+        snap = [x.copy() for x in cache.keys_values()]
+    with pytest.raises(ValueError, match=f"^{tensor}: {message}"):
+        cache.append(k, v)
+    if cache_type == "KVCache":
+        assert_unchanged(cache, snap)
+    else:
+        for a, b in zip(cache.keys_values(), snap):
+            np.testing.assert_array_equal(a, b)
+    cache.append(np.zeros((2, 1, 64), np.float32), np.zeros((2, 1, 64), np.float32))  # still usable
+
+
+def test_scan_f32_rounds_every_half_and_every_tie_as_numpy():
+    """Every finite fp16 value, the float32 midpoints between neighbouring halves (the ties, to even)
+    and the floats one ulp either side of them, up to the largest half: kvarn_scan_f32's fp16 copy
+    equals numpy's astype bit for bit (its inline common case and the subnormal fallback alike)."""
+    from kvarn import _native
+
+    halves = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)  # +0 .. 65504
+    mid = (halves[:-1].astype(np.float64) + halves[1:]) / 2  # exact in float32
+    mid = mid.astype(np.float32)
+    values = np.concatenate([halves, mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf))])
+    values = np.concatenate([values, -values])
+    x = values.reshape(1, 1, -1)
+    out = np.zeros(x.shape, np.uint16)
+    rc, max_abs = _native.scan_f32(x, out, 65504.0)
+    assert rc == _native.OK and max_abs == 65504.0
+    np.testing.assert_array_equal(out, x.astype(np.float16).view(np.uint16))
+
+
+@settings(max_examples=300, deadline=None)
+@given(bits=st.lists(st.one_of(st.integers(0, 2**32 - 1),  # any pattern: NaN, Inf, beyond fp16
+                               st.floats(-65504, 65504, width=32).map(lambda f: int(np.float32(f).view(np.uint32)))),
+                     min_size=1, max_size=70),
+       limit=st.sampled_from([65504.0, 1.0, 0.0]))
+@example(bits=[0x7FC00000, 0x7F800000, 0x477FE000], limit=65504.0)  # NaN beside Inf: NaN
+@example(bits=[0xFF800000, 0x3F800000], limit=65504.0)  # -Inf
+@example(bits=[0x33000000, 0x33000001, 0x387FE000, 0x38800000, 0x80000000], limit=65504.0)  # subnormal ties
+def test_scan_f32_max_abs_and_rounding_match_numpy(bits, limit):
+    """kvarn_scan_f32 on any float32 bit patterns: max |x| (NaN if any NaN, else Inf if any Inf), and
+    the fp16 rounding written exactly when max |x| <= the limit, as numpy's astype(float16)."""
+    from kvarn import _native
+
+    x = np.array(bits, np.uint32).view(np.float32)
+    for view in (x.reshape(1, 1, -1), x[::-1].reshape(1, -1, 1)[:, ::-1]):  # contiguous; reversed, strided
+        out = np.full(view.shape, 0xABCD, np.uint16)
+        rc, max_abs = _native.scan_f32(view, out, limit)
+        assert rc == _native.OK
+        if np.isnan(x).any():
+            assert math.isnan(max_abs)
+        elif np.isinf(x).any():
+            assert max_abs == math.inf
+        else:
+            assert max_abs == float(np.abs(x).max())
+        if max_abs <= limit:
+            np.testing.assert_array_equal(out, view.astype(np.float16).view(np.uint16))
+        else:
+            assert (out == 0xABCD).all()
+
+
+ARRAY_VIEWS = {  # float32 arrays of 0 to 4 dimensions in various layouts (4-D: numpy's max and min)
+    "3-D": lambda a: a, "2-D": lambda a: a[1], "1-D": lambda a: a[1, 2], "0-D": lambda a: a[1, 2, 3, ...],
+    "strided, reversed": lambda a: a[:, ::2, ::-1], "transposed": lambda a: a.transpose(2, 0, 1),
+    "4-D": lambda a: a[None], "misaligned": misaligned_copy,
+    "large": lambda a: np.repeat(a, 2000, axis=1),  # beyond _NATIVE_SCAN_MAX: numpy's max and min
+}
+
+
+@pytest.mark.parametrize("view", ARRAY_VIEWS)
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
+def test_float32_argument_checks_in_any_layout(view, bad, rng):
+    """as_float_array's native pass over float32 (up to 3-D) finds max |x|, NaN and both infinities
+    wherever they sit, as numpy's max and min do."""
+    a = rng.standard_normal((4, 6, 8)).astype(np.float32)
+    x = ARRAY_VIEWS[view](a)
+    if bad is None:
+        x.flat[x.size // 2] = -50.0  # the largest magnitude, negative
+        _, max_abs = _ops.as_float_array(x, "x", with_max_abs=True)
+        assert max_abs == 50.0 == float(np.abs(x).max())
+    else:
+        x.flat[x.size - 1] = bad
+        with pytest.raises(ValueError, match="^x: contains NaN or Inf"):
+            _ops.as_float_array(x, "x", with_max_abs=True)
 
 
 def test_overflow_names_the_tensor_head_and_tokens(rng):

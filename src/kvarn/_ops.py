@@ -138,9 +138,8 @@ def _bfloat16_widened(x):
     return None
 
 
-def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
-    """Checks a float array argument (dtype, rank, finiteness, optional fp16 range). With
-    with_max_abs, returns (x, max |x|) (0.0 for an empty array). bfloat16 is widened to float32."""
+def _plain_float_array(x, name):
+    """x as a plain numpy array of a float dtype in native byte order (bfloat16 widened to float32)."""
     widened = _bfloat16_widened(x)
     if widened is not None:
         x = widened
@@ -162,6 +161,14 @@ def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
         raise TypeError(f"{name}: dtype {x.dtype} is not supported; use float16, bfloat16, float32 or float64")
     if not x.dtype.isnative:  # big-endian data (np.frombuffer of a file, say): the native code reads native order
         x = x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
+def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
+    """Checks a float array argument (dtype, rank, finiteness, optional fp16 range). With
+    with_max_abs, returns (x, max |x|) (0.0 for an empty array). bfloat16 is widened to float32."""
+    if not (type(x) is np.ndarray and x.dtype is F32):  # else the common case, a plain float32 array
+        x = _plain_float_array(x, name)
     if ndim is not None:
         allowed = ndim if isinstance(ndim, tuple) else (ndim,)
         if x.ndim not in allowed:
@@ -169,6 +176,14 @@ def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
             raise ValueError(f"{name}: expected a {want} array, got shape {x.shape}")
     if x.size == 0:
         max_abs = 0.0
+    elif x.dtype is F32 and x.ndim <= 3 and x.size <= _NATIVE_SCAN_MAX and x.flags.aligned:
+        # One native pass (NaN, Inf and max |x| from the bit patterns' integer max) instead of numpy's
+        # max and min: a decode step's small arrays pay two reductions' call overhead otherwise. Large
+        # ones go to numpy, whose wide-vector reductions are faster than the baseline-ISA scan there.
+        rc, max_abs = _native.scan_f32(x.reshape(_AS_3D[x.ndim] + x.shape))
+        check_status(rc, name)
+        if not math.isfinite(max_abs):
+            raise ValueError(f"{name}: contains NaN or Inf")
     elif x.dtype == np.float16 and not with_max_abs:
         # numpy computes in fp16 element by element (|x|.max() of a 32K-token prompt: ~90 ms);
         # the exponent bits say the same in ~4 ms, and every finite fp16 is in range.
@@ -184,6 +199,31 @@ def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
     if fp16_range and x.dtype != np.float16 and max_abs > FP16_MAX:
         raise ValueError(f"{name}: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
     return (x, max_abs) if with_max_abs else x
+
+
+F32 = np.dtype(np.float32)  # the native-order descriptor numpy and torch's .numpy() hand out
+_AS_3D = ((1, 1, 1), (1, 1), (1,), ())  # leading unit axes that make an n-D array 3-D, by n
+_NATIVE_SCAN_MAX = 1 << 16  # elements: as_float_array's native float32 check up to here (numpy's beyond)
+
+
+def plain_f32_tokens(k, v, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether k, v are plain float32 arrays of one append's shape [num_kv_heads, n, head_dim]: the tokens
+    that store_tokens_f16 checks and stores in one native pass each (check_kv checks anything else)."""
+    return (type(k) is np.ndarray and type(v) is np.ndarray and k.dtype is F32 and v.dtype is F32
+            and k.ndim == 3 and k.shape == v.shape and k.shape[0] == num_kv_heads and k.shape[2] == head_dim
+            and k.flags.aligned and v.flags.aligned)
+
+
+def store_tokens_f16(x: np.ndarray, name: str, out: np.ndarray) -> None:
+    """Checks a float32 array x (finite, within the fp16 range, as as_float_array(fp16_range=True)
+    does) and writes its fp16 rounding into out (float16, x's shape, at most 3-D) in the same native
+    pass; on a ValueError out is not written."""
+    rc, max_abs = _native.scan_f32(x, out.view(np.uint16), FP16_MAX)
+    check_status(rc, name)
+    if not math.isfinite(max_abs):
+        raise ValueError(f"{name}: contains NaN or Inf")
+    if max_abs > FP16_MAX:
+        raise ValueError(f"{name}: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
 
 
 _F16_CHECK_CHUNK = 1 << 20  # elements per pass over a long contiguous prompt: a bounded temporary
@@ -519,7 +559,7 @@ def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
     q = check_queries(q, first.num_kv_heads, first.head_dim, ndim=3, scale=scale)
     if q.shape[0] != len(caches):
         raise ValueError(f"q: batch of {q.shape[0]} queries for {len(caches)} caches")
-    return run_attend(q, caches, scale, num_threads, [f"caches[{i}]" for i in range(len(caches))])
+    return run_attend(q, caches, scale, num_threads)
 
 
 def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
@@ -533,22 +573,27 @@ def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
     return run_attend(q[None], [cache], scale, num_threads, ["cache"])[0]
 
 
-def run_attend(q, caches, scale: float, num_threads, names) -> np.ndarray:
-    """The native call for validated queries [B, Hq, D] and caches (names: for errors)."""
+def _cache_name(names, i: int) -> str:
+    return f"caches[{i}]" if names is None else names[i]
+
+
+def run_attend(q, caches, scale: float, num_threads, names=None) -> np.ndarray:
+    """The native call for validated queries [B, Hq, D] and caches (names: what errors call them,
+    by default caches[i])."""
     q32 = np.ascontiguousarray(q, np.float32)
     if not q32.flags.aligned:  # refused by the native code; np.require would cost ~2 us on every call
         q32 = q32.copy()
     out = np.empty_like(q32)
     parts = [c._native_parts() for c in caches]  # the snapshots attended
-    for name, p in zip(names, parts):
+    for i, p in enumerate(parts):
         if p["sink_len"] + p["num_tiles"] + p["tail_len"] == 0:  # emptied (truncated) by another thread
-            raise ValueError(f"{name}: the cache is empty; append tokens before attending")
+            raise ValueError(f"{_cache_name(names, i)}: the cache is empty; append tokens before attending")
     rc = _native.attend(parts, q32, scale, out, resolve_threads(num_threads))
     # check_queries bounds q * scale for keys below the norm real data stays far under; keys decoded
     # from extreme inputs or imported records can exceed it, and then the native call reports a
     # non-finite output (its merge checks each row: free, where a numpy scan cost 3-10 % of a call).
     if rc == _native.ERR_OVERFLOW:
-        bad = [name for name, o in zip(names, out) if not np.isfinite(o).all()]
+        bad = [_cache_name(names, i) for i, o in enumerate(out) if not np.isfinite(o).all()]
         raise ValueError(
             f"q: the attention scores or outputs overflowed float32 for these queries and {', '.join(bad)}; "
             "scale the queries down"

@@ -25,8 +25,10 @@ from ._ops import (
     check_kv,
     check_positive_int,
     get_preset,
+    plain_f32_tokens,
     quantize_tiles_native,
     resolve_threads,
+    store_tokens_f16,
     tile_cut_point,
 )
 from . import _ops
@@ -194,7 +196,11 @@ class KVCache:
 
     def _append(self, k, v, num_threads) -> None:
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
-        k, v = check_kv(k, v, H, D)
+        # float32 tokens (a model's K/V) that only go into the tail are checked and rounded to fp16
+        # in one native pass per tensor, below; anything else is checked by check_kv first.
+        checked_on_store = plain_f32_tokens(k, v, H, D)
+        if not checked_on_store:
+            k, v = check_kv(k, v, H, D)
         threads = resolve_threads(num_threads)
         n = k.shape[1]
         if n == 0:
@@ -212,15 +218,22 @@ class KVCache:
             # other states may read there, is copied first), so a concurrent
             # attend keeps its snapshot; copying the whole tail per token was O(group) per step.
             # Tail buffers are never shared between caches (copy() - also behind copy.copy/deepcopy -,
-            # truncate and from_parts make fresh ones).
+            # truncate and from_parts make fresh ones). Tokens refused there leave bytes past tail_len
+            # only, which nothing reads.
             tail_k, tail_v = self._writable_tail(tail_k, tail_v)
-            tail_k[:, tail_len:rest] = k
-            tail_v[:, tail_len:rest] = v
+            if checked_on_store:
+                store_tokens_f16(k, "k", tail_k[:, tail_len:rest])
+                store_tokens_f16(v, "v", tail_v[:, tail_len:rest])
+            else:
+                tail_k[:, tail_len:rest] = k
+                tail_v[:, tail_len:rest] = v
             staged = self._stage_full_tail(tail_k, tail_v, rest, num_tiles, threads)  # may raise: nothing published
             self._frozen_tail = None
             self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
             self._set_staged(staged)
             return
+        if checked_on_store:  # not stored above: checked as any other tokens
+            k, v = check_kv(k, v, H, D)
         # 1. What goes to the sink.
         new_sink_k = new_sink_v = None
         if to_sink > 0:

@@ -20,7 +20,7 @@ import copy
 import numpy as np
 
 from . import _ops
-from ._ops import check_head_dim, check_kv, check_positive_int
+from ._ops import check_head_dim, check_kv, check_positive_int, plain_f32_tokens, store_tokens_f16
 
 
 class FP16Cache:
@@ -53,7 +53,9 @@ class FP16Cache:
         """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16, bfloat16, float32 or
         float64, stored as their fp16 rounding."""
         H, D = self.num_kv_heads, self.head_dim
-        k, v = check_kv(k, v, H, D)
+        checked_on_store = plain_f32_tokens(k, v, H, D)  # float32: checked as they are stored, below
+        if not checked_on_store:
+            k, v = check_kv(k, v, H, D)
         n = k.shape[1]
         if n == 0:
             return
@@ -68,8 +70,13 @@ class FP16Cache:
                     new[:, :length] = old[:, :length]
                     grown.append(new)
                 kbuf, vbuf = grown
-            kbuf[:, length:need] = k  # past the published length: no reader looks there
-            vbuf[:, length:need] = v
+            # Past the published length: no reader looks there (nor at what a refused token leaves).
+            if checked_on_store:
+                store_tokens_f16(k, "k", kbuf[:, length:need])
+                store_tokens_f16(v, "v", vbuf[:, length:need])
+            else:
+                kbuf[:, length:need] = k
+                vbuf[:, length:need] = v
             self._state = (kbuf, vbuf, need)
 
     def copy(self) -> "FP16Cache":
