@@ -49,10 +49,10 @@ def fp16_kernel_layer_class():
     fp16-cache kernel: what kvarn's own speed is measured against, inside the model. Greedy batch-1
     decoding only (no rollback, masks or crops: a benchmark baseline, not an API). One class per process,
     so that main() can time its attend_pending."""
-    import numpy as np
     import torch
 
     import kvarn
+    from kvarn._ops import check_queries, check_scale, run_attend
     from kvarn.integrations.transformers import KVarNLayer, _to_numpy
 
     class FP16KernelLayer(KVarNLayer):
@@ -68,13 +68,19 @@ def fp16_kernel_layer_class():
             self._pending = None
             k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
             B, Hq, n, D = query.shape
-            out = np.empty((B, n, Hq, D), np.float32)
+            out_tensor = torch.empty((B, n, Hq, D), dtype=torch.float32)
+            out = out_tensor.numpy()
+            # The same host path as KVarNLayer.attend_pending: the query checked, the caches not again.
+            scale = check_scale(scaling, D)
             for i in range(n):
                 for b, c in enumerate(self.caches):
                     c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
-                out[:, i] = kvarn.attend_fp16_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
+                qi = check_queries(q[:, :, i], self.caches[0].num_kv_heads, D, ndim=3, scale=scale)
+                out[:, i] = run_attend(qi, self.caches, scale, None)
             self.cumulative_length += n
-            return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
+            if query.dtype is torch.float32 and query.is_cpu:
+                return out_tensor
+            return out_tensor.to(device=query.device, dtype=query.dtype)
 
     return FP16KernelLayer
 

@@ -96,7 +96,7 @@ except ImportError as e:  # torch or transformers missing, or a transformers wit
 
 import kvarn
 from .._ops import check_head_dim as kvarn_check_head_dim
-from .._ops import check_positive_int
+from .._ops import check_positive_int, check_queries, check_scale, run_attend
 
 ATTN_IMPLEMENTATION = "kvarn"
 _TAG = "_kvarn_layer"  # attribute set on a key tensor whose attention kvarn must do
@@ -292,6 +292,8 @@ def _check_tensor(x, name: str, ndim: int = 4) -> None:
 
 
 def _to_numpy(x: torch.Tensor) -> np.ndarray:
+    if x.dtype is torch.float32 and x.is_cpu and not x.requires_grad:  # a float32 model's step: no copy, no cast
+        return x.numpy()
     return x.detach().to("cpu", torch.float32).numpy()
 
 
@@ -584,18 +586,23 @@ class KVarNLayer(CacheLayerMixin):
             if attention_mask is not None:
                 setattr(attention_mask, _MASK_CHECKED, verdict)
         k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
-        out = np.empty((B, n, Hq, D), np.float32)
+        out_tensor = torch.empty((B, n, Hq, D), dtype=torch.float32)
+        out = out_tensor.numpy()
         # A rejected token (NaN, a tile whose scales overflow fp16, a bad query) must not leave some rows
         # holding it: every row returns to its checkpoint, exactly (also across a tile quantised since).
         before = [c.checkpoint() for c in self.caches]
         try:
+            # kvarn.attend_batch without its checks of the caches, which this layer made alike (heads,
+            # head_dim) and has just appended to: per layer and step they cost more than the query's.
+            scale = check_scale(scaling, D)
             for i in range(n):
                 for b, c in enumerate(self.caches):
                     try:
                         c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
                     except ValueError as e:
                         raise self._row_error(b, e) from e
-                out[:, i] = kvarn.attend_batch(np.ascontiguousarray(q[:, :, i]), self.caches, scaling)
+                qi = check_queries(q[:, :, i], self.caches[0].num_kv_heads, D, ndim=3, scale=scale)
+                out[:, i] = run_attend(qi, self.caches, scale, None)
         except BaseException as e:
             for c, checkpoint in zip(self.caches, before):
                 c.rollback(checkpoint)
@@ -603,13 +610,16 @@ class KVarNLayer(CacheLayerMixin):
             raise
         journal = self._journal if self._journal is not None and self._journal.active else None
         ring_saved = [] if journal is not None else None
-        for b, c in enumerate(self.caches):
-            self._remember(b, len(c) - n, k[b], v[b], ring_saved)
+        if self.crop_window:
+            for b, c in enumerate(self.caches):
+                self._remember(b, len(c) - n, k[b], v[b], ring_saved)
         self.cumulative_length += n
         if journal is not None:  # the checkpoints live until every layer has taken the step
             journal.add(functools.partial(self._undo_step, before, n, ring_saved))
             journal.took()
-        return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
+        if query.dtype is torch.float32 and query.is_cpu:
+            return out_tensor
+        return out_tensor.to(device=query.device, dtype=query.dtype)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.cumulative_length + query_length, 0
