@@ -203,7 +203,7 @@ def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
 
 F32 = np.dtype(np.float32)  # the native-order descriptor numpy and torch's .numpy() hand out
 _AS_3D = ((1, 1, 1), (1, 1), (1,), ())  # leading unit axes that make an n-D array 3-D, by n
-_NATIVE_SCAN_MAX = 1 << 16  # elements: as_float_array's native float32 check up to here (numpy's beyond)
+_NATIVE_SCAN_MAX = 8192  # elements: as_float_array's native float32 check up to here (faster there; numpy's beyond)
 
 
 def plain_f32_tokens(k, v, num_kv_heads: int, head_dim: int) -> bool:
