@@ -63,9 +63,10 @@ what it stores is a detached copy.
 Threads: kvarn's decode calls use ``kvarn.set_num_threads`` (default: every core), next to torch's own
 pool. On a machine with few cores, short contexts can decode faster with ``kvarn.set_num_threads(1)``
 (inside SmolLM2 on a 2-core Xeon, a layer's call at 1K tokens took 66-70 µs on one thread against 90-97 µs on
-two: woken for the call, kvarn's helper often ran on the caller's own CPU, the other one busy with torch's
-OpenMP worker, and took over the work while the caller waited; at 8K the two were about even, 212-245 against
-227-240 µs over two days' runs; benchmarks/RESULTS.md §5).
+two: waking kvarn's helper for a call that comes alone costs more than the helper brings - it often ran on the
+caller's own CPU and took over the work while the caller waited, also with torch's OpenMP workers asleep
+(OMP_WAIT_POLICY=PASSIVE); at 8K the two were about even, 212-245 against 227-240 µs over two days' runs;
+benchmarks/RESULTS.md §5).
 Measured end to end: ``benchmarks/bench_generate.py``.
 Needs torch and transformers >= 5.24, < 6: the ``transformers`` extra (``pip install "kvarn[transformers]"``;
 the ``eval`` extra pins torch 2.13.0 and bounds the rest; the published numbers were measured with
