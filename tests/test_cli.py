@@ -79,6 +79,19 @@ def test_demo_synthetic_and_other_preset():
     r = run("demo", "--synthetic", "--preset", "k4v4_g128", "--repeats", "1", "--queries", "1")
     assert r.returncode == 0, r.stderr
     assert "SYNTHETIC" in r.stdout and "k4v4_g128" in r.stdout
+    mean = [line for line in r.stdout.splitlines() if line.strip().startswith("mean")][0].split()
+    kvarn_mb, fp16_mb, ratio = float(mean[1]), float(mean[2]), float(mean[3].rstrip("x"))
+    kvarn_err, kivi_err = float(mean[4]), float(mean[5])
+    # The synthetic layer: 8 kv heads x 4096 tokens x 128; k4v4_g128 keeps a 128-token fp16 sink and 31
+    # whole records (SPEC §6: 4-bit K and V codes, ka kz kt, vc va vz) and no tail.
+    hk, n, d, G = 8, 4096, 128, 128
+    record = d * G // 2 + 4 * d + 2 * G + G * d // 2 + 2 * d + 4 * G
+    cache_bytes = G * hk * d * 4 + (n - G) // G * hk * record
+    assert fp16_mb == pytest.approx(n * hk * d * 4 / 1e6, abs=6e-4)  # printed with 3 decimals
+    assert kvarn_mb == pytest.approx(cache_bytes / 1e6, abs=6e-4)
+    assert ratio == pytest.approx(n * hk * d * 4 / cache_bytes, abs=0.006)
+    # Deterministic sample: k4v4 KVarN beats KIVI's error at the same code bits here too.
+    assert 0 < kvarn_err < kivi_err < 1.0
 
 
 def test_demo_into_a_closed_pipe_stops_quietly():
