@@ -625,7 +625,10 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
 }
 
 // kvarn::float_to_half with its common case inline: a normal half that does not overflow, rounded
-// to nearest even by adding the carry ((rem + odd) > half-ulp) to the truncated bits.
+// to nearest even by adding the carry ((rem + odd) > half-ulp) to the truncated bits. Static here, not
+// an inline in kernels.h: the ISA files include that header, and the linker could pick their copy of
+// an inline function (with AVX-512 in it) for this baseline file. The out-of-line call per element
+// made a 4096-element store ~2.6x slower.
 static inline uint16_t to_half_bits(float f)
 {
     uint32_t x;
@@ -636,6 +639,15 @@ static inline uint16_t to_half_bits(float f)
         return (uint16_t)(sign | (q + ((rem + (q & 1u)) > 0x1000u ? 1u : 0u)));
     }
     return kvarn::float_to_half(f);  // subnormals, zeros, overflow, Inf and NaN
+}
+
+// |x|'s bit pattern (sign cleared) as a signed int: IEEE order is integer order there, and NaNs lie
+// above +Inf, so the integer max of these finds the maximum, any Inf and any NaN at once.
+static inline int32_t abs_bits(const float* p)
+{
+    uint32_t bits;
+    std::memcpy(&bits, p, 4);
+    return (int32_t)(bits & 0x7fffffffu);
 }
 
 int kvarn_scan_f32(const float* x, const int64_t shape[3], const int64_t x_strides[3], float* max_abs,
@@ -650,34 +662,22 @@ int kvarn_scan_f32(const float* x, const int64_t shape[3], const int64_t x_strid
         return KVARN_OK;
     }
     if (!x || !aligned(x, 4) || (out && !aligned(out, 2))) return KVARN_ERR_ARGUMENT;
+    const int64_t s0 = x_strides[0], s1 = x_strides[1], s2 = x_strides[2];
     // Contiguous axes scanned as one row (a prompt's [H, n, D]: one long loop, not H·n short ones).
-    int64_t s0 = x_strides[0], s1 = x_strides[1], s2 = x_strides[2], m0 = n0, m1 = n1, m2 = n2;
-    if (s2 == 1 && s1 == m2) {
-        m2 *= m1, m1 = 1, s1 = m2;
-        if (s0 == m2) m2 *= m0, m0 = 1, s0 = m2;
+    int64_t rows0 = n0, rows1 = n1, len = n2;
+    if (s2 == 1 && s1 == n2) {
+        len = n1 * n2, rows1 = 1;
+        if (s0 == len) len *= n0, rows0 = 1;
     }
-    // The largest |x| as its bit pattern (sign cleared): IEEE order is integer order there, and
-    // NaNs lie above +Inf, so one integer max finds the maximum, any Inf and any NaN at once;
-    // with a unit stride the compiler vectorises it (baseline SSE2 has the signed compare).
     int32_t top = 0;
-    for (int64_t i = 0; i < m0; ++i)
-        for (int64_t j = 0; j < m1; ++j) {
+    for (int64_t i = 0; i < rows0; ++i)
+        for (int64_t j = 0; j < rows1; ++j) {
             const float* row = x + i * s0 + j * s1;
-            int32_t m = top;
+            int32_t m = top;  // a local maximum: the unit-stride loop vectorises (SSE2's signed compare)
             if (s2 == 1) {
-                for (int64_t t = 0; t < m2; ++t) {
-                    uint32_t bits;
-                    std::memcpy(&bits, row + t, 4);
-                    const int32_t a = (int32_t)(bits & 0x7fffffffu);
-                    m = a > m ? a : m;
-                }
+                for (int64_t t = 0; t < len; ++t) m = std::max(m, abs_bits(row + t));
             } else {
-                for (int64_t t = 0; t < m2; ++t) {
-                    uint32_t bits;
-                    std::memcpy(&bits, row + t * s2, 4);
-                    const int32_t a = (int32_t)(bits & 0x7fffffffu);
-                    m = a > m ? a : m;
-                }
+                for (int64_t t = 0; t < len; ++t) m = std::max(m, abs_bits(row + t * s2));
             }
             top = m;
         }
@@ -686,13 +686,12 @@ int kvarn_scan_f32(const float* x, const int64_t shape[3], const int64_t x_strid
     std::memcpy(&largest, &top_bits, 4);
     *max_abs = largest;  // a NaN stays a NaN; Inf stays Inf
     if (!out || !(largest <= f16_limit)) return KVARN_OK;
-    // In the original axes: out may have other strides than x.
-    const int64_t o0 = out_strides[0], o1 = out_strides[1], o2 = out_strides[2];
+    const int64_t o0 = out_strides[0], o1 = out_strides[1], o2 = out_strides[2];  // in the original axes
     for (int64_t i = 0; i < n0; ++i)
         for (int64_t j = 0; j < n1; ++j) {
-            const float* row = x + i * x_strides[0] + j * x_strides[1];
+            const float* row = x + i * s0 + j * s1;
             uint16_t* dst = out + i * o0 + j * o1;
-            for (int64_t t = 0; t < n2; ++t) dst[t * o2] = to_half_bits(row[t * x_strides[2]]);
+            for (int64_t t = 0; t < n2; ++t) dst[t * o2] = to_half_bits(row[t * s2]);
         }
     return KVARN_OK;
 }
