@@ -648,6 +648,15 @@ def test_scan_f32_rounds_every_half_and_every_tie_as_numpy():
     rc, max_abs = _native.scan_f32(x, out, 65504.0)
     assert rc == _native.OK and max_abs == 65504.0
     np.testing.assert_array_equal(out, x.astype(np.float16).view(np.uint16))
+    # The wrapper's own refusals: no array, another dtype, an out of another shape or read-only.
+    with pytest.raises(TypeError):
+        _native.scan_f32(None)
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        _native.scan_f32(x.astype(np.float64))
+    with pytest.raises(ValueError, match="out's shape differs"):
+        _native.scan_f32(x, out[:, :, 1:], 65504.0)
+    with pytest.raises(ValueError, match="read-only"):
+        _native.scan_f32(x, np.broadcast_to(np.zeros(1, np.uint16), x.shape), 65504.0)
 
 
 @settings(max_examples=300, deadline=None)

@@ -248,7 +248,7 @@ def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] o
     return rc
 
 
-def scan_f32(const float[:, :, :] x, uint16_t[:, :, :] out=None, float f16_limit=0.0):
+def scan_f32(const float[:, :, :] x not None, uint16_t[:, :, :] out=None, float f16_limit=0.0):
     """(status, max |x|) of a float32 array (NaN if it holds a NaN, inf if an Inf); with out
     (uint16 bits of an fp16 array of x's shape), also writes x's fp16 rounding there when
     max |x| <= f16_limit (see kvarn_scan_f32)."""
