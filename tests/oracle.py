@@ -39,11 +39,20 @@ def _imbalance(cur):
 
 def balance(x: np.ndarray, iters: int = ITERS):
     """SPEC §3: returns (r, c, imbalance of the chosen candidate, imbalance of the identity)."""
+    candidates = balance_candidates(x, iters)
+    best = candidates[0]
+    for cand in candidates[1:]:
+        if cand[2] <= best[2]:  # ties: the later candidate
+            best = cand
+    return best[0], best[1], best[2], candidates[0][2]
+
+
+def balance_candidates(x: np.ndarray, iters: int = ITERS) -> list:
+    """SPEC §3's candidates in order, (r, c, imbalance) each: the identity, then one per round."""
     x = np.asarray(x, np.float64)
     lr = np.zeros(x.shape[0])
     lc = np.zeros(x.shape[1])
-    identity = _imbalance(x)
-    best = (np.ones_like(lr), np.ones_like(lc), identity)
+    candidates = [(np.ones_like(lr), np.ones_like(lc), _imbalance(x))]
     for _ in range(iters):
         cur = x / np.exp(lc)[None, :] / np.exp(lr)[:, None]
         cs = np.clip(cur.std(axis=0, ddof=1), 1e-3, 1e3)
@@ -52,10 +61,8 @@ def balance(x: np.ndarray, iters: int = ITERS):
         rs = np.clip(cur.std(axis=1, ddof=1), 1e-3, 1e3)
         lr = np.clip(lr + np.log(rs), -0.3, 10.0)
         cur = x / np.exp(lc)[None, :] / np.exp(lr)[:, None]
-        imb = _imbalance(cur)
-        if imb <= best[2]:
-            best = (np.exp(lr), np.exp(lc), imb)
-    return best[0], best[1], best[2], identity
+        candidates.append((np.exp(lr), np.exp(lc), _imbalance(cur)))
+    return candidates
 
 
 def rtn(b: np.ndarray, bits: int):
@@ -72,12 +79,13 @@ def rtn(b: np.ndarray, bits: int):
 
 def quantize_matrix(x: np.ndarray, bits: int, iters: int = ITERS) -> dict:
     """Balance + RTN of a rows x cols matrix; a[row] = r*scale, z[row] = r*lo, col[col] = c."""
+    candidates = balance_candidates(x, iters)
     r, c, imb, imb_identity = balance(x, iters)
     b = x / c[None, :] / r[:, None]
     codes, scale, lo, quotient = rtn(b, bits)
     return dict(
         codes=codes, a=r * scale, z=r * lo, col=c, r=r, c=c, scale=scale, lo=lo,
-        quotient=quotient, balanced=b, imbalance=imb, imbalance_identity=imb_identity,
+        quotient=quotient, balanced=b, imbalance=imb, imbalance_identity=imb_identity, candidates=candidates,
     )
 
 
@@ -183,17 +191,28 @@ def assert_codes_match(native_codes, oracle_part):
     assert diff.mean() < 0.01
 
 
+# Imbalances this close (relative) are ties for the native quantiser: its statistics are float32
+# sums finished in double, within 8n ulp of the variance where they are used (sinkhorn.h), 8 * 128 *
+# 2^-24 = 6e-5 at a 128-token tile, so it may order such candidates either way.
+IMBALANCE_TIE = 1e-4
+
+
 def assert_fields_match_oracle(f, ref):
     """One head's parsed record fields against oracle.quantize_tile's."""
     assert_codes_match(f["k_codes"], ref["k"])
     assert_codes_match(f["v_codes"], ref["v"])
     for part, (a, z, col) in [("k", ("ka", "kz", "kt")), ("v", ("va", "vz", "vc"))]:
-        # (r * alpha, c / alpha) is the same balancing for any alpha; converged tiles reach
-        # imbalance ties below float32 resolution (e.g. 2.00000010 vs 2.00000001), and the
-        # candidates on either side differ by such a factor (~0.5 %), not in r ⊗ c. Compare
-        # the fields with that gauge factor removed, and the factor itself loosely.
+        # (r * alpha, c / alpha) is the same balancing for any alpha; converged rounds' candidates
+        # reach imbalances that differ below the float32 statistics' resolution (e.g. 2.0000022
+        # vs 2.0000000), while each round moves the gauge by up to ~1 %, not r ⊗ c. So the native
+        # quantiser may keep any candidate tied with the oracle's best: alpha must be the gauge of
+        # one of those (fp16 rounding aside), and the fields match with alpha removed.
         alpha = np.median(f[col] / ref[part]["col"])
-        assert abs(alpha - 1) < 0.02, f"{col}: gauge factor {alpha}"
+        best = ref[part]["imbalance"]
+        tied = [np.median(c / ref[part]["col"]) for _, c, imb in ref[part]["candidates"]
+                if imb <= best * (1 + IMBALANCE_TIE)]
+        assert min(tied) * (1 - 2e-3) <= alpha <= max(tied) * (1 + 2e-3), \
+            f"{col}: gauge factor {alpha}, tied candidates' {tied}"
         for name, got, ref_vec in [(a, f[a] * alpha, ref[part]["a"]), (z, f[z] * alpha, ref[part]["z"]),
                                    (col, f[col] / alpha, ref[part]["col"])]:
             scale = np.abs(ref_vec).max()

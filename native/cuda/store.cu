@@ -110,10 +110,11 @@ struct TileMatrix {
 };
 
 // The statistics and log/exp of native/cpu/scalar/sinkhorn_scalar.cpp, operation for operation
-// (explicit roundings: nvcc would otherwise contract a * b + c into an FMA, the CPU does not).
+// (explicit roundings: nvcc would otherwise contract the CPU's separate a * b + c into FMAs; its one
+// fused step, y * y into sum_sq, is written as one).
 //
 // Unbiased std over k < n of y = X(k) * w[k] (float products), as weighted_*_std there: float
-// sums sum += y, sum_sq += y * y in k order, finished in double; where the mean dominates
+// sums sum += y, sum_sq = fma(y, y, sum_sq) in k order, finished in double; where the mean dominates
 // (dev < q / 8) or sum_sq overflows, redone with sums in double (weighted_std_double). One
 // thread per column or row: the sums' order is the CPU's, so the result is bit-identical.
 // recip: 1/rows, 1/(rows - 1), 1/cols, 1/(cols - 1) (double, computed once per block).
@@ -130,7 +131,7 @@ __device__ __forceinline__ double weighted_std_t(const TileMatrix& m, int o, con
     for (int k = 0; k < n; ++k) {
         const float y = __fmul_rn(p[k * step], w[k]);
         sum = __fadd_rn(sum, y);
-        sum_sq = __fadd_rn(sum_sq, __fmul_rn(y, y));
+        sum_sq = __fmaf_rn(y, y, sum_sq);  // fused, as the CPU's
     }
     {
         // Multiplications by 1/n and 1/(n-1), as the CPU since 1d232ed (exact for n a power of two).
