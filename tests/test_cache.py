@@ -577,14 +577,16 @@ def rounding_probe(rng):
 
 @pytest.mark.parametrize("cache_type", ["KVCache", "FP16Cache"])
 @pytest.mark.parametrize("layout", FLOAT32_TOKEN_LAYOUTS)
-def test_float32_tokens_into_the_tail_are_their_fp16_rounding(cache_type, layout, rng):
-    """float32 tokens that go only into the tail (a decode step) are checked and rounded in one native
-    pass per tensor (_ops.store_tokens_f16): the same halves as numpy's astype, in any layout."""
-    probe = rounding_probe(rng)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_plain_tokens_into_the_tail_are_their_fp16_rounding(cache_type, layout, dtype, rng):
+    """float32 and float16 tokens that go only into the tail (a decode step) are checked and stored in
+    one native pass per tensor (_ops.store_tokens_f16): the same halves as numpy's astype (float16:
+    the same bits), in any layout."""
+    probe = rounding_probe(rng).astype(dtype)
     k = FLOAT32_TOKEN_LAYOUTS[layout](probe)
     v = FLOAT32_TOKEN_LAYOUTS[layout](-probe)
-    assert k.shape == (2, 3, 64) and k.dtype == np.float32
-    assert _ops.plain_f32_tokens(k, v, 2, 64) == (layout != "misaligned")
+    assert k.shape == (2, 3, 64) and k.dtype == dtype
+    assert _ops.plain_tokens(k, v, 2, 64) == (layout != "misaligned")
     if cache_type == "KVCache":
         cache, _, _ = filled(rng, 2, 64, 250)
         assert cache.tail_len + 3 < 128  # the tail path
@@ -601,20 +603,21 @@ def test_float32_tokens_into_the_tail_are_their_fp16_rounding(cache_type, layout
 
 @pytest.mark.parametrize("cache_type", ["KVCache", "FP16Cache"])
 @pytest.mark.parametrize("layout", FLOAT32_TOKEN_LAYOUTS)
-@pytest.mark.parametrize("bad, message", [(np.nan, "contains NaN or Inf"), (np.inf, "contains NaN or Inf"),
-                                          (-np.inf, "contains NaN or Inf"), (65505.0, r"values beyond the fp16 range"),
-                                          (-7e4, r"values beyond the fp16 range")])
+@pytest.mark.parametrize("dtype, bad, message", [
+    *[(dtype, bad, "contains NaN or Inf") for dtype in (np.float32, np.float16) for bad in (np.nan, np.inf, -np.inf)],
+    (np.float32, 65505.0, r"values beyond the fp16 range"), (np.float32, -7e4, r"values beyond the fp16 range"),
+])  # float16 holds no finite value beyond its own range
 @pytest.mark.parametrize("tensor", ["k", "v"])
-def test_bad_float32_tokens_into_the_tail_are_refused(cache_type, layout, bad, message, tensor, rng):
+def test_bad_plain_tokens_into_the_tail_are_refused(cache_type, layout, dtype, bad, message, tensor, rng):
     """The tail path's native check refuses what check_kv refuses, with its messages (a NaN beside an
-    out-of-range value is named as the NaN), and the cache keeps what it held."""
-    probe = rounding_probe(rng)
+    out-of-range value or an Inf is named as the NaN), and the cache keeps what it held."""
+    probe = rounding_probe(rng).astype(dtype)
     k = FLOAT32_TOKEN_LAYOUTS[layout](probe.copy())
     v = FLOAT32_TOKEN_LAYOUTS[layout](probe.copy())
     target = k if tensor == "k" else v
     target[1, 2, 63] = bad
     if not np.isfinite(bad):
-        target[0, 0, 0] = 7e4  # beyond the range too: the non-finite value is what is reported
+        target[0, 0, 0] = 7e4 if dtype == np.float32 else -np.inf  # also out of range / Inf: the NaN or Inf is reported
     if cache_type == "KVCache":
         cache, _, _ = filled(rng, 2, 64, 250)
         snap = snapshot(cache)
@@ -689,7 +692,49 @@ def test_scan_f32_max_abs_and_rounding_match_numpy(bits, limit):
             assert (out == 0xABCD).all()
 
 
-ARRAY_VIEWS = {  # float32 arrays of 0 to 4 dimensions in various layouts (4-D: numpy's max and min)
+@settings(max_examples=300, deadline=None)
+@given(bits=st.lists(st.integers(0, 2**16 - 1), min_size=1, max_size=70))  # any pattern: NaN, Inf, ±0, subnormals
+@example(bits=[0x7E01, 0x7C00, 0x7BFF])  # NaN beside Inf: NaN
+@example(bits=[0xFC00, 0x3C00])  # -Inf
+@example(bits=[0xFBFF, 0x0001, 0x8000])  # the largest magnitude negative
+def test_scan_f16_max_abs_and_copy(bits):
+    """kvarn_scan_f16 on any binary16 bit patterns: max |x| as numpy computes it (NaN if any NaN, else Inf
+    if any Inf), and x copied bit for bit exactly when it holds neither; strided and reversed views."""
+    from kvarn import _native
+
+    x = np.array(bits, np.uint16)
+    f = x.view(np.float16)
+    for view in (x.reshape(1, 1, -1), x[::-1].reshape(1, -1, 1)[:, ::-1]):  # contiguous; reversed, strided
+        out = np.full(view.shape, 0xABCD, np.uint16)
+        rc, max_abs = _native.scan_f16(view, out)
+        assert rc == _native.OK
+        if np.isnan(f).any():
+            assert math.isnan(max_abs)
+        elif np.isinf(f).any():
+            assert max_abs == math.inf
+        else:
+            assert max_abs == float(np.abs(f.astype(np.float32)).max())
+            np.testing.assert_array_equal(out, view)
+        if not math.isfinite(max_abs):
+            assert (out == 0xABCD).all()
+
+
+def test_scan_f16_wrapper_refusals():
+    """The wrapper's own refusals: no array, another dtype, an out of another shape or read-only."""
+    from kvarn import _native
+
+    x = np.zeros((1, 2, 3), np.uint16)
+    with pytest.raises(TypeError):
+        _native.scan_f16(None)
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        _native.scan_f16(x.astype(np.float32))
+    with pytest.raises(ValueError, match="out's shape differs"):
+        _native.scan_f16(x, np.zeros((1, 2, 2), np.uint16))
+    with pytest.raises(ValueError, match="read-only"):
+        _native.scan_f16(x, np.broadcast_to(np.zeros(1, np.uint16), x.shape))
+
+
+ARRAY_VIEWS = {  # float arrays of 0 to 4 dimensions in various layouts (4-D: numpy's max and min)
     "3-D": lambda a: a, "2-D": lambda a: a[1], "1-D": lambda a: a[1, 2], "0-D": lambda a: a[1, 2, 3, ...],
     "strided, reversed": lambda a: a[:, ::2, ::-1], "transposed": lambda a: a.transpose(2, 0, 1),
     "4-D": lambda a: a[None], "misaligned": misaligned_copy,
@@ -699,10 +744,11 @@ ARRAY_VIEWS = {  # float32 arrays of 0 to 4 dimensions in various layouts (4-D: 
 
 @pytest.mark.parametrize("view", ARRAY_VIEWS)
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
-def test_float32_argument_checks_in_any_layout(view, bad, rng):
-    """as_float_array's native pass over float32 (up to 3-D) finds max |x|, NaN and both infinities
-    wherever they sit, as numpy's max and min do."""
-    a = rng.standard_normal((4, 6, 8)).astype(np.float32)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_float_argument_checks_in_any_layout(view, bad, dtype, rng):
+    """as_float_array's native pass over float32 and float16 (up to 3-D) finds max |x|, NaN and both
+    infinities wherever they sit, as numpy's max and min do."""
+    a = rng.standard_normal((4, 6, 8)).astype(dtype)
     x = ARRAY_VIEWS[view](a)
     if bad is None:
         x.flat[x.size // 2] = -50.0  # the largest magnitude, negative

@@ -185,6 +185,13 @@ int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, flo
 int kvarn_scan_f32(const float* x, const int64_t shape[3], const int64_t x_strides[3], float* max_abs,
                    uint16_t* out, const int64_t out_strides[3], float f16_limit);
 
+/* kvarn_scan_f32 for IEEE binary16 input (x: the bit patterns, 2-byte aligned): *max_abs = the
+ * largest |x| as a float (exact; NaN / +Inf as above), and x copied to out when it holds neither
+ * (every finite half is in range; out must not overlap x). A half-precision model's decode token:
+ * one call per tensor. */
+int kvarn_scan_f16(const uint16_t* x, const int64_t shape[3], const int64_t x_strides[3], float* max_abs,
+                   uint16_t* out, const int64_t out_strides[3]);
+
 /* Threads that num_threads <= 0 stands for. */
 int32_t kvarn_default_threads(void);
 

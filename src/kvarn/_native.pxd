@@ -56,6 +56,8 @@ cdef extern from "kvarn/kvarn.h" nogil:
     int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, float* r, float* c)
     int kvarn_scan_f32(const float* x, const int64_t* shape, const int64_t* x_strides, float* max_abs,
                        uint16_t* out, const int64_t* out_strides, float f16_limit)
+    int kvarn_scan_f16(const uint16_t* x, const int64_t* shape, const int64_t* x_strides, float* max_abs,
+                       uint16_t* out, const int64_t* out_strides)
     int32_t kvarn_default_threads()
     int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper,
                                  int64_t* finished, int32_t* faulted)

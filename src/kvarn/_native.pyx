@@ -248,6 +248,26 @@ def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] o
     return rc
 
 
+cdef bint _element_strides(const Py_ssize_t* strides, int itemsize, int64_t* out) noexcept nogil:
+    """out[i] = strides[i] / itemsize; False if a stride is not a whole number of elements."""
+    cdef int i
+    for i in range(3):
+        if strides[i] % itemsize:
+            return False
+        out[i] = strides[i] // itemsize
+    return True
+
+
+cdef int _out_strides(uint16_t[:, :, :] out, const Py_ssize_t* shape, int64_t* strides) except -1:
+    """out's element strides, after checking its shape is x's (a ValueError) - 0, or 1 when a stride
+    is odd (the caller returns KVARN_ERR_ARGUMENT)."""
+    cdef int i
+    for i in range(3):
+        if out.shape[i] != shape[i]:
+            raise ValueError("scan: out's shape differs from x's")
+    return 0 if _element_strides(out.strides, 2, strides) else 1
+
+
 def scan_f32(const float[:, :, :] x not None, uint16_t[:, :, :] out=None, float f16_limit=0.0):
     """(status, max |x|) of a float32 array (NaN if it holds a NaN, inf if an Inf); with out
     (uint16 bits of an fp16 array of x's shape), also writes x's fp16 rounding there when
@@ -264,21 +284,44 @@ def scan_f32(const float[:, :, :] x not None, uint16_t[:, :, :] out=None, float 
         x_ptr = &x[0, 0, 0]
     for i in range(3):
         shape[i] = x.shape[i]
-        if x.strides[i] % 4:
-            return KVARN_ERR_ARGUMENT, 0.0
-        x_strides[i] = x.strides[i] // 4
+    if not _element_strides(x.strides, 4, x_strides):
+        return KVARN_ERR_ARGUMENT, 0.0
     if out is not None:
-        for i in range(3):
-            if out.shape[i] != x.shape[i]:
-                raise ValueError("scan_f32: out's shape differs from x's")
-            if out.strides[i] % 2:
-                return KVARN_ERR_ARGUMENT, 0.0
-            out_strides[i] = out.strides[i] // 2
+        if _out_strides(out, x.shape, out_strides):
+            return KVARN_ERR_ARGUMENT, 0.0
         if not empty:
             out_ptr = &out[0, 0, 0]
     with nogil:
         rc = kvarn_scan_f32(x_ptr, shape, x_strides, &max_abs,
                             out_ptr, out_strides, f16_limit)
+    return rc, max_abs
+
+
+def scan_f16(const uint16_t[:, :, :] x not None, uint16_t[:, :, :] out=None):
+    """(status, max |x|) of an fp16 array given as its uint16 bits (NaN if it holds a NaN, inf if
+    an Inf); with out (uint16, x's shape), also copies x there when it holds neither (see
+    kvarn_scan_f16)."""
+    cdef int64_t shape[3]
+    cdef int64_t x_strides[3]
+    cdef int64_t out_strides[3]
+    cdef float max_abs = 0.0
+    cdef int rc, i
+    cdef bint empty = x.shape[0] == 0 or x.shape[1] == 0 or x.shape[2] == 0
+    cdef uint16_t* out_ptr = NULL
+    cdef const uint16_t* x_ptr = NULL
+    if not empty:
+        x_ptr = &x[0, 0, 0]
+    for i in range(3):
+        shape[i] = x.shape[i]
+    if not _element_strides(x.strides, 2, x_strides):
+        return KVARN_ERR_ARGUMENT, 0.0
+    if out is not None:
+        if _out_strides(out, x.shape, out_strides):
+            return KVARN_ERR_ARGUMENT, 0.0
+        if not empty:
+            out_ptr = &out[0, 0, 0]
+    with nogil:
+        rc = kvarn_scan_f16(x_ptr, shape, x_strides, &max_abs, out_ptr, out_strides)
     return rc, max_abs
 
 

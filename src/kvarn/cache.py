@@ -25,7 +25,7 @@ from ._ops import (
     check_kv,
     check_positive_int,
     get_preset,
-    plain_f32_tokens,
+    plain_tokens,
     quantize_tiles_native,
     resolve_threads,
     store_tokens_f16,
@@ -196,9 +196,9 @@ class KVCache:
 
     def _append(self, k, v, num_threads) -> None:
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
-        # float32 tokens (a model's K/V) that only go into the tail are checked and rounded to fp16
+        # float32 or float16 tokens (a model's K/V) that only go into the tail are checked and stored as fp16
         # in one native pass per tensor, below; anything else is checked by check_kv first.
-        checked_on_store = plain_f32_tokens(k, v, H, D)
+        checked_on_store = plain_tokens(k, v, H, D)
         if not checked_on_store:
             k, v = check_kv(k, v, H, D)
         threads = resolve_threads(num_threads)

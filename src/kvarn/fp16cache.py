@@ -20,7 +20,7 @@ import copy
 import numpy as np
 
 from . import _ops
-from ._ops import check_head_dim, check_kv, check_positive_int, plain_f32_tokens, store_tokens_f16
+from ._ops import check_head_dim, check_kv, check_positive_int, plain_tokens, store_tokens_f16
 
 
 class FP16Cache:
@@ -53,7 +53,7 @@ class FP16Cache:
         """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16, bfloat16, float32 or
         float64, stored as their fp16 rounding."""
         H, D = self.num_kv_heads, self.head_dim
-        checked_on_store = plain_f32_tokens(k, v, H, D)  # float32: checked as they are stored, below
+        checked_on_store = plain_tokens(k, v, H, D)  # float32 / float16: checked as they are stored, below
         if not checked_on_store:
             k, v = check_kv(k, v, H, D)
         n = k.shape[1]

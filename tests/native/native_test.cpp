@@ -105,6 +105,60 @@ void scan_checks()
     CHECK(kvarn_scan_f32(odd, one, forward, &m, nullptr, nullptr, 1.0f) == KVARN_ERR_ARGUMENT);
 }
 
+// kvarn_scan_f16: max |x| of binary16 patterns (NaN / Inf), the copy written only when finite; forward,
+// reversed, strided (the element-wise copy) and row-contiguous (the row copy) views.
+void scan_f16_checks()
+{
+    const int64_t n0 = 2, n1 = 3, n2 = 5;
+    std::vector<uint16_t> x(n0 * n1 * n2);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = kvarn::float_to_half(((int)i - 11) * 0.37f);
+    x[7] = 0xfbff;  // -65504: the largest magnitude, negative
+    x[8] = 0x8000;  // -0
+    const int64_t shape[3] = {n0, n1, n2};
+    const int64_t forward[3] = {n1 * n2, n2, 1};
+    const int64_t reversed[3] = {-n1 * n2, -n2, -1};
+    for (int dir = 0; dir < 2; ++dir) {
+        const uint16_t* base = dir ? x.data() + x.size() - 1 : x.data();
+        std::vector<uint16_t> out(x.size(), 0xabcd);
+        uint16_t* obase = dir ? out.data() + out.size() - 1 : out.data();
+        float m = -1.0f;
+        CHECK(kvarn_scan_f16(base, shape, dir ? reversed : forward, &m, obase, dir ? reversed : forward) == KVARN_OK);
+        CHECK(m == 65504.0f && out == x);
+        // Read forward, written reversed: the element-wise copy.
+        std::vector<uint16_t> flipped(x.size(), 0xabcd);
+        CHECK(kvarn_scan_f16(x.data(), shape, forward, &m, flipped.data() + flipped.size() - 1, reversed) == KVARN_OK);
+        for (size_t i = 0; i < x.size(); ++i) CHECK(flipped[x.size() - 1 - i] == x[i]);
+    }
+    // Every other element of each row, written contiguously; and rows into a wider buffer (a cache's slots).
+    const int64_t half_shape[3] = {n0, n1, 2}, every_other[3] = {n1 * n2, n2, 2}, dense[3] = {n1 * 2, 2, 1};
+    std::vector<uint16_t> sub(n0 * n1 * 2, 0);
+    float m = 0.0f;
+    CHECK(kvarn_scan_f16(x.data(), half_shape, every_other, &m, sub.data(), dense) == KVARN_OK);
+    CHECK(sub[3] == x[n2 + 2] && m == 65504.0f);
+    const int64_t wide[3] = {4 * n1 * n2, n2, 1};  // out: [n0][4 n1][n2], written at rows 0..n1-1
+    std::vector<uint16_t> big(n0 * 4 * n1 * n2, 0x1234);
+    CHECK(kvarn_scan_f16(x.data(), shape, forward, &m, big.data(), wide) == KVARN_OK);
+    CHECK(big[4 * n1 * n2 + n2 + 1] == x[n1 * n2 + n2 + 1] && big[n1 * n2] == 0x1234);
+    // NaN beside Inf: NaN; Inf alone: Inf; out untouched either way.
+    std::vector<uint16_t> bad = x;
+    bad[13] = 0xfc00;  // -Inf
+    std::vector<uint16_t> out(x.size(), 0xabcd);
+    CHECK(kvarn_scan_f16(bad.data(), shape, forward, &m, out.data(), forward) == KVARN_OK && m == INFINITY);
+    bad[4] = 0x7e01;  // a NaN
+    CHECK(kvarn_scan_f16(bad.data(), shape, forward, &m, out.data(), forward) == KVARN_OK && std::isnan(m));
+    CHECK(out == std::vector<uint16_t>(x.size(), 0xabcd));
+    // Empty: max 0, NULL pointers allowed. Refused: negative size, no max_abs, out without strides, misalignment.
+    const int64_t empty[3] = {2, 0, 5};
+    CHECK(kvarn_scan_f16(nullptr, empty, forward, &m, nullptr, forward) == KVARN_OK && m == 0.0f);
+    const int64_t negative[3] = {2, -1, 5};
+    CHECK(kvarn_scan_f16(x.data(), negative, forward, &m, nullptr, nullptr) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_scan_f16(x.data(), shape, forward, nullptr, nullptr, nullptr) == KVARN_ERR_ARGUMENT);
+    CHECK(kvarn_scan_f16(x.data(), shape, forward, &m, out.data(), nullptr) == KVARN_ERR_ARGUMENT);
+    const uint16_t* odd = reinterpret_cast<const uint16_t*>(reinterpret_cast<const char*>(x.data()) + 1);
+    const int64_t one[3] = {1, 1, 1};
+    CHECK(kvarn_scan_f16(odd, one, forward, &m, nullptr, nullptr) == KVARN_ERR_ARGUMENT);
+}
+
 // KVARN_ISA names an ISA that cannot run (asan.sh runs this once): every kernel call refuses with
 // KVARN_ERR_ISA and writes nothing, the scalar-only ones included.
 int unusable_isa_checks()
@@ -122,6 +176,7 @@ int unusable_isa_checks()
     CHECK(kvarn_dequantize_tiles(rec.data(), 1, 4, 2, G, D, kk.data(), vv.data()) == KVARN_ERR_ISA);
     CHECK(std::strstr(kvarn_isa_error(), "KVARN_ISA=") != nullptr);
     scan_checks();  // baseline code outside the kernel tables: it runs whatever KVARN_ISA says
+    scan_f16_checks();
     std::printf("%s (KVARN_ISA=%s cannot run): %d failure(s)\n", failures ? "FAILED" : "ok", std::getenv("KVARN_ISA"),
                 failures);
     return failures ? 1 : 0;
@@ -132,6 +187,7 @@ int main()
     if (!std::strcmp(kvarn_active_isa(), "none")) return unusable_isa_checks();
     std::printf("kvarn native test, ISA %s\n", kvarn_active_isa());
     scan_checks();
+    scan_f16_checks();
     std::mt19937 gen(7);
     std::normal_distribution<float> normal(0.f, 1.f);
     const int formats[][3] = {{4, 2, 128}, {4, 4, 64}, {2, 2, 128}, {8, 8, 64}};
