@@ -43,13 +43,15 @@ struct SoftmaxState {
 // In place, orthonormal block-diagonal Walsh-Hadamard along rows of D floats.
 using HadamardF32Fn = void (*)(float* x, int64_t rows, int head_dim);
 
-// Quantise one (tile, head): k and v are [G][D] float32 in the original frame.
+// Quantise one (tile, head): k and v are [G][D] in the original frame, in input_type's format
+// (KVARN_INPUT_F32: float32; KVARN_INPUT_F16: binary16 bits; KVARN_INPUT_F32_AS_F16: float32
+// rounded to binary16 first), converted as the rotation loads them (no float32 copy of the tile).
 // Writes one record (format.h), or only its K or V half (parts: a mask of
 // kQuantizeK / kQuantizeV; the halves are disjoint bytes, so two threads may
 // write one record's halves at once). Returns 0, or 1 when a folded fp16 scale
 // vector would not be finite (input too large for fp16 scales).
 constexpr int kQuantizeK = 1, kQuantizeV = 2, kQuantizeKV = 3;
-using QuantizeTileFn = int (*)(const float* k, const float* v, const TileFormat& fmt, int iters,
+using QuantizeTileFn = int (*)(const void* k, const void* v, int input_type, const TileFormat& fmt, int iters,
                                uint8_t* record, int parts);
 
 // Online-softmax attention of n_q pre-scaled, rotated queries q_rot [n_q][D]
@@ -67,7 +69,8 @@ using AttendDenseF16Fn = void (*)(const float* q, int n_q, int head_dim, const u
                                   SoftmaxState st);
 
 // n input values (KVARN_INPUT_F16 bits, or KVARN_INPUT_F32_AS_F16 floats rounded to binary16
-// and back, ties to even) as float32 into dst: the quantiser's input for those formats.
+// and back, ties to even) as float32 into dst: the quantiser's input for those formats (its
+// rotation converts as it loads where it can, and calls this for the rest).
 using ToFloatFn = void (*)(const void* src, int input_type, float* dst, int64_t n);
 
 struct KernelTable {

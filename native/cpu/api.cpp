@@ -384,17 +384,9 @@ int kvarn_quantize_tiles_typed(const void* k, const void* v, int32_t input_type,
     auto body = [&](int64_t item) {
         const int64_t i = item / 2;
         const int part = item % 2 ? kvarn::kQuantizeV : kvarn::kQuantizeK;
+        // The quantiser reads only the part's input, so src serves as k and v alike.
         const char* src = (part == kvarn::kQuantizeK ? k_bytes : v_bytes) + i * tile_bytes;
-        const float* x = reinterpret_cast<const float*>(src);
-        if (input_type != KVARN_INPUT_F32) {
-            // This thread's float32 copy of the one tile it quantises (the quantiser reads only
-            // the part's input, so it serves as k and v alike); bad_alloc ends as ERR_INTERNAL.
-            thread_local std::vector<float> converted;
-            if (converted.size() < tile_elems) converted.resize(tile_elems);
-            kt->to_float(src, input_type, converted.data(), (int64_t)tile_elems);
-            x = converted.data();
-        }
-        if (kt->quantize_tile(x, x, fmt, iters, records + i * rec_bytes, part)) {
+        if (kt->quantize_tile(src, src, input_type, fmt, iters, records + i * rec_bytes, part)) {
             int64_t cur = first_bad.load();
             while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
             }

@@ -100,6 +100,31 @@ static void check_table(const KernelTable* t)
             t->hadamard_f32(b.get(), rows, D);
             CHECK(!std::memcmp(a.get(), b.get(), sizeof(float) * rows * D), "hadamard D=%d rows=%d", D, rows);
         }
+    // Quantiser inputs converted as the rotation loads them (binary16 bits; float32 rounded to binary16): the
+    // scalar's records (which convert first), and the SIMD kernel's own records of the converted float32 input;
+    // D 256 and 512 take the convert-then-transform path (blocks beyond the in-register ones).
+    for (int D : {16, 48, 64, 80, 128, 240, 256, 512}) {
+        const TileFormat fmt{4, 2, 128, D};
+        const size_t n = (size_t)fmt.group * D, rec = record_layout(fmt).total;
+        auto k = exact<float>(n), v = exact<float>(n), kf = exact<float>(n), vf = exact<float>(n);
+        auto kh = exact<uint16_t>(n), vh = exact<uint16_t>(n);
+        for (size_t i = 0; i < n; ++i) {
+            k[i] = randn() * (i % D < 4 ? 8.0f : 1.0f) + 1.0f / 4096;  // not all representable in binary16
+            v[i] = randn();
+            kh[i] = float_to_half(k[i]), vh[i] = float_to_half(v[i]);
+            kf[i] = half_to_float(kh[i]), vf[i] = half_to_float(vh[i]);
+        }
+        auto want = exact<uint8_t>(rec), a = exact<uint8_t>(rec), b = exact<uint8_t>(rec), c = exact<uint8_t>(rec);
+        CHECK(t->quantize_tile(kf.get(), vf.get(), KVARN_INPUT_F32, fmt, 8, want.get(), kQuantizeKV) == 0, "D=%d", D);
+        CHECK(s->quantize_tile(kh.get(), vh.get(), KVARN_INPUT_F16, fmt, 8, a.get(), kQuantizeKV) == 0, "D=%d", D);
+        CHECK(t->quantize_tile(kh.get(), vh.get(), KVARN_INPUT_F16, fmt, 8, b.get(), kQuantizeKV) == 0, "D=%d", D);
+        CHECK(t->quantize_tile(k.get(), v.get(), KVARN_INPUT_F32_AS_F16, fmt, 8, c.get(), kQuantizeKV) == 0, "D=%d", D);
+        CHECK(!std::memcmp(a.get(), want.get(), rec) && !std::memcmp(b.get(), want.get(), rec) &&
+                  !std::memcmp(c.get(), want.get(), rec),
+              "quantize from binary16 input D=%d: scalar %d, simd %d, rounded float32 %d", D,
+              !std::memcmp(a.get(), want.get(), rec), !std::memcmp(b.get(), want.get(), rec),
+              !std::memcmp(c.get(), want.get(), rec));
+    }
     const int fmts[][3] = {{4, 2, 128}, {4, 4, 128}, {4, 2, 64}, {2, 2, 128}, {8, 8, 128}, {4, 8, 64}};
     for (auto& f : fmts)
         for (int D : {16, 48, 64, 80, 128, 240}) {  // 80, 240: avx512's 64-channel chunks then a 16-channel tail
@@ -117,8 +142,10 @@ static void check_table(const KernelTable* t)
                     k[i] = randn() * (i % D < 4 ? 8.0f : 1.0f);
                     v[i] = randn();
                 }
-                const int sa = s->quantize_tile(k.get(), v.get(), fmt, 8, ra.get() + tile * stride, kQuantizeKV);
-                const int sb = t->quantize_tile(k.get(), v.get(), fmt, 8, rb.get() + tile * stride, kQuantizeKV);
+                const int sa = s->quantize_tile(k.get(), v.get(), KVARN_INPUT_F32, fmt, 8, ra.get() + tile * stride,
+                                                kQuantizeKV);
+                const int sb = t->quantize_tile(k.get(), v.get(), KVARN_INPUT_F32, fmt, 8, rb.get() + tile * stride,
+                                                kQuantizeKV);
                 CHECK(sa == 0 && sb == 0, "quantize k%dv%d g%d D=%d status %d / %d", f[0], f[1], f[2], D, sa, sb);
             }
             CHECK(!std::memcmp(ra.get(), rb.get(), stride * T), "quantize k%dv%d g%d D=%d", f[0], f[1], f[2], D);
@@ -127,8 +154,8 @@ static void check_table(const KernelTable* t)
             auto big = exact<float>(G * D);
             auto scratch = exact<uint8_t>(rec);
             for (size_t i = 0; i < G * D; ++i) big[i] = 60000.0f + randn();
-            const int ka = s->quantize_tile(big.get(), v.get(), fmt, 0, scratch.get(), kQuantizeKV);
-            const int kb = t->quantize_tile(big.get(), v.get(), fmt, 0, scratch.get(), kQuantizeKV);
+            const int ka = s->quantize_tile(big.get(), v.get(), KVARN_INPUT_F32, fmt, 0, scratch.get(), kQuantizeKV);
+            const int kb = t->quantize_tile(big.get(), v.get(), KVARN_INPUT_F32, fmt, 0, scratch.get(), kQuantizeKV);
             CHECK(ka == 1 && kb == 1, "quantize k%dv%d g%d D=%d: overflowing keys, status %d / %d", f[0], f[1], f[2], D,
                   ka, kb);
             // Attention over the tiles for several head counts.
@@ -171,7 +198,7 @@ int main()
         }
         kvarn_set_isa(name);
         const KernelTable* t = !std::strcmp(name, "avx2") ? avx2_kernels() : avx512_kernels();
-        // A table can leave entries to the lower ISA (avx512 leaves to_float to avx2).
+        // A table can leave entries to the lower ISA (dispatch merges them; none does today).
         KernelTable full = *t;
         if (!full.quantize_tile) full.quantize_tile = avx2_kernels()->quantize_tile;
         if (!full.to_float) full.to_float = avx2_kernels()->to_float;

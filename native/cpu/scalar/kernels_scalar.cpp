@@ -158,7 +158,10 @@ bool quantize_matrix(const float* X, int rows, int cols, int bits, int iters, ui
     return finite;
 }
 
-int quantize_tile_scalar(const float* k, const float* v, const TileFormat& fmt, int iters, uint8_t* record, int parts)
+void to_float_scalar(const void* src, int input_type, float* dst, int64_t n);
+
+int quantize_tile_scalar(const void* k, const void* v, int input_type, const TileFormat& fmt, int iters, uint8_t* record,
+                         int parts)
 {
     const int G = fmt.group, D = fmt.head_dim;
     const kvarn_record_layout L = record_layout(fmt);
@@ -167,7 +170,7 @@ int quantize_tile_scalar(const float* k, const float* v, const TileFormat& fmt, 
 
     if (parts & kQuantizeK) {
         // K: rotate each token's channels, then lay out rows = channels.
-        std::memcpy(rotated.data(), k, sizeof(float) * G * D);
+        to_float_scalar(k, input_type, rotated.data(), (int64_t)G * D);
         hadamard_rows(rotated.data(), G, D);
         for (int t = 0; t < G; ++t)
             for (int d = 0; d < D; ++d) xk[(size_t)d * G + t] = rotated[(size_t)t * D + d];
@@ -177,7 +180,7 @@ int quantize_tile_scalar(const float* k, const float* v, const TileFormat& fmt, 
     }
     if (parts & kQuantizeV) {
         // V: rows = tokens, already the layout of v.
-        std::memcpy(rotated.data(), v, sizeof(float) * G * D);
+        to_float_scalar(v, input_type, rotated.data(), (int64_t)G * D);
         hadamard_rows(rotated.data(), G, D);
         ok = quantize_matrix(rotated.data(), G, D, fmt.vbits, iters, record + L.v_codes,
                              reinterpret_cast<uint16_t*>(record + L.va), reinterpret_cast<uint16_t*>(record + L.vz),
