@@ -224,14 +224,15 @@ def plain_tokens(k, v, num_kv_heads: int, head_dim: int) -> bool:
             and k.shape[2] == head_dim and k.flags.aligned and v.flags.aligned)
 
 
-def store_tokens_f16(x: np.ndarray, name: str, out: np.ndarray) -> None:
-    """Checks a float32 or float16 array x (finite, within the fp16 range, as as_float_array(fp16_range=True)
-    does) and writes its fp16 rounding (float16: x itself) into out (float16, x's shape, at most 3-D) in the
-    same native pass; on a ValueError out is not written."""
+def store_tokens_f16(x: np.ndarray, name: str, out: np.ndarray | None) -> None:
+    """Checks a float32 or float16 array x of at most 3 dimensions (finite, within the fp16 range, as
+    as_float_array(fp16_range=True) does) and, given out (float16, x's shape), writes its fp16 rounding
+    (float16: x itself) there in the same native pass; on a ValueError out is not written."""
+    bits = None if out is None else out.view(np.uint16)
     if x.dtype is F16:
-        rc, max_abs = _native.scan_f16(x.view(np.uint16), out.view(np.uint16))
+        rc, max_abs = _native.scan_f16(x.view(np.uint16), bits)
     else:
-        rc, max_abs = _native.scan_f32(x, out.view(np.uint16), FP16_MAX)
+        rc, max_abs = _native.scan_f32(x, bits, FP16_MAX)
     check_status(rc, name)
     if not math.isfinite(max_abs):
         raise ValueError(f"{name}: contains NaN or Inf")
@@ -411,7 +412,10 @@ def quantize_tiles_native(k3: np.ndarray, v3: np.ndarray, preset: Preset, iters:
     describe(i) names pair i in the error raised when its scales overflow fp16."""
     n, _, head_dim = k3.shape
     # The native code refuses misaligned buffers (a user's array read from a byte buffer, say): copy those.
-    k3, v3 = (x if x.flags.aligned else x.copy() for x in (k3, v3))
+    if not k3.flags.aligned:
+        k3 = k3.copy()
+    if not v3.flags.aligned:
+        v3 = v3.copy()
     records = np.empty((n, preset.record_bytes(head_dim)), dtype=np.uint8) if out is None else out
     threads = resolve_threads(num_threads)
     if k3.dtype == np.float16:

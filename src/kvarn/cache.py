@@ -232,8 +232,9 @@ class KVCache:
             self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
             self._set_staged(staged)
             return
-        if checked_on_store:  # not stored above: checked as any other tokens
-            k, v = check_kv(k, v, H, D)
+        if checked_on_store:  # not stored above: their values checked here (plain_tokens checked the rest)
+            store_tokens_f16(k, "k", None)
+            store_tokens_f16(v, "v", None)
         # 1. What goes to the sink.
         new_sink_k = new_sink_v = None
         if to_sink > 0:
