@@ -348,15 +348,14 @@ class KVCache:
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
         out = records[num_tiles : num_tiles + n_full].reshape(n_full * H, self._record_bytes)
 
-        def quantize(tk, tv, first, round_to_f16):  # tk, tv: [n, H, G, D], tiles first..first+n-1
-            m = tk.shape[0] * H
+        def quantize(tk, tv, first, round_to_f16):  # tk, tv: C-contiguous [n * H, G, D], tiles first..first+n-1
+            m = tk.shape[0]
 
             def describe(i):  # the cache positions of pair i's tokens
                 start = self.sink_tokens + (num_tiles + first + i // H) * G
                 return f"head {i % H} of the tile of tokens {start}..{start + G - 1}"
 
-            quantize_tiles_native(np.ascontiguousarray(tk).reshape(m, G, D), np.ascontiguousarray(tv).reshape(m, G, D),
-                                  self.preset, self.iters, threads, describe, out=out[first * H : first * H + m],
+            quantize_tiles_native(tk, tv, self.preset, self.iters, threads, describe, out=out[first * H : first * H + m],
                                   round_to_f16=round_to_f16)
 
         first = 0
@@ -370,7 +369,7 @@ class KVCache:
             tail_k, tail_v = self._writable_tail(tail_k, tail_v)
             tail_k[:, tail_len:] = k[:, to_sink : to_sink + G - tail_len]  # rounded to fp16 as astype
             tail_v[:, tail_len:] = v[:, to_sink : to_sink + G - tail_len]
-            quantize(tail_k[None], tail_v[None], 0, False)
+            quantize(np.ascontiguousarray(tail_k), np.ascontiguousarray(tail_v), 0, False)  # [H, G, D]: no copy made
             first = 1
         # One native input format per call: fp16, or float32 rounded to fp16 natively. Anything else
         # (float64, k and v of different dtypes) becomes fp16 a chunk at a time in numpy: one rounding,
@@ -380,7 +379,8 @@ class KVCache:
         for a in range(first, n_full, step):
             b = min(n_full, a + step)
             start = to_sink + a * G - tail_len
-            tiles = lambda x: x[:, start : start + (b - a) * G].reshape(H, b - a, G, D).transpose(1, 0, 2, 3)  # noqa: E731
+            tiles = lambda x: np.ascontiguousarray(  # noqa: E731
+                x[:, start : start + (b - a) * G].reshape(H, b - a, G, D).transpose(1, 0, 2, 3)).reshape(-1, G, D)
             if as_f16:
                 quantize(tiles(k).astype(np.float16), tiles(v).astype(np.float16), a, False)
             else:
