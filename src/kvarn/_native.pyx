@@ -258,14 +258,25 @@ cdef bint _element_strides(const Py_ssize_t* strides, int itemsize, int64_t* out
     return True
 
 
-cdef int _out_strides(uint16_t[:, :, :] out, const Py_ssize_t* shape, int64_t* strides) except -1:
-    """out's element strides, after checking its shape is x's (a ValueError) - 0, or 1 when a stride
-    is odd (the caller returns KVARN_ERR_ARGUMENT)."""
+cdef int _scan_args(const Py_ssize_t* x_shape, const Py_ssize_t* x_strides, int itemsize, uint16_t[:, :, :] out,
+                    int64_t* shape, int64_t* xs, int64_t* os, uint16_t** out_ptr) except -1:
+    """The scans' shared arguments: x's shape and element strides, and out's (checked to be x's shape: a
+    ValueError) with its first element when x is not empty. 1 when a stride is not a whole number of
+    elements (the caller returns KVARN_ERR_ARGUMENT), else 0."""
     cdef int i
     for i in range(3):
-        if out.shape[i] != shape[i]:
-            raise ValueError("scan: out's shape differs from x's")
-    return 0 if _element_strides(out.strides, 2, strides) else 1
+        shape[i] = x_shape[i]
+    if not _element_strides(x_strides, itemsize, xs):
+        return 1
+    if out is not None:
+        for i in range(3):
+            if out.shape[i] != x_shape[i]:
+                raise ValueError("scan: out's shape differs from x's")
+        if not _element_strides(out.strides, 2, os):
+            return 1
+        if shape[0] and shape[1] and shape[2]:
+            out_ptr[0] = &out[0, 0, 0]
+    return 0
 
 
 def scan_f32(const float[:, :, :] x not None, uint16_t[:, :, :] out=None, float f16_limit=0.0):
@@ -276,24 +287,15 @@ def scan_f32(const float[:, :, :] x not None, uint16_t[:, :, :] out=None, float 
     cdef int64_t x_strides[3]
     cdef int64_t out_strides[3]
     cdef float max_abs = 0.0
-    cdef int rc, i
-    cdef bint empty = x.shape[0] == 0 or x.shape[1] == 0 or x.shape[2] == 0
+    cdef int rc
     cdef uint16_t* out_ptr = NULL
     cdef const float* x_ptr = NULL
-    if not empty:
-        x_ptr = &x[0, 0, 0]
-    for i in range(3):
-        shape[i] = x.shape[i]
-    if not _element_strides(x.strides, 4, x_strides):
+    if _scan_args(x.shape, x.strides, 4, out, shape, x_strides, out_strides, &out_ptr):
         return KVARN_ERR_ARGUMENT, 0.0
-    if out is not None:
-        if _out_strides(out, x.shape, out_strides):
-            return KVARN_ERR_ARGUMENT, 0.0
-        if not empty:
-            out_ptr = &out[0, 0, 0]
+    if shape[0] and shape[1] and shape[2]:
+        x_ptr = &x[0, 0, 0]
     with nogil:
-        rc = kvarn_scan_f32(x_ptr, shape, x_strides, &max_abs,
-                            out_ptr, out_strides, f16_limit)
+        rc = kvarn_scan_f32(x_ptr, shape, x_strides, &max_abs, out_ptr, out_strides, f16_limit)
     return rc, max_abs
 
 
@@ -305,21 +307,13 @@ def scan_f16(const uint16_t[:, :, :] x not None, uint16_t[:, :, :] out=None):
     cdef int64_t x_strides[3]
     cdef int64_t out_strides[3]
     cdef float max_abs = 0.0
-    cdef int rc, i
-    cdef bint empty = x.shape[0] == 0 or x.shape[1] == 0 or x.shape[2] == 0
+    cdef int rc
     cdef uint16_t* out_ptr = NULL
     cdef const uint16_t* x_ptr = NULL
-    if not empty:
-        x_ptr = &x[0, 0, 0]
-    for i in range(3):
-        shape[i] = x.shape[i]
-    if not _element_strides(x.strides, 2, x_strides):
+    if _scan_args(x.shape, x.strides, 2, out, shape, x_strides, out_strides, &out_ptr):
         return KVARN_ERR_ARGUMENT, 0.0
-    if out is not None:
-        if _out_strides(out, x.shape, out_strides):
-            return KVARN_ERR_ARGUMENT, 0.0
-        if not empty:
-            out_ptr = &out[0, 0, 0]
+    if shape[0] and shape[1] and shape[2]:
+        x_ptr = &x[0, 0, 0]
     with nogil:
         rc = kvarn_scan_f16(x_ptr, shape, x_strides, &max_abs, out_ptr, out_strides)
     return rc, max_abs
