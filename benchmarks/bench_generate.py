@@ -66,7 +66,7 @@ def fp16_kernel_layer_class():
         def attend_pending(self, query, attention_mask, scaling):
             key_states, value_states = self._pending
             self._pending = None
-            k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
+            k, v, q = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True), _to_numpy(query)
             B, Hq, n, D = query.shape
             out_tensor = torch.empty((B, n, Hq, D), dtype=torch.float32)
             out = out_tensor.numpy()

@@ -85,6 +85,42 @@ def test_generate_with_kvarn_cache_follows_fp32_greedy(smol):
     assert kev.identical_prefix(ref, out) >= 8, (ref, out)
 
 
+def test_float16_model_keys_and_values_reach_the_caches_uncast(monkeypatch):
+    """A float16 model's K/V go to the caches as float16 arrays (no float32 copy per layer and step): the
+    same records, tails and tokens as through the float32 cast, which is exact for them; and the caches
+    received float16 arrays."""
+    import kvarn.integrations.transformers as kt
+
+    torch.manual_seed(0)
+    model, tok = assets.load_model("smollm2-135m", dtype="float16")
+    prompt = assets.verne_token_ids(tok, 170)  # g64: the sink, one tile and a tail at prefill; a tile fills decoding
+    seen = set()
+    append = kvarn.KVCache.append
+
+    def recording(self, k, v, **kw):
+        seen.add(np.asarray(k).dtype)
+        return append(self, k, v, **kw)
+
+    monkeypatch.setattr(kvarn.KVCache, "append", recording)
+    runs = []
+    for keep in (True, False):
+        if not keep:  # the cast path, as before float16 was kept
+            monkeypatch.setattr(kt, "_to_numpy", lambda x, keep_f16=False: x.detach().to("cpu", torch.float32).numpy())
+        seen.clear()
+        cache = KVarNCache(model.config, preset="k4v4_g64")
+        out = kev.greedy(model, prompt, 24, cache)
+        runs.append((out, cache, set(seen)))
+    (out16, c16, dtypes16), (out32, c32, dtypes32) = runs
+    assert dtypes16 == {np.dtype(np.float16)} and dtypes32 == {np.dtype(np.float32)}
+    assert out16 == out32
+    for a, b in zip(c16.kvarn_layers, c32.kvarn_layers):
+        x, y = a.caches[0], b.caches[0]
+        assert (x.num_tiles, x.tail_len) == (y.num_tiles, y.tail_len) and x.num_tiles >= 2
+        np.testing.assert_array_equal(x.records, y.records)
+        np.testing.assert_array_equal(x._tail_k[:, : x.tail_len], y._tail_k[:, : y.tail_len])
+        np.testing.assert_array_equal(x._sink_v, y._sink_v)
+
+
 def test_prefill_is_exact_and_decode_uses_packed_cache(smol):
     model, _, ids = smol
     x = torch.tensor([ids[:200]])

@@ -292,8 +292,10 @@ def _check_tensor(x, name: str, ndim: int = 4) -> None:
                          f"{tuple(x.shape)}")
 
 
-def _to_numpy(x: torch.Tensor) -> np.ndarray:
-    if x.dtype is torch.float32 and x.is_cpu and not x.requires_grad:  # a float32 model's step: no copy, no cast
+def _to_numpy(x: torch.Tensor, keep_f16: bool = False) -> np.ndarray:
+    """x as a numpy array: a float32 CPU tensor (and with keep_f16 a float16 one: K/V, which the caches
+    store as fp16 anyway) without a copy or a cast; anything else as float32."""
+    if x.is_cpu and not x.requires_grad and (x.dtype is torch.float32 or (keep_f16 and x.dtype is torch.float16)):
         return x.numpy()
     return x.detach().to("cpu", torch.float32).numpy()
 
@@ -529,7 +531,7 @@ class KVarNLayer(CacheLayerMixin):
         B, _, n, _ = key_states.shape
         try:
             pads = _left_padding(_visible_keys(attention_mask, B, n))
-            k, v = _to_numpy(key_states), _to_numpy(value_states)
+            k, v = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True)
             for b, c in enumerate(self.caches):
                 try:
                     c.append(k[b, :, pads[b] :], v[b, :, pads[b] :])
@@ -586,7 +588,7 @@ class KVarNLayer(CacheLayerMixin):
                     raise error
             if attention_mask is not None:
                 setattr(attention_mask, _MASK_CHECKED, verdict)
-        k, v, q = _to_numpy(key_states), _to_numpy(value_states), _to_numpy(query)
+        k, v, q = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True), _to_numpy(query)
         out_tensor = torch.empty((B, n, Hq, D), dtype=torch.float32)
         out = out_tensor.numpy()
         # A rejected token (NaN, a tile whose scales overflow fp16, a bad query) must not leave some rows
