@@ -580,7 +580,7 @@ def rounding_probe(rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_plain_tokens_into_the_tail_are_their_fp16_rounding(cache_type, layout, dtype, rng):
     """float32 and float16 tokens that go only into the tail (a decode step) are checked and stored in
-    one native pass per tensor (_ops.store_tokens_f16): the same halves as numpy's astype (float16:
+    one native pass per tensor (_ops.check_tokens_f16): the same halves as numpy's astype (float16:
     the same bits), in any layout."""
     probe = rounding_probe(rng).astype(dtype)
     k = FLOAT32_TOKEN_LAYOUTS[layout](probe)

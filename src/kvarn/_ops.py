@@ -176,20 +176,11 @@ def as_float_array(x, name, ndim=None, fp16_range=False, with_max_abs=False):
             raise ValueError(f"{name}: expected a {want} array, got shape {x.shape}")
     if x.size == 0:
         max_abs = 0.0
-    elif x.dtype is F32 and x.ndim <= 3 and x.size <= _NATIVE_SCAN_MAX and x.flags.aligned:
+    elif (x.dtype is F32 or x.dtype is F16) and x.ndim <= 3 and x.size <= _NATIVE_SCAN_MAX and x.flags.aligned:
         # One native pass (NaN, Inf and max |x| from the bit patterns' integer max) instead of numpy's
-        # max and min: a decode step's small arrays pay two reductions' call overhead otherwise. Large
-        # ones go to numpy, whose wide-vector reductions are faster than the baseline-ISA scan there.
-        rc, max_abs = _native.scan_f32(x.reshape(_AS_3D[x.ndim] + x.shape))
-        check_status(rc, name)
-        if not math.isfinite(max_abs):
-            raise ValueError(f"{name}: contains NaN or Inf")
-    elif x.dtype is F16 and x.ndim <= 3 and x.size <= _NATIVE_SCAN_MAX and x.flags.aligned:
-        # The same pass over fp16 bit patterns (a half-precision model's token: numpy's and + max cost ~2 us).
-        rc, max_abs = _native.scan_f16(x.view(np.uint16).reshape(_AS_3D[x.ndim] + x.shape))
-        check_status(rc, name)
-        if not math.isfinite(max_abs):
-            raise ValueError(f"{name}: contains NaN or Inf")
+        # max and min (float16: and + max): a decode step's small arrays pay two reductions' call overhead
+        # otherwise. Large ones go to numpy, whose wide-vector reductions are faster than the scan there.
+        max_abs = _scanned_max_abs(x.reshape(_AS_3D[x.ndim] + x.shape), name)
     elif x.dtype == np.float16 and not with_max_abs:
         # numpy computes in fp16 element by element (|x|.max() of a 32K-token prompt: ~90 ms);
         # the exponent bits say the same in ~4 ms, and every finite fp16 is in range.
@@ -215,7 +206,7 @@ _NATIVE_SCAN_MAX = 8192  # elements: as_float_array's native float32 check up to
 
 def plain_tokens(k, v, num_kv_heads: int, head_dim: int) -> bool:
     """Whether k, v are plain float32 arrays, or float16 ones of at most _NATIVE_SCAN_MAX elements (one
-    dtype), of one append's shape [num_kv_heads, n, head_dim]: the tokens that store_tokens_f16 checks and
+    dtype), of one append's shape [num_kv_heads, n, head_dim]: the tokens that check_tokens_f16 checks and
     stores in one native pass each (check_kv checks anything else). A long float16 prompt is faster through
     numpy's chunked check and copy (a 32K-token FP16Cache append: 48 against 61 ms)."""
     return (type(k) is np.ndarray and type(v) is np.ndarray
@@ -224,10 +215,10 @@ def plain_tokens(k, v, num_kv_heads: int, head_dim: int) -> bool:
             and k.shape[2] == head_dim and k.flags.aligned and v.flags.aligned)
 
 
-def store_tokens_f16(x: np.ndarray, name: str, out: np.ndarray | None) -> None:
-    """Checks a float32 or float16 array x of at most 3 dimensions (finite, within the fp16 range, as
-    as_float_array(fp16_range=True) does) and, given out (float16, x's shape), writes its fp16 rounding
-    (float16: x itself) there in the same native pass; on a ValueError out is not written."""
+def _scanned_max_abs(x: np.ndarray, name: str, out: np.ndarray | None = None) -> float:
+    """max |x| of a 3-D float32 or float16 array by the native scan (kvarn_scan_f32 / _f16), which also
+    writes x's fp16 rounding into out (float16, x's shape) when given and max |x| <= FP16_MAX; a
+    ValueError names x when it holds NaN or Inf."""
     bits = None if out is None else out.view(np.uint16)
     if x.dtype is F16:
         rc, max_abs = _native.scan_f16(x.view(np.uint16), bits)
@@ -236,7 +227,14 @@ def store_tokens_f16(x: np.ndarray, name: str, out: np.ndarray | None) -> None:
     check_status(rc, name)
     if not math.isfinite(max_abs):
         raise ValueError(f"{name}: contains NaN or Inf")
-    if max_abs > FP16_MAX:
+    return max_abs
+
+
+def check_tokens_f16(x: np.ndarray, name: str, out: np.ndarray | None = None) -> None:
+    """Checks a 3-D float32 or float16 array x (finite, within the fp16 range, as
+    as_float_array(fp16_range=True) does) and, given out (float16, x's shape), writes its fp16 rounding
+    (float16: x itself) there in the same native pass; on a ValueError out is not written."""
+    if _scanned_max_abs(x, name, out) > FP16_MAX:
         raise ValueError(f"{name}: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
 
 

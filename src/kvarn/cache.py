@@ -24,11 +24,11 @@ from ._ops import (
     check_iters,
     check_kv,
     check_positive_int,
+    check_tokens_f16,
     get_preset,
     plain_tokens,
     quantize_tiles_native,
     resolve_threads,
-    store_tokens_f16,
     tile_cut_point,
 )
 from . import _ops
@@ -222,8 +222,8 @@ class KVCache:
             # only, which nothing reads.
             tail_k, tail_v = self._writable_tail(tail_k, tail_v)
             if checked_on_store:
-                store_tokens_f16(k, "k", tail_k[:, tail_len:rest])
-                store_tokens_f16(v, "v", tail_v[:, tail_len:rest])
+                check_tokens_f16(k, "k", tail_k[:, tail_len:rest])
+                check_tokens_f16(v, "v", tail_v[:, tail_len:rest])
             else:
                 tail_k[:, tail_len:rest] = k
                 tail_v[:, tail_len:rest] = v
@@ -233,8 +233,8 @@ class KVCache:
             self._set_staged(staged)
             return
         if checked_on_store:  # not stored above: their values checked here (plain_tokens checked the rest)
-            store_tokens_f16(k, "k", None)
-            store_tokens_f16(v, "v", None)
+            check_tokens_f16(k, "k")
+            check_tokens_f16(v, "v")
         # 1. What goes to the sink.
         new_sink_k = new_sink_v = None
         if to_sink > 0:

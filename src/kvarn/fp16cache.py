@@ -20,7 +20,7 @@ import copy
 import numpy as np
 
 from . import _ops
-from ._ops import check_head_dim, check_kv, check_positive_int, plain_tokens, store_tokens_f16
+from ._ops import check_head_dim, check_kv, check_positive_int, check_tokens_f16, plain_tokens
 
 
 class FP16Cache:
@@ -72,8 +72,8 @@ class FP16Cache:
                 kbuf, vbuf = grown
             # Past the published length: no reader looks there (nor at what a refused token leaves).
             if checked_on_store:
-                store_tokens_f16(k, "k", kbuf[:, length:need])
-                store_tokens_f16(v, "v", vbuf[:, length:need])
+                check_tokens_f16(k, "k", kbuf[:, length:need])
+                check_tokens_f16(v, "v", vbuf[:, length:need])
             else:
                 kbuf[:, length:need] = k
                 vbuf[:, length:need] = v
