@@ -212,7 +212,7 @@ class KVCache:
         rest = tail_len + n - to_sink
         # "next": a complete tile waits in the tail until a later token arrives.
         n_full = rest // G if self.quantize_on == "fill" else max(0, rest - 1) // G
-        if to_sink == 0 and n_full == 0:
+        if to_sink == 0 and rest <= G:
             # The common decode step: the tokens go into the tail buffer in place, past tail_len,
             # where no published state reads (as new records go past num_tiles; a frozen pair, which
             # other states may read there, is copied first), so a concurrent
@@ -227,10 +227,16 @@ class KVCache:
             else:
                 tail_k[:, tail_len:rest] = k
                 tail_v[:, tail_len:rest] = v
+            if n_full:
+                # quantize_on="fill" and the tail is now a whole tile: quantised from the tail buffer
+                # itself into the records past num_tiles (may raise: nothing published), which then
+                # hands the buffer on, frozen, to a state whose tail is empty (see below).
+                records = self._records_with_room(records, num_tiles, num_tiles + 1)
+                self._quantize_tail_tile(tail_k, tail_v, records[num_tiles], num_tiles, threads)
+                self._commit(sink_k, sink_v, records, num_tiles + 1, tail_k, tail_v, 0, True)
+                return
             staged = self._stage_full_tail(tail_k, tail_v, rest, num_tiles, threads)  # may raise: nothing published
-            self._frozen_tail = None
-            self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest)
-            self._set_staged(staged)
+            self._commit(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest, False, staged)
             return
         if checked_on_store:  # not stored above: their values checked here (plain_tokens checked the rest)
             check_tokens_f16(k, "k")
@@ -250,17 +256,8 @@ class KVCache:
         # 2. The rest, tail[:tail_len] then k[:, to_sink:], in "rest" positions 0..rest-1: its whole
         # tiles are quantised straight into the records buffer past num_tiles, where no published
         # state reads (may raise: nothing visible is changed yet), a chunk of tiles at a time.
-        if n_full and (num_tiles + n_full > records.shape[0] or records is self._frozen_records):
-            # Grow by a quarter (amortised O(1) per tile, at most ~25 % spare), not by doubling,
-            # which can leave half of the buffer unused in a cache meant to save memory. A frozen
-            # buffer (see rollback) is copied even when it has room.
-            need = num_tiles + n_full
-            capacity = (records.shape[0] if need <= records.shape[0]  # a frozen copy keeps its size
-                        else max(records.shape[0] + records.shape[0] // 4, need, 4))
-            grown = np.zeros((capacity, H, self._record_bytes), np.uint8)
-            grown[:num_tiles] = records[:num_tiles]
-            records = grown
         if n_full:
+            records = self._records_with_room(records, num_tiles, num_tiles + n_full)
             staged = self._staged[1] if self._staged is not None and self._staged[0] is state else None
             self._quantize_rest(records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads, staged)
         left = rest - n_full * G
@@ -283,18 +280,39 @@ class KVCache:
         staged = self._stage_full_tail(tail_k, tail_v, left, num_tiles + n_full, threads)  # may raise
 
         # 3. Commit (no exceptions past this point).
-        if n_full:
-            if self._frozen_records is not None and records is not self._frozen_records:
-                self._frozen_records = None  # replaced: do not keep the old buffer alive
+        self._commit(new_sink_k if new_sink_k is not None else sink_k, new_sink_v if new_sink_v is not None else sink_v,
+                     records, num_tiles + n_full, tail_k, tail_v, left, reuse_tail, staged)
+
+    def _commit(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len, reuse_tail, staged=None) -> None:
+        """Publishes an append's new state (no exceptions here). reuse_tail: the tail buffers are the
+        previous state's, handed on with an empty tail after a tile completed in them."""
+        if self._frozen_records is not None and records is not self._frozen_records:
+            self._frozen_records = None  # replaced: do not keep the old buffer alive
         # Fresh buffers need no mark; handed-on ones are marked before they are published, so that no
         # exception can leave them unmarked.
         self._frozen_tail = [tail_k, tail_v] if reuse_tail else None
-        self._publish(
-            new_sink_k if new_sink_k is not None else sink_k,
-            new_sink_v if new_sink_v is not None else sink_v,
-            records, num_tiles + n_full, tail_k, tail_v, left,
-        )
+        self._publish(sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len)
         self._set_staged(staged)
+
+    def _records_with_room(self, records, num_tiles, need):
+        """A records buffer holding records[:num_tiles] with room for `need` tiles that appends may
+        write past num_tiles: `records` itself, or a grown copy - by a quarter (amortised O(1) per tile,
+        at most ~25 % spare), not by doubling, which can leave half of the buffer unused in a cache meant
+        to save memory. A frozen buffer (see rollback) is copied even when it has room."""
+        if need <= records.shape[0] and records is not self._frozen_records:
+            return records
+        capacity = (records.shape[0] if need <= records.shape[0]  # a frozen copy keeps its size
+                    else max(records.shape[0] + records.shape[0] // 4, need, 4))
+        grown = np.zeros((capacity, self.num_kv_heads, self._record_bytes), np.uint8)
+        grown[:num_tiles] = records[:num_tiles]
+        return grown
+
+    def _quantize_tail_tile(self, tail_k, tail_v, out, num_tiles, threads) -> None:
+        """The records [H, record_bytes] of a whole tail (fp16 [H, G, D]), the cache's tile number num_tiles."""
+        G = self.preset.group
+        start = self.sink_tokens + num_tiles * G
+        quantize_tiles_native(tail_k, tail_v, self.preset, self.iters, threads,
+                              lambda i: f"head {i} of the tile of tokens {start}..{start + G - 1}", out=out)
 
     def _stage_full_tail(self, tail_k, tail_v, tail_len, num_tiles, threads):
         """quantize_on="next": the records of a tail that this append fills (None otherwise), quantised now
