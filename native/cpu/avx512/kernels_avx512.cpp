@@ -186,76 +186,17 @@ inline void cross_stages(__m512 (&v)[NV])
     }
 }
 
-// One Hadamard block of NV vectors kept in registers: the same butterflies in the
-// same pairing as the memory loop below (and the scalar), then the norm multiply.
-// load(i) gives the block's i-th vector of 16 floats (a float32 load, or a conversion as it loads).
-template <int NV, typename Load>
-inline void fwht_block_in_registers(Load load, float* dst, __m512 norm)
-{
-    __m512 v[NV];
-    for (int i = 0; i < NV; ++i) v[i] = fwht16(load(i));
-    cross_stages<NV, 1>(v);
-    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(dst + 16 * i, _mm512_mul_ps(v[i], norm));
-}
+// The vector width convert_simd.inc is written for.
+using SimdVec = __m512;
+constexpr int kSimdLanes = 16;
+inline SimdVec simd_load_f32(const float* p) { return _mm512_loadu_ps(p); }
+inline SimdVec simd_load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline SimdVec simd_round_to_f16(SimdVec x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+inline SimdVec simd_mul(SimdVec a, SimdVec b) { return _mm512_mul_ps(a, b); }
+inline SimdVec simd_fwht_lanes(SimdVec x) { return fwht16(x); }  // the butterflies within a vector
+inline void simd_store(float* p, SimdVec x) { _mm512_storeu_ps(p, x); }
 
-// Values i..i+15 of src in input format IT (KVARN_INPUT_*) as float32: binary16 bits widened, float32
-// rounded to binary16 and back (round to nearest even, as float_to_half). to_float_avx512 and the
-// quantiser's rotation (which converts as it loads) share it.
-template <int IT>
-inline __m512 load16_as_float(const void* src, int64_t i)
-{
-    if constexpr (IT == KVARN_INPUT_F16) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(src) + i)));
-    } else if constexpr (IT == KVARN_INPUT_F32_AS_F16) {
-        const __m512 f = _mm512_loadu_ps(static_cast<const float*>(src) + i);
-        return _mm512_cvtph_ps(_mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    } else {
-        return _mm512_loadu_ps(static_cast<const float*>(src) + i);
-    }
-}
-
-// src holds rows * head_dim values in input format IT.
-template <int NV, int IT>
-void hadamard_rows_in_registers(const void* src, float* dst, int64_t rows, int head_dim, __m512 norm)
-{
-    for (int64_t i = 0; i < rows * head_dim; i += 16 * NV)
-        fwht_block_in_registers<NV>([&](int j) { return load16_as_float<IT>(src, i + 16 * j); }, dst + i, norm);
-}
-
-template <int NV>
-void hadamard_rows_in_registers(const void* src, int input_type, float* dst, int64_t rows, int head_dim, __m512 norm)
-{
-    if (input_type == KVARN_INPUT_F16)
-        hadamard_rows_in_registers<NV, KVARN_INPUT_F16>(src, dst, rows, head_dim, norm);
-    else if (input_type == KVARN_INPUT_F32_AS_F16)
-        hadamard_rows_in_registers<NV, KVARN_INPUT_F32_AS_F16>(src, dst, rows, head_dim, norm);
-    else
-        hadamard_rows_in_registers<NV, KVARN_INPUT_F32>(src, dst, rows, head_dim, norm);
-}
-
-template <int IT>
-void to_float_as(const void* src, float* dst, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16_as_float<IT>(src, i));
-    for (; i < n; ++i) {  // the scalar helpers, with the same rounding
-        if constexpr (IT == KVARN_INPUT_F16)
-            dst[i] = half_to_float(static_cast<const uint16_t*>(src)[i]);
-        else
-            dst[i] = half_to_float(float_to_half(static_cast<const float*>(src)[i]));
-    }
-}
-
-// n input values as float32 (the kernel table's to_float).
-void to_float_avx512(const void* src, int input_type, float* dst, int64_t n)
-{
-    if (input_type == KVARN_INPUT_F16)
-        to_float_as<KVARN_INPUT_F16>(src, dst, n);
-    else if (input_type == KVARN_INPUT_F32_AS_F16)
-        to_float_as<KVARN_INPUT_F32_AS_F16>(src, dst, n);
-    else if (dst != src)
-        memcpy(dst, src, sizeof(float) * (size_t)n);
-}
+#include "convert_simd.inc"
 
 // dst = Hadamard of src (rows in input_type's format, KVARN_INPUT_*), row by row (dst may equal src).
 void hadamard_rows_avx512(const void* src, int input_type, float* dst, int64_t rows, int head_dim)
@@ -270,7 +211,7 @@ void hadamard_rows_avx512(const void* src, int input_type, float* dst, int64_t r
         default: break;
     }
     // Blocks of 256 and more: the input as float32 in dst, then the transform in place there.
-    to_float_avx512(src, input_type, dst, rows * head_dim);
+    to_float_simd(src, input_type, dst, rows * head_dim);
     for (int64_t r = 0; r < rows; ++r) {
         float* row = dst + r * head_dim;
         for (int b = 0; b < head_dim; b += block) {
@@ -1171,7 +1112,7 @@ void attend_dense_f16_avx512(const float* q_all, int n_q, int D, const uint16_t*
 #undef KVARN_SIMD_HADAMARD
 
 const KernelTable kAvx512 = {
-    "avx512", hadamard_f32_avx512, quantize_tile_simd, attend_tiles_avx512, attend_dense_f16_avx512, to_float_avx512,
+    "avx512", hadamard_f32_avx512, quantize_tile_simd, attend_tiles_avx512, attend_dense_f16_avx512, to_float_simd,
 };
 
 }  // namespace
