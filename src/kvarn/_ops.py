@@ -238,6 +238,18 @@ def check_tokens_f16(x: np.ndarray, name: str, out: np.ndarray | None = None) ->
         raise ValueError(f"{name}: values beyond the fp16 range (|x| > {FP16_MAX:g}) cannot be stored")
 
 
+def store_tokens(k, v, k_out: np.ndarray, v_out: np.ndarray, checked_on_store: bool) -> None:
+    """Writes an append's k, v (already shaped as k_out, v_out: float16 views into a cache's buffers) as
+    their fp16 rounding: tokens plain_tokens accepted are checked in the same native pass
+    (checked_on_store), any others were checked by check_kv and are assigned."""
+    if checked_on_store:
+        check_tokens_f16(k, "k", k_out)
+        check_tokens_f16(v, "v", v_out)
+    else:
+        k_out[...] = k
+        v_out[...] = v
+
+
 _F16_CHECK_CHUNK = 1 << 20  # elements per pass over a long contiguous prompt: a bounded temporary
 
 

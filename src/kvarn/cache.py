@@ -29,6 +29,7 @@ from ._ops import (
     plain_tokens,
     quantize_tiles_native,
     resolve_threads,
+    store_tokens,
     tile_cut_point,
 )
 from . import _ops
@@ -221,12 +222,7 @@ class KVCache:
             # truncate and from_parts make fresh ones). Tokens refused there leave bytes past tail_len
             # only, which nothing reads.
             tail_k, tail_v = self._writable_tail(tail_k, tail_v)
-            if checked_on_store:
-                check_tokens_f16(k, "k", tail_k[:, tail_len:rest])
-                check_tokens_f16(v, "v", tail_v[:, tail_len:rest])
-            else:
-                tail_k[:, tail_len:rest] = k
-                tail_v[:, tail_len:rest] = v
+            store_tokens(k, v, tail_k[:, tail_len:rest], tail_v[:, tail_len:rest], checked_on_store)
             if n_full:
                 # quantize_on="fill" and the tail is now a whole tile: quantised from the tail buffer
                 # itself into the records past num_tiles (may raise: nothing published), which then

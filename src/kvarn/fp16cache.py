@@ -20,7 +20,7 @@ import copy
 import numpy as np
 
 from . import _ops
-from ._ops import check_head_dim, check_kv, check_positive_int, check_tokens_f16, plain_tokens
+from ._ops import check_head_dim, check_kv, check_positive_int, plain_tokens, store_tokens
 
 
 class FP16Cache:
@@ -71,12 +71,7 @@ class FP16Cache:
                     grown.append(new)
                 kbuf, vbuf = grown
             # Past the published length: no reader looks there (nor at what a refused token leaves).
-            if checked_on_store:
-                check_tokens_f16(k, "k", kbuf[:, length:need])
-                check_tokens_f16(v, "v", vbuf[:, length:need])
-            else:
-                kbuf[:, length:need] = k
-                vbuf[:, length:need] = v
+            store_tokens(k, v, kbuf[:, length:need], vbuf[:, length:need], checked_on_store)
             self._state = (kbuf, vbuf, need)
 
     def copy(self) -> "FP16Cache":
