@@ -1124,3 +1124,22 @@ def test_public_score_mode_api():
             kvarn.set_score_mode("int8")
     kvarn.set_score_mode(before)
     assert kvarn.score_mode() == before
+
+
+@pytest.mark.parametrize("part", ["k", "v"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("round_to_f16", [False, True])
+def test_nonfinite_tiles_fail_the_same_on_every_isa(part, bad, round_to_f16, rng):
+    """The C ABI takes tiles unchecked (Python checks them first). One NaN or infinity in a tile must give
+    KVARN_ERR_OVERFLOW naming that tile on every ISA: the scalar's clamps carry a NaN into its scale vectors,
+    while the vector min/max dropped it, so the SIMD kernels wrote a finite, valid-looking record for a NaN
+    in K (found by the C ABI fuzzer, scripts/fuzz.sh)."""
+    k = rng.standard_normal((3, 64, 64)).astype(np.float32)
+    v = rng.standard_normal((3, 64, 64)).astype(np.float32)
+    (k if part == "k" else v)[1, 5, 7] = bad
+    preset = kvarn.PRESETS["k4v2_g64"]
+    for isa in ISAS:
+        kvarn.set_isa(isa)
+        records = np.zeros((3, preset.record_bytes(64)), np.uint8)
+        rc, first_bad = _native.quantize_tiles(k, v, preset.kbits, preset.vbits, 8, records, 1, round_to_f16)
+        assert (rc, first_bad) == (_native.ERR_OVERFLOW, 1), (isa, rc, first_bad)

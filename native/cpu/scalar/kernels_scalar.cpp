@@ -129,10 +129,14 @@ void rtn_pack_row(const float* b, int n, int bits, uint8_t* packed, float* scale
 
 // Balances, quantises and packs a rows x cols matrix X (row-major): writes the
 // packed codes of each row, and the folded vectors a[row] = r*scale,
-// z[row] = r*lo, colscale[col] = c. Returns false if any would overflow fp16.
+// z[row] = r*lo, colscale[col] = c. Returns false if any would overflow fp16, or if X holds a NaN or an
+// infinity (the C ABI takes tiles unchecked): min/max and the clamps can drop a NaN, leaving a finite,
+// valid-looking record (the SIMD kernels fail such a tile the same way, from its column statistics).
 bool quantize_matrix(const float* X, int rows, int cols, int bits, int iters, uint8_t* codes,
                      uint16_t* a, uint16_t* z, uint16_t* colscale)
 {
+    bool finite = true;
+    for (size_t e = 0; e < (size_t)rows * cols; ++e) finite = finite && std::isfinite(X[e]);
     std::vector<float> r(rows), c(cols), inv_r(rows), inv_c(cols), balanced((size_t)rows * cols);
     sinkhorn_balance(X, rows, cols, iters, r.data(), c.data());
     // B = X / (r ⊗ c) as two multiplications by reciprocals (divisions cost 3-5x more per element;
@@ -143,7 +147,6 @@ bool quantize_matrix(const float* X, int rows, int cols, int bits, int iters, ui
         for (int j = 0; j < cols; ++j)
             balanced[(size_t)i * cols + j] = X[(size_t)i * cols + j] * inv_c[j] * inv_r[i];
     const size_t row_bytes = kvarn_packed_row_bytes(cols, bits);
-    bool finite = true;
     for (int i = 0; i < rows; ++i) {
         float scale, lo;
         rtn_pack_row(&balanced[(size_t)i * cols], cols, bits, codes + i * row_bytes, &scale, &lo);
