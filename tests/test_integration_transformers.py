@@ -408,7 +408,8 @@ def test_malformed_steps_are_refused_by_name_and_change_nothing():
         assert layer._pending is None and layer._prefill is None  # nothing stashed for a later forward
         _assert_same(_snapshot(layer), before)
     for idx, exc, msg in [(-1, ValueError, "layer_idx: must be >= 0, got -1"), (True, TypeError, "layer_idx"),
-                          (1, ValueError, "layer_idx: must be <= 0, got 1")]:
+                          (1, ValueError, "layer_idx 1: the model running this forward has more layers than this "
+                                          "cache's config \\(1\\)")]:
         with pytest.raises(exc, match=msg):
             cache.update(k, v, idx)
         _assert_same(_snapshot(layer), before)
@@ -1282,7 +1283,7 @@ def test_attention_twice_at_the_last_layer_locks_the_cache_until_reset():
             if twice_at == 0:  # rolled back: the next forward is taken
                 model(ids[:, 40:41], use_cache=True, **cache_kwargs(model, cache))
             else:
-                with pytest.raises(RuntimeError, match="after its last layer had stored the step.*call reset"):
+                with pytest.raises(RuntimeError, match="last layer had stored the step.*call reset"):
                     model(ids[:, 41:42], use_cache=True, **cache_kwargs(model, cache))
                 cache.reset()
                 model(ids[:, :40], use_cache=True, **cache_kwargs(model, cache))
@@ -1482,3 +1483,89 @@ def test_an_attention_call_with_softcap_is_refused():
     layer.update(k1, v1)  # a decode step: k1 is tagged for kvarn attention
     with pytest.raises(NotImplementedError, match="soft-capping"):
         kvarn_attention(types.SimpleNamespace(), torch.randn(1, 4, 1, 16), k1, v1, None, scaling=0.25, softcap=30.0)
+
+
+def test_a_model_with_other_layer_counts_is_named_and_the_cache_refused_until_reset():
+    """A cache built on a 2-layer model's config, run by a model with more layers: its first two layers have
+    taken the step when the third asks for a layer the cache lacks, so the error names the mismatch and the
+    cache refuses every later forward until reset() (it kept a token its own model never produced). With fewer
+    layers the forward ends early, leaving the layers at different lengths: the next forward says so."""
+    import transformers
+
+    small = _tiny(transformers.LlamaConfig, num_hidden_layers=2)
+    deep = _tiny(transformers.LlamaConfig, num_hidden_layers=3)
+    shallow = _tiny(transformers.LlamaConfig, num_hidden_layers=1)
+    ids = torch.randint(1, 256, (1, 12), generator=torch.Generator().manual_seed(3))
+
+    def run(model, cache, tokens):
+        with torch.no_grad():
+            return model(tokens, use_cache=True, **cache_kwargs(model, cache))
+
+    cache = KVarNCache(small.config, preset="k4v2_g64", sink_tokens=0)
+    run(small, cache, ids[:, :10])
+    deep.config._attn_implementation = small.config._attn_implementation  # as if it had a KVarNCache too
+    with pytest.raises(ValueError, match="more layers than this cache's config.*KVarNCache\\(model.config\\)"):
+        run(deep, cache, ids[:, 10:11])
+    with pytest.raises(RuntimeError, match="more layers than this cache's config.*call reset"):
+        run(small, cache, ids[:, 10:11])
+    cache.reset()
+    run(small, cache, ids[:, :10])
+    assert cache.get_seq_length() == 10
+
+    shallow.config._attn_implementation = small.config._attn_implementation
+    run(shallow, cache, ids[:, 10:11])
+    assert [layer.get_seq_length() for layer in cache.layers] == [11, 10]
+    with pytest.raises(RuntimeError, match="10 to 11 tokens.*fewer layers than this cache's config"):
+        run(small, cache, ids[:, 11:12])
+
+
+def test_a_custom_mask_over_a_multi_token_step_is_refused_and_changes_nothing():
+    """kvarn appends a step's tokens one at a time, each attending the cache and the tokens before it: a
+    4-D mask whose rows say otherwise (a tree mask for speculative decoding, a mask differing between heads)
+    is refused at the first layer, and the cache is as before; the causal mask of the same step is served."""
+    import transformers
+
+    model = _tiny(transformers.LlamaConfig, num_hidden_layers=2)
+    ids = torch.randint(1, 256, (1, 14), generator=torch.Generator().manual_seed(4))
+    cache = KVarNCache(model.config, preset="k4v2_g64", sink_tokens=0)
+    with torch.no_grad():
+        model(ids[:, :10], use_cache=True, **cache_kwargs(model, cache))
+    before = [_snapshot(layer) for layer in cache.kvarn_layers]
+    causal = torch.ones(4, 14, dtype=torch.bool).tril(10)[None, None]  # query i sees keys 0..10+i
+    tree = causal.clone()
+    tree[0, 0, 2, 11] = False  # the third new token does not see the second: two branches of a draft tree
+    per_head = causal.expand(1, 2, 4, 14).clone()
+    per_head[0, 1, 3, 0] = False
+    position_ids = torch.arange(10, 14)[None]
+    for mask, message in ((tree, "not causal .a tree or other custom mask"), (per_head, "differs between heads")):
+        with pytest.raises(NotImplementedError, match=message), torch.no_grad():
+            model(ids[:, 10:14], attention_mask=mask, position_ids=position_ids, use_cache=True,
+                  **cache_kwargs(model, cache))
+        for layer, snap in zip(cache.kvarn_layers, before):
+            _assert_same(_snapshot(layer), snap)
+    with torch.no_grad():
+        served = model(ids[:, 10:14], attention_mask=causal, position_ids=position_ids, use_cache=True,
+                       **cache_kwargs(model, cache)).logits
+    fresh = KVarNCache(model.config, preset="k4v2_g64", sink_tokens=0)
+    with torch.no_grad():
+        model(ids[:, :10], use_cache=True, **cache_kwargs(model, fresh))
+        plain = model(ids[:, 10:14], use_cache=True, **cache_kwargs(model, fresh)).logits
+    torch.testing.assert_close(served, plain, rtol=0, atol=0)
+
+
+def test_attention_dropout_at_decode_is_refused():
+    """A model in training mode with attention dropout: the prompt's sdpa pass applies it, kvarn's decode
+    attention cannot, so the decode step is refused by name (not served without the dropout)."""
+    import transformers
+
+    model = _tiny(transformers.LlamaConfig, num_hidden_layers=2, attention_dropout=0.5)
+    ids = torch.randint(1, 256, (1, 11), generator=torch.Generator().manual_seed(6))
+    cache = KVarNCache(model.config, preset="k4v2_g64", sink_tokens=0)
+    with torch.no_grad():
+        model(ids[:, :10], use_cache=True, **cache_kwargs(model, cache))
+        model.train()
+        with pytest.raises(NotImplementedError, match="no attention dropout.*model.eval"):
+            model(ids[:, 10:11], use_cache=True, **cache_kwargs(model, cache))
+        model.eval()
+        model(ids[:, 10:11], use_cache=True, **cache_kwargs(model, cache))
+    assert cache.get_seq_length() == 11

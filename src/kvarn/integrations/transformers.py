@@ -128,6 +128,9 @@ def kvarn_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         window = kwargs["sliding_window"] if "sliding_window" in kwargs else getattr(module, "sliding_window", None)
         if kwargs.get("softcap") is not None or window:
             _refuse(layer, "kvarn attention has no logit soft-capping or sliding window")
+        if dropout:  # a model in training mode with attention dropout: sdpa's prompt pass applies it, kvarn could not
+            _refuse(layer, f"kvarn attention has no attention dropout (the model passes {dropout}: training mode); "
+                    "call model.eval() to generate")
         if layer._pending is None:
             _refuse(layer, _TWICE)
         return layer.attend_pending(query, attention_mask, scaling), None
@@ -300,15 +303,19 @@ def _to_numpy(x: torch.Tensor, keep_f16: bool = False) -> np.ndarray:
     return x.detach().to("cpu", torch.float32).numpy()
 
 
-def _visible_keys(attention_mask, batch: int, n_keys: int) -> np.ndarray:
-    """[batch, n_keys] bool: the keys the last query of each row may attend (None: all)."""
+def _visible_keys(attention_mask, batch: int, n_keys: int, n_queries: int = 1) -> np.ndarray:
+    """[batch, n_queries, n_keys] bool: the keys each of the last n_queries queries of each row may attend
+    (None: all). A mask that differs between heads is refused: kvarn attention applies none."""
     if attention_mask is None:
-        return np.ones((batch, n_keys), bool)
-    if attention_mask.dim() != 4 or attention_mask.shape[-1] != n_keys:
+        return np.ones((batch, n_queries, n_keys), bool)
+    if attention_mask.dim() != 4 or attention_mask.shape[-1] != n_keys or attention_mask.shape[-2] < n_queries:
         raise NotImplementedError("KVarNCache: unsupported attention mask layout")
-    last = attention_mask[:, 0, -1, :]
-    visible = last if last.dtype == torch.bool else last == 0
-    return np.broadcast_to(visible.cpu().numpy(), (batch, n_keys))
+    rows = attention_mask[:, :, attention_mask.shape[-2] - n_queries :, :]
+    visible = (rows if rows.dtype == torch.bool else rows == 0).cpu().numpy()
+    if visible.shape[1] > 1 and not (visible == visible[:, :1]).all():
+        raise NotImplementedError("KVarNCache: the attention mask differs between heads; kvarn attention has no mask, "
+                                  "so only left-padded, causal masks are supported")
+    return np.broadcast_to(visible[:, 0], (batch, n_queries, n_keys))
 
 
 def _left_padding(visible: np.ndarray) -> list[int]:
@@ -530,7 +537,7 @@ class KVarNLayer(CacheLayerMixin):
         self._prefill = None
         B, _, n, _ = key_states.shape
         try:
-            pads = _left_padding(_visible_keys(attention_mask, B, n))
+            pads = _left_padding(_visible_keys(attention_mask, B, n)[:, -1])
             k, v = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True)
             for b, c in enumerate(self.caches):
                 try:
@@ -571,21 +578,32 @@ class KVarNLayer(CacheLayerMixin):
             self._fail(error)  # this layer is as before the step
             raise
         B, Hq, n, D = query.shape
-        # The mask must hide exactly the prompt's left padding. No mask (an unpadded batch's decode
-        # step) shows every key: right when no row was padded. Every layer of a forward gets the
-        # same mask tensor: the first layer's verdict is tagged on it and the others reuse it.
+        # The mask must hide exactly the prompt's left padding, and each of the step's tokens must see the
+        # ones before it and none after (the tokens are appended one at a time, each attending the cache so
+        # far): a tree or other custom mask over a multi-token step would be ignored. No mask (an unpadded
+        # batch's step) means causal: right when no row was padded. Every layer of a forward gets the same
+        # mask tensor: the first layer's verdict is tagged on it and the others reuse it.
         verdict = (self.cumulative_length + n, tuple(self.pads))
         if (attention_mask is None and any(self.pads)) or (
                 attention_mask is not None and getattr(attention_mask, _MASK_CHECKED, None) != verdict):
-            visible = _visible_keys(attention_mask, B, self.cumulative_length + n)
+            try:
+                visible = _visible_keys(attention_mask, B, self.cumulative_length + n, n)
+            except NotImplementedError as error:
+                self._fail(error)
+                raise
+            keys = np.arange(self.cumulative_length + n)
+            last_seen = self.cumulative_length + np.arange(n)[:, None]  # query i sees keys up to its own
             for b, p in enumerate(self.pads):
-                if visible[b, :p].any() or not visible[b, p:].all():
-                    error = NotImplementedError(
-                        f"KVarNCache: batch row {b}: padding after the prompt is not supported (kvarn attention "
-                        "has no mask)"
-                    )
-                    self._fail(error)  # sliding layers before this one may have stored the step
-                    raise error
+                if visible[b, -1, :p].any() or not visible[b, -1, p:].all():
+                    why = "padding after the prompt is not supported (kvarn attention has no mask)"
+                elif not np.array_equal(visible[b], (keys >= p) & (keys <= last_seen)):
+                    why = (f"the mask over this step's {n} tokens is not causal (a tree or other custom mask); kvarn "
+                           "attention appends them one at a time, each seeing the cache and the tokens before it")
+                else:
+                    continue
+                error = NotImplementedError(f"KVarNCache: batch row {b}: {why}")
+                self._fail(error)  # sliding layers before this one may have stored the step
+                raise error
             if attention_mask is not None:
                 setattr(attention_mask, _MASK_CHECKED, verdict)
         k, v, q = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True), _to_numpy(query)
@@ -958,12 +976,12 @@ class KVarNCache(Cache):
         fix = "call reset() on the cache (or start a new one) before using it again"
         if self._journal.late_refusal:
             raise RuntimeError(
-                "KVarNCache: a forward was refused after its last layer had stored the step (attention run twice "
-                f"over the last layer's update), which cannot be undone: {self._journal.late_refusal}; {fix}")
+                "KVarNCache: a forward was refused after this cache's last layer had stored the step, which cannot "
+                f"be undone: {self._journal.late_refusal}; {fix}")
         if min(lengths) != max(lengths):
             raise RuntimeError(
                 f"KVarNCache: its layers hold {min(lengths)} to {max(lengths)} tokens: an earlier forward failed or "
-                f"was interrupted part-way{why}; {fix}"
+                f"was interrupted part-way, or ran a model with fewer layers than this cache's config{why}; {fix}"
             )
         untaken = [i for i, layer in enumerate(self.layers)
                    if isinstance(layer, KVarNLayer) and (layer._pending is not None or layer._prefill is not None)]
@@ -1006,7 +1024,14 @@ class KVarNCache(Cache):
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         # An index as transformers' layers pass it: -1 or True would address another layer and skip the
         # new-forward checks below.
-        layer_idx = check_positive_int(layer_idx, "layer_idx", 0, len(self.layers) - 1)
+        layer_idx = check_positive_int(layer_idx, "layer_idx", 0)
+        if layer_idx >= len(self.layers):
+            # Its layers 0..L-1 have taken the step already (the journal was released at the last one's
+            # attention): the cache keeps it and refuses every later forward until reset().
+            why = (f"layer_idx {layer_idx}: the model running this forward has more layers than this cache's config "
+                   f"({len(self.layers)}); build the cache on this model's config, KVarNCache(model.config)")
+            self._journal.rollback(why)
+            raise ValueError(f"KVarNCache: {why}")
         if layer_idx == 0:  # a new forward, before any layer (a sliding one too) stores its tokens
             self._check_consistent()
             self._journal.start()  # the previous forward's step stays
