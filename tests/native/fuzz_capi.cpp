@@ -655,10 +655,11 @@ int call_quantize(const QArgs& a, uint8_t* records, int64_t* bad)
                                       a.iters, records, a.threads, bad);
 }
 
-void fuzz_quantize(Gen& g)
+// A tile format for the quantise / dequantise calls: bits, group and head_dim, any of which may be
+// unsupported (valid turns false: the call must refuse it).
+Fmt pick_tile_format(Gen& g, bool& valid)
 {
-    g_op = "kvarn_quantize_tiles_typed";
-    bool valid = true, ok = true;
+    bool ok = true;
     Fmt f;
     f.kbits = pick_bits(g, true, &ok);
     valid = valid && ok;
@@ -668,6 +669,14 @@ void fuzz_quantize(Gen& g)
     valid = valid && ok;
     f.head_dim = pick_head_dim(g, 1024, true, &ok);
     valid = valid && ok;
+    return f;
+}
+
+void fuzz_quantize(Gen& g)
+{
+    g_op = "kvarn_quantize_tiles_typed";
+    bool valid = true;
+    const Fmt f = pick_tile_format(g, valid);
     const int G = kvarn_group_supported(f.group) ? f.group : 64;
     const int D = kvarn_head_dim_supported(f.head_dim) ? f.head_dim : 16;
     int64_t n_tiles = g.range<int64_t>(0, 3);
@@ -808,16 +817,8 @@ void fuzz_quantize(Gen& g)
 void fuzz_dequantize(Gen& g)
 {
     g_op = "kvarn_dequantize_tiles";
-    bool valid = true, ok = true;
-    Fmt f;
-    f.kbits = pick_bits(g, true, &ok);
-    valid = valid && ok;
-    f.vbits = pick_bits(g, true, &ok);
-    valid = valid && ok;
-    f.group = pick_group(g, true, &ok);
-    valid = valid && ok;
-    f.head_dim = pick_head_dim(g, 1024, true, &ok);
-    valid = valid && ok;
+    bool valid = true;
+    const Fmt f = pick_tile_format(g, valid);
     const int G = kvarn_group_supported(f.group) ? f.group : 64;
     const int D = kvarn_head_dim_supported(f.head_dim) ? f.head_dim : 16;
     int64_t n_tiles = std::min<int64_t>(g.range<int64_t>(0, 3), std::max<int64_t>(1, (1 << 17) / ((int64_t)G * D)));
