@@ -228,11 +228,11 @@ class KVCache:
                 # itself into the records past num_tiles (may raise: nothing published), which then
                 # hands the buffer on, frozen, to a state whose tail is empty (see below).
                 records = self._records_with_room(records, num_tiles, num_tiles + 1)
-                self._quantize_tail_tile(tail_k, tail_v, records[num_tiles], num_tiles, threads)
-                self._commit(sink_k, sink_v, records, num_tiles + 1, tail_k, tail_v, 0, True)
+                self._quantize_tail_tile(tail_k, tail_v, num_tiles, threads, out=records[num_tiles])
+                self._commit(sink_k, sink_v, records, num_tiles + 1, tail_k, tail_v, 0, reuse_tail=True)
                 return
             staged = self._stage_full_tail(tail_k, tail_v, rest, num_tiles, threads)  # may raise: nothing published
-            self._commit(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest, False, staged)
+            self._commit(sink_k, sink_v, records, num_tiles, tail_k, tail_v, rest, reuse_tail=False, staged=staged)
             return
         if checked_on_store:  # not stored above: their values checked here (plain_tokens checked the rest)
             check_tokens_f16(k, "k")
@@ -303,23 +303,21 @@ class KVCache:
         grown[:num_tiles] = records[:num_tiles]
         return grown
 
-    def _quantize_tail_tile(self, tail_k, tail_v, out, num_tiles, threads) -> None:
-        """The records [H, record_bytes] of a whole tail (fp16 [H, G, D]), the cache's tile number num_tiles."""
+    def _quantize_tail_tile(self, tail_k, tail_v, num_tiles, threads, out=None) -> np.ndarray:
+        """The records [H, record_bytes] (into out when given) of a whole tail, fp16 [H, G, D]: the cache's
+        tile number num_tiles, as its errors name it."""
         G = self.preset.group
         start = self.sink_tokens + num_tiles * G
-        quantize_tiles_native(tail_k, tail_v, self.preset, self.iters, threads,
-                              lambda i: f"head {i} of the tile of tokens {start}..{start + G - 1}", out=out)
+        return quantize_tiles_native(tail_k, tail_v, self.preset, self.iters, threads,
+                                     lambda i: f"head {i} of the tile of tokens {start}..{start + G - 1}", out=out)
 
     def _stage_full_tail(self, tail_k, tail_v, tail_len, num_tiles, threads):
         """quantize_on="next": the records of a tail that this append fills (None otherwise), quantised now
         so that a tile that cannot be quantised is refused by the append that fills it (it would make
         every later append fail); the next append publishes them instead of quantising again."""
-        G = self.preset.group
-        if self.quantize_on != "next" or tail_len != G:
+        if self.quantize_on != "next" or tail_len != self.preset.group:
             return None
-        start = self.sink_tokens + num_tiles * G
-        return quantize_tiles_native(tail_k, tail_v, self.preset, self.iters, threads,
-                                     lambda i: f"head {i} of the tile of tokens {start}..{start + G - 1}")
+        return self._quantize_tail_tile(tail_k, tail_v, num_tiles, threads)
 
     def _set_staged(self, records) -> None:
         # Tied to the state just published (by identity): any other state (a rollback, a truncate, a
@@ -383,7 +381,7 @@ class KVCache:
             tail_k, tail_v = self._writable_tail(tail_k, tail_v)
             tail_k[:, tail_len:] = k[:, to_sink : to_sink + G - tail_len]  # rounded to fp16 as astype
             tail_v[:, tail_len:] = v[:, to_sink : to_sink + G - tail_len]
-            quantize(np.ascontiguousarray(tail_k), np.ascontiguousarray(tail_v), 0, False)  # [H, G, D]: no copy made
+            self._quantize_tail_tile(tail_k, tail_v, num_tiles, threads, out=out[:H])
             first = 1
         # One native input format per call: fp16, or float32 rounded to fp16 natively. Anything else
         # (float64, k and v of different dtypes) becomes fp16 a chunk at a time in numpy: one rounding,
