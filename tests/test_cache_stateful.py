@@ -608,8 +608,11 @@ class KVCacheMachine(RuleBasedStateMachine):
             if s_max > 10:
                 q = (q * (10 / s_max)).astype(np.float32)
             ref, value_norm = oracle.attention_with_value_norm(q, k_hat, v_hat, 1 / np.sqrt(D))
-            # The exact float scores, then the integer mode drawn (scalar kernels run float only).
+            # The exact float scores, then the integer mode drawn (scalar kernels run float only; a CPU or
+            # build without AVX2, e.g. aarch64, refuses the integer modes).
             for mode in ("float", self.int_mode):
+                if mode != "float" and "avx2" not in kvarn.available_isas():
+                    continue
                 kvarn.set_score_mode(mode)
                 try:
                     ran = kvarn.score_mode()
