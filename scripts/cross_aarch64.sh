@@ -64,7 +64,7 @@ if [ ! -x "$venv/bin/pytest" ]; then
     pip numpy scikit-build-core cython pytest hypothesis
 fi
 # -idirafter: Debian's pyconfig.h includes <aarch64-linux-gnu/python3.11/pyconfig.h> from the sysroot.
-KVARN_CUDA=OFF "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps . \
+"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps . \
   -C cmake.define.CMAKE_TOOLCHAIN_FILE="$toolchain" -C cmake.define.CMAKE_CXX_FLAGS="-idirafter $sysroot/usr/include" \
   -C build-dir="$build/wheel"
 "$venv/bin/python" -c 'import platform, kvarn; print(platform.machine(), kvarn.available_isas(), kvarn.active_isa())'

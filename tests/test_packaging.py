@@ -109,6 +109,21 @@ def test_cmake_auto_builds_without_cuda_for_an_nvcc_older_than_12(tmp_path):
     assert rc != 0 and "the kernels need 12.0 or later" in " ".join(out.split()), out[-2000:]
 
 
+def test_cmake_auto_builds_without_cuda_when_cross_compiling(tmp_path):
+    """Cross-compiling (here to aarch64, configure only), the nvcc found is the build machine's: its host code
+    failed the CUDA module's link ("file in wrong format"). AUTO now builds without the module and says why.
+    The fake nvcc is a current one (13.0), which AUTO would take on a native build."""
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] || exit 1\n"
+                    "echo 'Cuda compilation tools, release 13.0, V13.0.48'\n")
+    fake.chmod(0o755)
+    rc, out = _configure(tmp_path, "AUTO", None, f"-DCMAKE_CUDA_COMPILER={fake}", "-DCMAKE_SYSTEM_NAME=Linux",
+                         "-DCMAKE_SYSTEM_PROCESSOR=aarch64")
+    out = " ".join(out.split())
+    assert rc == 0 and "cross-compiling for aarch64: building without the CUDA module" in out, out[-2000:]
+    assert "kvarn: CUDA module OFF" in out, out[-2000:]
+
+
 def test_transformers_extra_bounds_rather_than_pins():
     # The eval extra pins torch for reproducible numbers; the integration alone must install beside the torch an
     # engine already runs (an exact pin made `kvarn[eval]` unresolvable next to any other torch).
