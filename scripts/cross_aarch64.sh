@@ -2,7 +2,7 @@
 # Cross-builds kvarn for aarch64 and runs it under qemu-user, on an x86-64 Debian/Ubuntu machine:
 #   scripts/cross_aarch64.sh [BUILD_DIR]           the native core and its test drivers: a non-x86
 #       build leaves the AVX files out, the scalar kernels pass the native tests, and a forced x86
-#       ISA (or an unknown one) is refused on every kernel call;
+#       ISA (or an unknown one) is refused on every kernel call (KVARN_SANITIZE=ON: under ASan + UBSan);
 #   scripts/cross_aarch64.sh BUILD_DIR --python [PYTEST ARGS...]   also the Python package: Debian's
 #       arm64 Python 3.11 unpacked into a sysroot, a venv of it whose python runs under qemu, numpy,
 #       Cython, scikit-build-core, pytest and hypothesis as PyPI's aarch64 wheels, kvarn installed
@@ -23,7 +23,10 @@ set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
 TOOLCHAIN
 
 core="$build/core"
-cmake -S . -B "$core" -DCMAKE_TOOLCHAIN_FILE="$toolchain" -DKVARN_CUDA=OFF >/dev/null
+# KVARN_SANITIZE=ON: the drivers under ASan + UBSan (LeakSanitizer cannot run under qemu: leaks unchecked).
+cmake -S . -B "$core" -DCMAKE_TOOLCHAIN_FILE="$toolchain" -DKVARN_CUDA=OFF -DKVARN_SANITIZE="${KVARN_SANITIZE:-OFF}" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}"
 cmake --build "$core" -j"$(nproc)" --target kvarn_native_test kvarn_simd_test
 run() { qemu-aarch64 -L /usr/aarch64-linux-gnu "$@"; }
 file "$core/native/cpu/kvarn_native_test"
