@@ -1057,11 +1057,18 @@ def test_models_kvarn_cannot_serve_are_refused_by_name_and_left_unchanged():
     ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(3))
     # Attention computed in the model's own code (no attention interface): building the cache switched the
     # config, so even plain forwards got sdpa-style masks (logits off by ~2.5). Refused; the config untouched.
-    falcon = transformers.FalconConfig(hidden_size=128, num_attention_heads=4, num_hidden_layers=2, vocab_size=256)
-    before = falcon._attn_implementation
-    with pytest.raises(NotImplementedError, match="^config: FalconForCausalLM computes attention in its own code"):
-        KVarNCache(falcon)
-    assert falcon._attn_implementation == before
+    # transformers ports families to the interface release by release (Falcon in 5.25): the first of these
+    # decoder-only families still outside it in the installed version is the example.
+    own_code = [c for c in (transformers.GPTNeoConfig, transformers.BloomConfig, transformers.MptConfig,
+                            transformers.XGLMConfig, transformers.FalconConfig)
+                if not _causal_lm_class(c)._can_set_attn_implementation()]
+    assert own_code, "every candidate family now uses the attention interface: name another one here"
+    config = own_code[0]()
+    before = config._attn_implementation
+    name = _causal_lm_class(type(config)).__name__
+    with pytest.raises(NotImplementedError, match=f"^config: {name} computes attention in its own code"):
+        KVarNCache(config)
+    assert config._attn_implementation == before
     # Learned attention sinks (s_aux): sdpa's **kwargs swallowed them (greedy tokens 0 of 20 right). Refused at
     # construction (GPT-OSS's first layer is a sliding one: refused there at the first forward, that layer would
     # have kept the prompt).
@@ -1093,6 +1100,45 @@ def test_models_kvarn_cannot_serve_are_refused_by_name_and_left_unchanged():
         with pytest.raises(NotImplementedError, match=match):
             KVarNCache(config)
         assert config._attn_implementation == before
+
+
+def _causal_lm_class(config_cls):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING[config_cls]
+
+
+def test_falcon_is_served_where_transformers_routes_its_attention_and_alibi_is_refused_by_name():
+    """transformers 5.25 moved Falcon's attention to the attention interface: from then on the cache serves
+    it (before, it was refused as attention in the model's own code). Falcon with ALiBi passes its position
+    bias as an additive mask, which kvarn attention cannot apply: refused at construction by name (its first
+    forward had refused the mask as "not left padding"), the config untouched, in every version."""
+    import transformers
+
+    alibi = transformers.FalconConfig(hidden_size=128, num_attention_heads=4, num_hidden_layers=2, vocab_size=256,
+                                      alibi=True)
+    before = alibi._attn_implementation
+    with pytest.raises(NotImplementedError, match="^config: alibi=True: ALiBi adds a position bias"):
+        KVarNCache(alibi)
+    assert alibi._attn_implementation == before
+    for extra in ({}, {"new_decoder_architecture": True, "num_kv_heads": 2}):  # multi-query, then grouped K/V
+        config = transformers.FalconConfig(hidden_size=128, num_attention_heads=4, num_hidden_layers=2,
+                                           vocab_size=256, **extra)
+        if not transformers.FalconForCausalLM._can_set_attn_implementation():  # transformers before 5.25
+            with pytest.raises(NotImplementedError, match="^config: FalconForCausalLM computes attention in its own"):
+                KVarNCache(config)
+            continue
+        torch.manual_seed(0)
+        model = transformers.FalconForCausalLM(config).eval()
+        ids = torch.randint(1, 256, (1, 301), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            full = model(ids).logits[0, -1]
+            cache = KVarNCache(model.config, preset="k8v8_g128")
+            model(ids[:, :300], use_cache=True, **cache_kwargs(model, cache))
+            step = model(ids[:, 300:], use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+        assert cache.get_seq_length() == 301
+        # The tile after the sink is 8-bit codes, the rest fp16: as Granite's test, a few 1e-4 of logits ~1.5.
+        assert float((step - full).abs().max()) < 3e-3, extra
 
 
 def test_configs_checked_at_construction_and_multimodal_served():

@@ -800,6 +800,12 @@ def _model_class_support(config_type):
 
 
 def _check_model_support(config, text_config) -> None:
+    # ALiBi's position bias reaches attention as an additive mask: refused by name, before the rules below (the
+    # interface one held Falcon back until transformers 5.25 ported it; after that its first forward was refused
+    # for a mask that "is not left padding", which did not say why).
+    if getattr(text_config, "alibi", False) is True:
+        raise NotImplementedError("config: alibi=True: ALiBi adds a position bias to the attention scores, which kvarn "
+                                  "attention (scores with neither bias nor mask) cannot apply; use the model's own cache")
     answers = [a for a in {id(c): _model_class_support(type(c)) for c in (config, text_config)}.values() if a]
     # A wrapper's class may say nothing useful about its text model's: refused only if no class says yes.
     if answers and not any(interface for _, interface, _ in answers):
