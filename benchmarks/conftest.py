@@ -18,7 +18,6 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 QUICK = os.environ.get("KVARN_BENCH_QUICK") == "1"
 
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 
 import kvarn  # noqa: E402
 
