@@ -1141,6 +1141,39 @@ def test_falcon_is_served_where_transformers_routes_its_attention_and_alibi_is_r
         assert float((step - full).abs().max()) < 3e-3, extra
 
 
+def test_per_layer_configs_are_read_per_layer():
+    """transformers 5.25 lets a config set attributes per layer (``per_layer_config``), and reading such an attribute
+    config-wide raises there: KVarNCache(config) of every Gemma 4 model failed with transformers' error. Now each
+    layer's own values are read: Gemma 4 (head_dim per layer: 16 on its sliding layers, 32 on its full one) decodes
+    like the full forward, and a config whose second layer has a head_dim kvarn cannot serve is refused by name
+    (transformers' Llama builds no model from it: it reads the config-wide values)."""
+    import transformers
+
+    if not hasattr(transformers.PreTrainedConfig, "per_layer_config"):
+        pytest.skip(f"transformers {transformers.__version__} has no per-layer configs (5.25 added them)")
+    gemma4 = transformers.Gemma4TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           global_head_dim=32, sliding_window=32, vocab_size=256)
+    assert gemma4.per_layer_attributes == {"head_dim"}  # what this test is about: the fix is per-layer reads
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForCausalLM(gemma4).eval()
+    ids = torch.randint(1, 256, (1, 301), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids).logits[0, -1]
+        cache = KVarNCache(model.config, preset="k8v8_g128")
+        model(ids[:, :300], use_cache=True, **cache_kwargs(model, cache))
+        step = model(ids[:, 300:], use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+    assert [(c.num_kv_heads, c.head_dim) for layer in cache.kvarn_layers for c in layer.caches] == [(2, 32)]
+    assert float((step - full).abs().max()) < 3e-3  # 8-bit codes beyond the sink: as Granite's test
+    restore_attention(model)
+    odd = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=2,
+                                   per_layer_config={1: {"head_dim": 24}})
+    before = odd._attn_implementation
+    with pytest.raises(ValueError, match="^config: head_dim: unsupported head_dim 24"):
+        KVarNCache(odd)
+    assert odd._attn_implementation == before
+
+
 def test_configs_checked_at_construction_and_multimodal_served():
     """From a review: an encoder-decoder model, an unsupported head_dim and a crop window that can serve
     no crop used to be accepted and fail later (mid-generate for the window); a multimodal config was

@@ -799,11 +799,36 @@ def _model_class_support(config_type):
     return cls.__name__, interface, sinks
 
 
+def _config_values(config, name, default=None) -> list:
+    """Every value an attribute takes over the layers: the config-wide one, or one per layer where the config
+    sets it per layer (transformers 5.25's ``per_layer_config``: Gemma 4's head_dim, or any config built with
+    it), whose config-wide read raises."""
+    if name in (getattr(config, "per_layer_attributes", None) or ()):
+        return [getattr(layer, name, default) for layer in config.per_layer_config]
+    return [getattr(config, name, default)]
+
+
+def _layer_value(config, name, index: int, default=None):
+    """The attribute for one layer (see _config_values)."""
+    if name in (getattr(config, "per_layer_attributes", None) or ()):
+        return getattr(config.per_layer_config[index], name, default)
+    return getattr(config, name, default)
+
+
+def _layer_head_dim(config, index: int):
+    """A layer's head_dim: its own, else hidden_size // num_attention_heads (None where neither says)."""
+    head_dim = _layer_value(config, "head_dim", index)
+    hidden, heads = _layer_value(config, "hidden_size", index), _layer_value(config, "num_attention_heads", index)
+    if not isinstance(head_dim, int) and isinstance(hidden, int) and isinstance(heads, int) and heads:
+        head_dim = hidden // heads
+    return head_dim
+
+
 def _check_model_support(config, text_config) -> None:
     # ALiBi's position bias reaches attention as an additive mask: refused by name, before the rules below (the
     # interface one held Falcon back until transformers 5.25 ported it; after that its first forward was refused
     # for a mask that "is not left padding", which did not say why).
-    if getattr(text_config, "alibi", False) is True:
+    if any(v is True for v in _config_values(text_config, "alibi", False)):
         raise NotImplementedError("config: alibi=True: ALiBi adds a position bias to the attention scores, which kvarn "
                                   "attention (scores with neither bias nor mask) cannot apply; use the model's own cache")
     answers = [a for a in {id(c): _model_class_support(type(c)) for c in (config, text_config)}.values() if a]
@@ -819,7 +844,7 @@ def _check_model_support(config, text_config) -> None:
                 "attention nor the sdpa attention it runs for prompts has; use the model's own cache")
     # Attention that reshapes or re-projects the K/V after the cache update (refused at the first forward
     # otherwise, by a message that must list every possible cause): named here, before anything changes.
-    lora = getattr(text_config, "kv_lora_rank", None)
+    lora = next((v for v in _config_values(text_config, "kv_lora_rank") if v), None)
     if lora:
         raise NotImplementedError(f"config: multi-head latent attention (kv_lora_rank={lora}) re-projects the cached "
                                   "K/V after the cache update, which KVarNCache does not support; use the model's "
@@ -827,7 +852,7 @@ def _check_model_support(config, text_config) -> None:
     if getattr(text_config, "model_type", None) == "jetmoe":
         raise NotImplementedError("config: JetMoE's mixture of attention heads reshapes the cached K/V after the cache "
                                   "update, which KVarNCache does not support; use the model's own cache")
-    shared = getattr(text_config, "num_kv_shared_layers", None)
+    shared = next((v for v in _config_values(text_config, "num_kv_shared_layers") if v), None)
     if shared:
         raise NotImplementedError(f"config: num_kv_shared_layers={shared}: layers that reuse another layer's K/V "
                                   "are not supported by KVarNCache")
@@ -842,21 +867,24 @@ def _physical_memory():
     return size if size > 0 else None
 
 
-def _check_crop_ring(crop_window: int, group: int, kv_heads, head_dim, kvarn_layers: int) -> None:
+def _check_crop_ring(crop_window: int, group: int, layer_dims) -> None:
     """Refuses a crop window whose fp16 ring (allocated whole at the first forward, K and V of every kv-head and
-    channel per KVarN layer) cannot fit this machine's memory even for one batch row: numpy's MemoryError came
-    mid-generate. Unknown dimensions count at their least (one head, head_dim 16), so what works is never refused."""
+    channel per KVarN layer; layer_dims: (kv_heads, head_dim) of each) cannot fit this machine's memory even for one
+    batch row: numpy's MemoryError came mid-generate. Unknown dimensions count at their least (one head, head_dim
+    16), so what works is never refused."""
     memory = _physical_memory()
     if not crop_window or memory is None:
         return
-    kv_heads = kv_heads if isinstance(kv_heads, int) and kv_heads > 0 else 1
-    head_dim = head_dim if isinstance(head_dim, int) and head_dim > 0 else 16
-    per_token = 2 * 2 * kv_heads * head_dim * kvarn_layers
+    dims = [(kv_heads if isinstance(kv_heads, int) and kv_heads > 0 else 1,
+             head_dim if isinstance(head_dim, int) and head_dim > 0 else 16) for kv_heads, head_dim in layer_dims]
+    per_token = sum(2 * 2 * kv_heads * head_dim for kv_heads, head_dim in dims)
+    n = len(dims)
+    shape = (f"{dims[0][0]} kv-heads x {dims[0][1]} channels" if len(set(dims)) == 1
+             else "each layer's kv-heads x channels")
     if crop_window * per_token > memory:
         raise ValueError(
             f"crop_window: {crop_window} tokens need a {crop_window * per_token / 2**30:,.1f} GiB fp16 ring per batch "
-            f"row ({per_token} bytes a token: K and V of {kv_heads} kv-heads x {head_dim} channels in {kvarn_layers} "
-            f"layer{'s' * (kvarn_layers != 1)}), more than this machine's {memory / 2**30:,.1f} GiB of memory: at "
+            f"row ({per_token} bytes a token: K and V of {shape} in {n} layer{'s' * (n != 1)}), more than this machine's {memory / 2**30:,.1f} GiB of memory: at "
             f"most {memory // per_token} tokens fit; {2 * group} serves any crop of up to {group} tokens")
 
 
@@ -893,50 +921,51 @@ class KVarNCache(Cache):
                 f"config: {type(text_config).__name__} has cross-attention layers ({list(cross)}); KVarNCache caches "
                 "self-attention only: use the model's own cache")
         _check_model_support(outer, text_config)
-        head_dim = getattr(text_config, "head_dim", None)
-        if not isinstance(head_dim, int) and isinstance(getattr(text_config, "hidden_size", None), int) and \
-                isinstance(getattr(text_config, "num_attention_heads", None), int) and text_config.num_attention_heads:
-            head_dim = text_config.hidden_size // text_config.num_attention_heads
-        if isinstance(head_dim, int):
-            try:
-                kvarn_check_head_dim(head_dim)
-            except ValueError as e:
-                raise ValueError(f"config: {e}") from None
-        softcap = getattr(text_config, "attn_logit_softcapping", None)
+        n_layers = getattr(text_config, "num_hidden_layers", None)
+        layer_types = getattr(text_config, "layer_types", None)
+        if not layer_types and isinstance(n_layers, int):  # as transformers infers them: a window or chunk applies
+            layer_types = [("sliding_attention" if _layer_value(text_config, "sliding_window", i) is not None
+                            else "chunked_attention" if _layer_value(text_config, "attention_chunk_size", i) is not None
+                            else "full_attention") for i in range(n_layers)]
+        layer_types = list(layer_types or [])
+        # The layers kvarn stores (types that do not fit the layer count are refused below).
+        full = [i for i, t in enumerate(layer_types) if t == "full_attention" and (not isinstance(n_layers, int)
+                                                                                   or i < n_layers)]
+        head_dims = {i: _layer_head_dim(text_config, i) for i in full}
+        for head_dim in dict.fromkeys(head_dims.values()):
+            if isinstance(head_dim, int):
+                try:
+                    kvarn_check_head_dim(head_dim)
+                except ValueError as e:
+                    raise ValueError(f"config: {e}") from None
+        softcap = next((v for v in _config_values(text_config, "attn_logit_softcapping") if v), None)
         if softcap:
             raise NotImplementedError(
                 f"config: attention logit soft-capping (attn_logit_softcapping={softcap}) is not supported by kvarn attention"
             )
-        layer_types = getattr(text_config, "layer_types", None)
-        if not layer_types:  # as transformers infers them: a config-wide window or chunk applies to every layer
-            kind = ("sliding_attention" if getattr(text_config, "sliding_window", None) is not None
-                    else "chunked_attention" if getattr(text_config, "attention_chunk_size", None) is not None
-                    else "full_attention")
-            layer_types = [kind] * text_config.num_hidden_layers
-        n_layers = getattr(text_config, "num_hidden_layers", None)
         if not layer_types:
             raise ValueError(f"config: no attention layers (num_hidden_layers={n_layers}); nothing to cache")
         if isinstance(n_layers, int) and len(layer_types) != n_layers:
             raise ValueError(f"config: {len(layer_types)} layer_types for num_hidden_layers={n_layers}")
         layers = []
-        for t in layer_types:
+        for i, t in enumerate(layer_types):
             if t == "full_attention":
                 layers.append(KVarNLayer(preset, sink_tokens, quantize_on, crop_window))
             elif t in ("sliding_attention", "chunked_attention"):
-                window = text_config.sliding_window if t == "sliding_attention" else text_config.attention_chunk_size
+                window = _layer_value(text_config, "sliding_window" if t == "sliding_attention" else "attention_chunk_size", i)
                 layers.append(DynamicSlidingWindowLayer(sliding_window=window))
             else:
                 raise NotImplementedError(f"config: layer type {t!r} is not supported by KVarNCache")
         if not any(isinstance(layer, KVarNLayer) for layer in layers):
             raise NotImplementedError(
                 f"config: every attention layer is {layer_types[0]!r} (sliding_window="
-                f"{getattr(text_config, 'sliding_window', None)}, attention_chunk_size="
-                f"{getattr(text_config, 'attention_chunk_size', None)}); kvarn attention has no window, so a "
+                f"{_layer_value(text_config, 'sliding_window', 0)}, attention_chunk_size="
+                f"{_layer_value(text_config, 'attention_chunk_size', 0)}); kvarn attention has no window, so a "
                 "KVarNCache would compress nothing: use the model's own cache"
             )
         kvarn_layers = [layer for layer in layers if isinstance(layer, KVarNLayer)]
         _check_crop_ring(kvarn_layers[0].crop_window, kvarn_layers[0].preset.group,
-                         getattr(text_config, "num_key_value_heads", None), head_dim, len(kvarn_layers))
+                         [(_layer_value(text_config, "num_key_value_heads", i), head_dims.get(i)) for i in full])
         super().__init__(layers=layers)
         self._failure = [None]
         self._journal = _StepJournal(len(layers))
