@@ -721,16 +721,23 @@ def test_decode_uses_the_models_attention_scaling():
             np.testing.assert_allclose(out[b, h], p @ V[h // 2] / p.sum(), rtol=0, atol=2e-3)
 
 
+def _full_and_cached_last_step(model, prefix=300, seed=1):
+    """The last token's logits of a full forward over prefix + 1 random tokens, and of the same token decoded
+    after the prefix went through a KVarNCache (k8v8: the tile after the sink in 8-bit codes), with that cache."""
+    ids = torch.randint(1, 256, (1, prefix + 1), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        full = model(ids).logits[0, -1]
+        cache = KVarNCache(model.config, preset="k8v8_g128")
+        model(ids[:, :prefix], use_cache=True, **cache_kwargs(model, cache))
+        step = model(ids[:, prefix:], use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+    return full, step, cache
+
+
 def test_granite_attention_multiplier_decodes_like_the_full_forward():
     import transformers
 
     model = _tiny(transformers.GraniteConfig, attention_multiplier=0.5)  # scaling 0.5, not 1/sqrt(32)
-    ids = torch.randint(1, 256, (1, 301), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(ids).logits[0, -1]
-        cache = KVarNCache(model.config, preset="k8v8_g128")
-        model(ids[:, :300], use_cache=True, **cache_kwargs(model, cache))
-        step = model(ids[:, 300:], use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+    full, step, _ = _full_and_cached_last_step(model)
     # Measured 4e-4 (fp16 storage + 8-bit codes); the default scale instead gave 1.7e-2.
     assert float((step - full).abs().max()) < 3e-3
 
@@ -1130,12 +1137,7 @@ def test_falcon_is_served_where_transformers_routes_its_attention_and_alibi_is_r
             continue
         torch.manual_seed(0)
         model = transformers.FalconForCausalLM(config).eval()
-        ids = torch.randint(1, 256, (1, 301), generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            full = model(ids).logits[0, -1]
-            cache = KVarNCache(model.config, preset="k8v8_g128")
-            model(ids[:, :300], use_cache=True, **cache_kwargs(model, cache))
-            step = model(ids[:, 300:], use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+        full, step, cache = _full_and_cached_last_step(model)
         assert cache.get_seq_length() == 301
         # The tile after the sink is 8-bit codes, the rest fp16: as Granite's test, a few 1e-4 of logits ~1.5.
         assert float((step - full).abs().max()) < 3e-3, extra
@@ -1157,12 +1159,7 @@ def test_per_layer_configs_are_read_per_layer():
     assert gemma4.per_layer_attributes == {"head_dim"}  # what this test is about: the fix is per-layer reads
     torch.manual_seed(0)
     model = transformers.Gemma4ForCausalLM(gemma4).eval()
-    ids = torch.randint(1, 256, (1, 301), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(ids).logits[0, -1]
-        cache = KVarNCache(model.config, preset="k8v8_g128")
-        model(ids[:, :300], use_cache=True, **cache_kwargs(model, cache))
-        step = model(ids[:, 300:], use_cache=True, **cache_kwargs(model, cache)).logits[0, -1]
+    full, step, cache = _full_and_cached_last_step(model)
     assert [(c.num_kv_heads, c.head_dim) for layer in cache.kvarn_layers for c in layer.caches] == [(2, 32)]
     assert float((step - full).abs().max()) < 3e-3  # 8-bit codes beyond the sink: as Granite's test
     restore_attention(model)
