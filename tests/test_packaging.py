@@ -56,6 +56,18 @@ def test_numpy_lower_bound():
     assert m and (int(m.group(1)), int(m.group(2))) >= (1, 23), numpy[0]
 
 
+def test_python_classifiers_run_from_requires_python_without_gaps():
+    # The classifiers list the versions scripts/python_versions.sh ran the suite on; raising requires-python
+    # must drop the ones below it, and the list must not skip a minor version.
+    project = pyproject()["project"]
+    floor = re.fullmatch(r">=\s*3\.(\d+)", project["requires-python"])
+    assert floor, project["requires-python"]
+    minors = sorted(int(m.group(1)) for c in project["classifiers"]
+                    if (m := re.fullmatch(r"Programming Language :: Python :: 3\.(\d+)", c)))
+    assert minors and minors[0] == int(floor.group(1)), (minors, project["requires-python"])
+    assert minors == list(range(minors[0], minors[-1] + 1)), minors
+
+
 def test_version_is_the_same_everywhere():
     assert pyproject()["project"]["version"] == kvarn.__version__
     if not FROM_SOURCE:
