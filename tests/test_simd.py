@@ -587,6 +587,29 @@ def test_a_dominant_score_anywhere_in_a_tile(preset, offset, rng):
         assert np.isfinite(out).all() and err < limit[mode], (isa, mode, err)
 
 
+@pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v2_g64"])
+@pytest.mark.parametrize("D", [16, 64, 128])
+def test_value_sums_at_their_largest(preset, D, rng):
+    """Every 2-bit value code 3 but one channel per token (a different one token by token) and uniform
+    attention (zero keys), so every value weight rounds to the integer modes' largest and each channel's
+    integer sum is near its bound: the avx2 int16 loop keeps code k of a byte scaled by 4^k (at most
+    64 * 3 * 32767 * 128 < 2^31 per channel) and shifts it back, which this must find exact in every lane."""
+    c = kvarn.KVCache(1, D, preset=preset, sink_tokens=0, iters=0)  # iters=0: the rotated rows are the balanced ones
+    G = c.preset.group
+    n = 3 * G + 5
+    Y = np.full((n, D), 2.0)
+    Y[np.arange(n), np.arange(n) % D] = -2.0  # the rotated rows: code 3, and 0 in channel t % D
+    v = (Y @ oracle.hadamard_matrix(D)).astype(np.float32)  # H symmetric and orthonormal: rotates back to Y
+    c.append(np.zeros((1, n, D), np.float32), v[None])
+    assert c.num_tiles == 3
+    _, V = c.dequantize()
+    q = rng.standard_normal((3, D)).astype(np.float32)
+    ref = reference(q, np.zeros((1, n, D)), V, 1 / np.sqrt(D))
+    for isa, mode in _every_isa_and_mode():
+        err = rel_err(kvarn.attend(q, c), ref)
+        assert err < 1e-5, (isa, mode, err)
+
+
 def test_exp_accuracy_through_two_sink_tokens():
     """The SIMD exp (exp_ps, <= 2 ulp on [-87, 0] by the ISA files' headers) checked on its own: two fp16 sink
     tokens, k = 0 and e_0, v = 0 and ones, so a query with q_0 = -4g (head_dim 16, scale 1/4) scores 0 and -g

@@ -489,31 +489,40 @@ inline __m256 centred_value_sums(__m256i S, __m256i w3, __m256 sc, __m256 off)
 }
 
 // Int16 value sums for 2-bit values, 16 channels x 2 tokens per step (the avx512
-// file's scheme: w = p va rounded to int16, centred codes, exact int32 sums). The 4
-// bytes of rows t and t+1 interleaved and widened give per dword one byte of each
-// token, holding channels 4b..4b+3; a per-dword shift by 0/2 (4/6) and a mask make
-// the (code_t, code_t+1) pairs of channels 4b, 4b+1 (4b+2, 4b+3), put back in order at the end.
+// file's scheme: w = p va rounded to int16, centred codes, exact int32 sums). Bytes j
+// of rows t and t+1 (channels 4j..4j+3) each broadcast to every dword and their words
+// interleaved give dwords (row t's word, row t+1's word) whose low bytes hold quad 0 or
+// 2 (quads 1 and 3 from the same loads one byte on); a per-dword mask then keeps code
+// k of both tokens at bit 2k of each word, i.e. (code_t, code_t+1) * 4^k, so one vpand
+// and no shift or widening per register makes 8 channels' pairs. Zen 3 runs the
+// widening and lane-crossing shuffles this replaced at 1 a cycle or less. The scaled
+// sums stay exact (at most 64 * 3 * 32767 * 128 < 2^31) and an arithmetic shift by 2k
+// recovers each channel's sum exactly, so the output is the same floats.
 template <int NH, bool kVnni>
 void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
                           const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
     const size_t row_bytes = (size_t)D / 4;
-    const __m256i sh01 = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), sh23 = _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6);
-    const __m256i m = _mm256_set1_epi32(0x00030003);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    // dwords 0-7 hold quads 0 2 0 2 | 0 2 0 2 (the +1 loads: 1 3 1 3 | 1 3 1 3); keep code k = 0 0 1 1 | 2 2 3 3
+    const __m256i keep = _mm256_setr_epi32(0x00030003, 0x00030003, 0x000C000C, 0x000C000C, 0x00300030, 0x00300030,
+                                           0x00C000C0, 0x00C000C0);
+    const __m256i unscale = _mm256_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6);
+    const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     for (int d0 = 0; d0 < D; d0 += 16) {
         __m256i a0[NH], a1[NH];
         for (int h = 0; h < NH; ++h) a0[h] = a1[h] = _mm256_setzero_si256();
         const uint8_t* p = vcodes + d0 / 4;
         for (int t = 0; t < G; t += 2, p += 2 * row_bytes) {
             if ((t & 7) == 0) pf.step();
-            int32_t r0, r1;
+            // The +1 loads read one byte past this chunk: the next chunk's, the next row's, or for the
+            // tile's last row the record's vc vector, which follows the value codes (SPEC section 6).
+            int32_t r0, r1, r0n, r1n;
             memcpy(&r0, p, 4);
             memcpy(&r1, p + row_bytes, 4);
-            const __m128i y = _mm_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(r0), _mm_cvtsi32_si128(r1)));
-            const __m256i yb = _mm256_broadcastsi128_si256(y);
-            const __m256i x0 = _mm256_and_si256(_mm256_srlv_epi32(yb, sh01), m);  // channels 4b | 4b+1
-            const __m256i x1 = _mm256_and_si256(_mm256_srlv_epi32(yb, sh23), m);  // channels 4b+2 | 4b+3
+            memcpy(&r0n, p + 1, 4);
+            memcpy(&r1n, p + row_bytes + 1, 4);
+            const __m256i x0 = _mm256_and_si256(_mm256_unpacklo_epi16(_mm256_set1_epi32(r0), _mm256_set1_epi32(r1)), keep);
+            const __m256i x1 = _mm256_and_si256(_mm256_unpacklo_epi16(_mm256_set1_epi32(r0n), _mm256_set1_epi32(r1n)), keep);
             for (int h = 0; h < NH; ++h) {
                 int32_t wp;
                 memcpy(&wp, w16 + h * G + t, 4);
@@ -526,9 +535,11 @@ void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w1
             const __m256 sc = _mm256_set1_ps(0.5f * wscale[h]), off = _mm256_set1_ps(1.5f * wsum[h]);
             // unsigned: wraps instead of overflowing where a NaN weight (a corrupt record) made w16_sum garbage
             const __m256i w3 = _mm256_set1_epi32((int32_t)(3u * (uint32_t)w16_sum[h]));
-            const __m256 f0 = centred_value_sums(a0[h], w3, sc, off), f1 = centred_value_sums(a1[h], w3, sc, off);
-            // f0 = channels 0 4 8 12 | 1 5 9 13, f1 = 2 6 10 14 | 3 7 11 15
-            const __m256 lo = _mm256_unpacklo_ps(f0, f1), hi = _mm256_unpackhi_ps(f0, f1);  // 0 2 4 6 | 1 3 5 7, 8.. | 9..
+            const __m256 f0 = centred_value_sums(_mm256_srav_epi32(a0[h], unscale), w3, sc, off);
+            const __m256 f1 = centred_value_sums(_mm256_srav_epi32(a1[h], unscale), w3, sc, off);
+            // f0 = channels 0 8 1 9 | 2 10 3 11, f1 = 4 12 5 13 | 6 14 7 15
+            const __m256 lo = _mm256_shuffle_ps(f0, f1, _MM_SHUFFLE(2, 0, 2, 0));  // 0 1 4 5 | 2 3 6 7
+            const __m256 hi = _mm256_shuffle_ps(f0, f1, _MM_SHUFFLE(3, 1, 3, 1));  // 8 9 12 13 | 10 11 14 15
             _mm256_store_ps(tmp + h * D + d0, _mm256_permutevar8x32_ps(lo, order));
             _mm256_store_ps(tmp + h * D + d0 + 8, _mm256_permutevar8x32_ps(hi, order));
         }
