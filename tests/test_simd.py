@@ -587,29 +587,6 @@ def test_a_dominant_score_anywhere_in_a_tile(preset, offset, rng):
         assert np.isfinite(out).all() and err < limit[mode], (isa, mode, err)
 
 
-@pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128", "k4v2_g64"])
-@pytest.mark.parametrize("D", [16, 64, 128])
-def test_value_sums_at_their_largest(preset, D, rng):
-    """Every 2-bit value code 3 but one channel per token (a different one token by token) and uniform
-    attention (zero keys), so every value weight rounds to the integer modes' largest and each channel's
-    integer sum is near its bound: the avx2 int16 loop keeps code k of a byte scaled by 4^k (at most
-    64 * 3 * 32767 * 128 < 2^31 per channel) and shifts it back, which this must find exact in every lane."""
-    c = kvarn.KVCache(1, D, preset=preset, sink_tokens=0, iters=0)  # iters=0: the rotated rows are the balanced ones
-    G = c.preset.group
-    n = 3 * G + 5
-    Y = np.full((n, D), 2.0)
-    Y[np.arange(n), np.arange(n) % D] = -2.0  # the rotated rows: code 3, and 0 in channel t % D
-    v = (Y @ oracle.hadamard_matrix(D)).astype(np.float32)  # H symmetric and orthonormal: rotates back to Y
-    c.append(np.zeros((1, n, D), np.float32), v[None])
-    assert c.num_tiles == 3
-    _, V = c.dequantize()
-    q = rng.standard_normal((3, D)).astype(np.float32)
-    ref = reference(q, np.zeros((1, n, D)), V, 1 / np.sqrt(D))
-    for isa, mode in _every_isa_and_mode():
-        err = rel_err(kvarn.attend(q, c), ref)
-        assert err < 1e-5, (isa, mode, err)
-
-
 def test_exp_accuracy_through_two_sink_tokens():
     """The SIMD exp (exp_ps, <= 2 ulp on [-87, 0] by the ISA files' headers) checked on its own: two fp16 sink
     tokens, k = 0 and e_0, v = 0 and ones, so a query with q_0 = -4g (head_dim 16, scale 1/4) scores 0 and -g
@@ -1101,20 +1078,23 @@ def test_int_score_sums_at_their_largest(mode, D, sign, vnni, rng):
         np.testing.assert_allclose(out, outs["scalar", "float"], rtol=0, atol=atol * np.abs(out).max(), err_msg=str(key))
 
 
+@pytest.mark.parametrize("mode", ["int8", "int16"])
 @pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "madd"])
 @pytest.mark.parametrize("D", [16, 48, 112, 256])
 @pytest.mark.parametrize("preset", ["k4v2_g128", "k2v2_g128"])
-def test_int8_value_sums_at_their_largest(preset, D, vnni, rng):
-    """The int8 mode's 2-bit value sums at their worst case: every value code 3 and, in a tile, every weight
-    p va the same (every score kt * ... = 0, one va), so every 8-bit weight is 255. avx2's madd form then adds
-    2 * 255 * 3 = 1530 per 4 tokens to each int16 lane: 16 steps reach 24480, 22 would wrap past 32767 (h50:
-    widening every 22 steps passed every test before this one, whose random weights are mostly far below 255; with
-    G = 128 one tile is 32 steps). The weights are then exact (all 255), so int8 must give the float path's
-    output up to float rounding; a wrapped sum moves a channel by O(1) of max|out|. D 16, 48, 112 take the
-    C = 1 and C = 2 tails on both ISAs."""
-    isas = [i for i in MODE_ISAS["int8"] if vnni or i == "avx2"]  # avx512's int8 has no madd form
+def test_int_value_sums_at_their_largest(preset, D, vnni, mode, rng):
+    """The integer modes' 2-bit value sums at their worst case: every value code 3 and, in a tile, every weight
+    p va the same (every score kt * ... = 0, one va), so every weight is the mode's largest (255 in int8, 32767
+    in int16). int8: avx2's madd form then adds 2 * 255 * 3 = 1530 per 4 tokens to each int16 lane: 16 steps
+    reach 24480, 22 would wrap past 32767 (h50: widening every 22 steps passed every test before this one, whose
+    random weights are mostly far below 255; with G = 128 one tile is 32 steps). int16: the avx2 and avx512 loops
+    keep code k of a byte in place as 4^k c, whose int32 sums reach 64 * 3 * 32767 * 128 < 2^31 and are shifted
+    back per channel. The weights are then exact, so each
+    mode must give the float path's output up to float rounding; a wrapped or misscaled sum moves a channel by
+    O(1) of max|out|. D 16, 48, 112 take the C = 1 and C = 2 tails on both ISAs."""
+    isas = [i for i in MODE_ISAS[mode] if vnni or mode == "int16" or i == "avx2"]  # avx512's int8 has no madd form
     if not isas:
-        pytest.skip("no ISA here runs this form of the int8 mode")
+        pytest.skip(f"no ISA here runs this form of the {mode} mode")
     c = kvarn.KVCache(1, D, preset=preset)
     c.append(rng.standard_normal((1, 700, D)).astype(np.float32), rng.standard_normal((1, 700, D)).astype(np.float32))
     parts, f = _editable_parts(c)
@@ -1123,7 +1103,7 @@ def test_int8_value_sums_at_their_largest(preset, D, vnni, rng):
     f["kt"][:] = np.float16(0)  # every tile score 0: within a tile every p, so every w = p va, is equal
     q = rng.standard_normal((1, 3, D)).astype(np.float32)
     scale = float(1 / np.sqrt(D))
-    outs = _attend_parts_scalar_and(parts, q, scale, vnni, isas, "int8")
+    outs = _attend_parts_scalar_and(parts, q, scale, vnni, isas, mode)
     ref = outs["scalar", "float"]
     for key, out in outs.items():
         np.testing.assert_allclose(out, ref, rtol=0, atol=1e-4 * np.abs(ref).max(), err_msg=str(key))
