@@ -363,11 +363,37 @@ inline void finish_int_scores(__m256i ev, __m256i od, const ScoreArgs& a, int h,
     }
 }
 
+// Word i of the result = byte i of row r (low byte), word i + 1 = byte i of row r + stride,
+// for i = 0..7: the 8 bytes of two rows interleaved and widened. Two forms, the same
+// words. Without AVX-VNNI (Zen 1-3, Intel before Alder Lake) a blend of two 64-bit
+// broadcast loads and one in-lane vpshufb: Zen 3 runs vpmovzxbw to ymm, lane-crossing,
+// at 0.8 a cycle, and this form took 0.95 of the time per record there. With AVX-VNNI
+// (Intel's Golden Cove and later) vpunpcklbw + vpmovzxbw: on the lent Sapphire Rapids
+// the broadcast form took 1.02-1.10 of the time at head_dim 64 (RESULTS section 2,
+// thirty-seventh session).
+template <bool kVnni>
+inline __m256i row_pair_words(const uint8_t* r, size_t stride)
+{
+    if constexpr (kVnni) {
+        const __m128i u = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r)),
+                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + stride)));
+        return _mm256_cvtepu8_epi16(u);
+    } else {
+        // each lane: row r's 8 bytes, then row r + stride's; bytes 0-3 of both go to the low lane, 4-7 to the high
+        const __m256i widen = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,
+                                               4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
+        int64_t x0, x1;
+        memcpy(&x0, r, 8);
+        memcpy(&x1, r + stride, 8);
+        return _mm256_shuffle_epi8(_mm256_blend_epi32(_mm256_set1_epi64x(x0), _mm256_set1_epi64x(x1), 0xCC), widen);
+    }
+}
+
 // Int16 scores for 4-bit keys, 16 tokens per pass: the 8 bytes of rows d and d+1
-// interleaved and widened to words give, per dword, one even token's two codes in
-// the low nibbles and the next odd token's in the high ones, so an and and a shift
-// make the even and the odd tokens' (code_d, code_d+1) pairs for vpmaddwd with the
-// int16 query pair (q16[d], q16[d+1]). Sums exact in int32 (D <= 1024, as avx512);
+// interleaved and widened to words (row_pair_words) give, per dword, one even token's
+// two codes in the low nibbles and the next odd token's in the high ones, so an and
+// and a shift make the even and the odd tokens' (code_d, code_d+1) pairs for vpmaddwd
+// with the int16 query pair (q16[d], q16[d+1]). Sums exact in int32 (D <= 1024, as avx512);
 // s = kt (sum qscale + qz) per element as there, so the scores are the same floats.
 template <int NH, bool kVnni>
 void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m256* smax, Prefetcher& pf)
@@ -381,9 +407,7 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const Sco
         const uint8_t* p = kc + t0 / 2;
         for (int d = 0; d < D; d += 2, p += 2 * row_bytes) {
             if ((d & 7) == 0) pf.step();
-            const __m128i u = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
-                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + row_bytes)));
-            const __m256i y = _mm256_cvtepu8_epi16(u);
+            const __m256i y = row_pair_words<kVnni>(p, row_bytes);
             const __m256i we = _mm256_and_si256(y, nib), wo = _mm256_srli_epi16(y, 4);
             for (int h = 0; h < NH; ++h) {
                 int32_t q2;
@@ -405,6 +429,33 @@ inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8)
     return acc;
 }
 
+// Dword j (lane 0: j = 0-3, lane 1: 4-7) = byte j of each of four rows r, r + stride,
+// r + 2 stride, r + 3 stride: a 4 x 8 byte transpose. Two forms as in row_pair_words,
+// for the same reason. Without AVX-VNNI each lane gets rows 0 and 1 (and 2 and 3) side
+// by side from 64-bit broadcast loads and a blend, so one in-lane vpshufb per pair
+// places the bytes (Zen 3 runs vinserti128 and vpermd, lane-crossing, at 1 a cycle).
+// With it, the rows' bytes interleaved in two xmm and the halves joined.
+template <bool kVnni>
+inline __m256i row_quads(const uint8_t* r, size_t stride)
+{
+    if constexpr (kVnni) {
+        const __m128i r01 = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r)),
+                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + stride)));
+        const __m128i r23 = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 2 * stride)),
+                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 3 * stride)));
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(r01, r23)), _mm_unpackhi_epi16(r01, r23), 1);
+    }
+    const __m256i pick01 = _mm256_setr_epi8(0, 8, -1, -1, 1, 9, -1, -1, 2, 10, -1, -1, 3, 11, -1, -1,
+                                            4, 12, -1, -1, 5, 13, -1, -1, 6, 14, -1, -1, 7, 15, -1, -1);
+    const __m256i pick23 = _mm256_setr_epi8(-1, -1, 0, 8, -1, -1, 1, 9, -1, -1, 2, 10, -1, -1, 3, 11,
+                                            -1, -1, 4, 12, -1, -1, 5, 13, -1, -1, 6, 14, -1, -1, 7, 15);
+    int64_t x[4];
+    for (int i = 0; i < 4; ++i) memcpy(x + i, r + i * stride, 8);
+    const __m256i r01 = _mm256_blend_epi32(_mm256_set1_epi64x(x[0]), _mm256_set1_epi64x(x[1]), 0xCC);
+    const __m256i r23 = _mm256_blend_epi32(_mm256_set1_epi64x(x[2]), _mm256_set1_epi64x(x[3]), 0xCC);
+    return _mm256_or_si256(_mm256_shuffle_epi8(r01, pick01), _mm256_shuffle_epi8(r23, pick23));
+}
+
 // acc + the int16 sums of 2 unsigned-byte x signed-byte products per word (vpmaddubsw +
 // vpaddw; no sum here comes near saturating), the add tied to acc as in dp16.
 inline __m256i maddubs_add(__m256i acc, __m256i u8, __m256i s8)
@@ -415,7 +466,7 @@ inline __m256i maddubs_add(__m256i acc, __m256i u8, __m256i s8)
 }
 
 // Int8 scores for 4-bit keys, 16 tokens x 4 channels per step: the 8 bytes of rows
-// d..d+3 interleaved give per dword one byte of each row, i.e. token 2j's 4 codes in
+// d..d+3 transposed (row_quads) give per dword one byte of each row, i.e. token 2j's 4 codes in
 // the low nibbles and token 2j+1's in the high ones (the avx512 int8 kernel's dwords);
 // vpmaddubsw multiplies them by the int8 query quad (q8[d..d+3]) into two int16 sums
 // per token. Each is at most 2 * 15 * 127 = 3810 in magnitude, so 8 steps (32
@@ -446,12 +497,7 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
             for (int h = 0; h < NH; ++h) ev16[h] = od16[h] = _mm256_setzero_si256();
             for (int d = d0; d < d1; d += 4, p += 4 * row_bytes) {
                 if ((d & 7) == 0) pf.step();
-                const __m128i r01 = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
-                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + row_bytes)));
-                const __m128i r23 = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)),
-                                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)));
-                const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(r01, r23)),
-                                                          _mm_unpackhi_epi16(r01, r23), 1);
+                const __m256i y = row_quads<kVnni>(p, row_bytes);
                 const __m256i ce = _mm256_and_si256(y, nib), co = _mm256_and_si256(_mm256_srli_epi16(y, 4), nib);
                 for (int h = 0; h < NH; ++h) {
                     int32_t q4;
@@ -548,13 +594,12 @@ void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w1
 
 // The int8 mode's value sums for 2-bit values (the avx512 file's scheme): w = p va
 // rounded to uint8, centred codes, exact int32 sums. Per step 4 tokens x 32 channels:
-// the rows' 8 bytes go to one register (two rows per lane), a vpermd gathers dword L of
-// every row into lane L and an in-lane vpshufb transposes each lane's 4x4 bytes, so
-// dword b holds byte b (channels 4b..4b+3) of the four tokens; shift 2k + mask give
+// row_quads transposes the rows' 8 bytes, so dword b (lane 0: b = 0-3, lane 1: 4-7)
+// holds byte b (channels 4b..4b+3) of the four tokens; shift 2k + mask give
 // channel 4b+k, multiplied by the weight quad with vpdpbusd (AVX-VNNI) or vpmaddubsw:
 // int16 pair sums <= 2 * 255 * 3 = 1530, so 16 steps add up in int16 (<= 24480) before
 // vpmaddwd by ones widens them, the same exact sums. C: 16-channel halves in the chunk
-// (1 for D % 32's tail: the upper lane stays zero, no byte past the row is read).
+// (1 for D % 32's tail: 4 bytes per row, the upper lane zero, no byte past the row read).
 // One pass over the tokens makes channels 4b+k for k = K0..K0+KP-1 into acc[h][k].
 // kQuads: kSave keeps each step's transposed quads in quads_buf (G/4 registers), kReuse
 // reads them back instead of loading and transposing the rows again (the second pass).
@@ -564,7 +609,6 @@ inline void values_pass_v2_int8(const uint8_t* p, size_t row_bytes, int G, const
                                 int32_t (*acc)[4][8], Prefetcher& pf, __m256i* quads_buf = nullptr)
 {
     constexpr int kStepsPerWiden = 16;  // 16 * 1530 <= 32767
-    const __m256i lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     const __m256i transpose = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     const __m256i m = _mm256_set1_epi32(0x03030303), ones = _mm256_set1_epi16(1);
     __m256i a[NH][KP];  // int32 sums (VNNI), int16 ones (madd: the int32 ones wait in acc)
@@ -581,12 +625,7 @@ inline void values_pass_v2_int8(const uint8_t* p, size_t row_bytes, int G, const
             if constexpr (kQuads == kReuse) {
                 quads = _mm256_load_si256(quads_buf + t / 4);
             } else if constexpr (C == 2) {
-                const __m128i r01 = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
-                                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + row_bytes)));
-                const __m128i r23 = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)),
-                                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)));
-                const __m256i rows = _mm256_inserti128_si256(_mm256_castsi128_si256(r01), r23, 1);
-                quads = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(rows, lanes), transpose);
+                quads = row_quads<kVnni>(p, row_bytes);
             } else {
                 int32_t r[4];
                 for (int i = 0; i < 4; ++i) memcpy(r + i, p + i * row_bytes, 4);
