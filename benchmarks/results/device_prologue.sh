@@ -13,3 +13,18 @@ build_cuda() {
     >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
   echo "[$(el) s] built"
 }
+# build_ab_sites OLD PATH: CPU-only builds (pip --target) of the working tree into /tmp/site_new and of a copy of it
+# with the file OLD in place of PATH into /tmp/site_old, side by side, for same-machine A/Bs of one changed file
+# (from the thirty-sixth session on); build logs in $OUT.
+build_site() {  # TREE SITE
+  (cd "$1" && KVARN_CUDA=OFF CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q --target "$2" \
+    -C build-dir=build/cpu -C cmake.define.KVARN_CUDA=OFF . >"$OUT/build_$(basename "$2").log" 2>&1) ||
+    { tail -30 "$OUT/build_$(basename "$2").log"; return 1; }
+}
+build_ab_sites() {
+  rm -rf /tmp/oldtree /tmp/site_new /tmp/site_old && mkdir /tmp/oldtree &&
+    cp -r include native src pyproject.toml CMakeLists.txt README.md LICENSE /tmp/oldtree/ && cp "$1" "/tmp/oldtree/$2" || return 1
+  build_site . /tmp/site_new & local new=$!
+  build_site /tmp/oldtree /tmp/site_old; local old=$?
+  wait $new && [ $old -eq 0 ] && echo "[$(el) s] built"
+}

@@ -8,13 +8,7 @@ set -uo pipefail
 . benchmarks/results/device_prologue.sh
 R=benchmarks/results/zen3_2c_s76
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee "$OUT/machine.txt"; grep -o -E 'avx_vnni|avx512_vnni' /proc/cpuinfo | sort -u | tee -a "$OUT/machine.txt"
-build() {  # $1 tree, $2 site
-  (cd "$1" && KVARN_CUDA=OFF CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q --target "$2" \
-    -C build-dir=build/cpu -C cmake.define.KVARN_CUDA=OFF . >"$OUT/build_$(basename "$2").log" 2>&1) || { tail -30 "$OUT/build_$(basename "$2").log"; exit 1; }
-}
-rm -rf /tmp/oldtree /tmp/site_new /tmp/site_old && mkdir /tmp/oldtree && cp -r include native src pyproject.toml CMakeLists.txt README.md LICENSE /tmp/oldtree/
-cp old_kernels_avx2.cpp /tmp/oldtree/native/cpu/avx2/kernels_avx2.cpp
-build . /tmp/site_new; build /tmp/oldtree /tmp/site_old; echo "[$(el) s] built"
+build_ab_sites old_kernels_avx2.cpp native/cpu/avx2/kernels_avx2.cpp || exit 1
 PYTHONPATH=/tmp/site_new python3 -c "import kvarn; print(kvarn.__file__, kvarn.available_isas(), kvarn.active_isa(), kvarn.score_mode())" | tee -a "$OUT/machine.txt"
 PYTHONPATH=/tmp/site_new KVARN_REQUIRE_ISAS=avx2,avx512 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_simd.py 2>&1 | tail -2 | tee "$OUT/test_simd.log"
 echo "[$(el) s] tested"

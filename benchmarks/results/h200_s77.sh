@@ -9,13 +9,7 @@ set -uo pipefail
 . benchmarks/results/device_prologue.sh
 R=benchmarks/results/zen3_2c_s76; R7=benchmarks/results/zen3_2c_s77
 lscpu | grep -E 'Model name|^CPU\(s\)' | tee "$OUT/machine.txt"; grep -o -E 'avx_vnni|avx512_vnni' /proc/cpuinfo | sort -u | tee -a "$OUT/machine.txt"
-build() {  # $1 tree, $2 site
-  (cd "$1" && KVARN_CUDA=OFF CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -q --target "$2" \
-    -C build-dir=build/cpu -C cmake.define.KVARN_CUDA=OFF . >"$OUT/build_$(basename "$2").log" 2>&1) || { tail -30 "$OUT/build_$(basename "$2").log"; exit 1; }
-}
-rm -rf /tmp/oldtree /tmp/site_new /tmp/site_old && mkdir /tmp/oldtree && cp -r include native src pyproject.toml CMakeLists.txt README.md LICENSE /tmp/oldtree/
-cp old_kernels_avx2.cpp /tmp/oldtree/native/cpu/avx2/kernels_avx2.cpp
-build . /tmp/site_new & build /tmp/oldtree /tmp/site_old & wait; echo "[$(el) s] built"
+build_ab_sites old_kernels_avx2.cpp native/cpu/avx2/kernels_avx2.cpp || exit 1
 PYTHONPATH=/tmp/site_new python3 -c "import kvarn; print(kvarn.__file__, kvarn.available_isas(), kvarn.active_isa(), kvarn.score_mode())" | tee -a "$OUT/machine.txt"
 PYTHONPATH=/tmp/site_new KVARN_REQUIRE_ISAS=avx2,avx512 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_simd.py 2>&1 | tail -2 | tee "$OUT/test_simd.log"
 echo "[$(el) s] tested"
@@ -28,7 +22,7 @@ a=np.load('/tmp/old$vnni.npz'); b=np.load('/tmp/new$vnni.npz'); diff=[k for k in
 print('avx2, VNNI $vnni, old vs new: %d cases, %d differ' % (len(a.files), len(diff)), diff[:4])" | tee -a "$OUT/bitid.log"
 done
 echo "[$(el) s] bitid"
-for r in 1 2 3; do for mode in int16 int8; do for vnni in 1 0; do for shape in 8,32,128 3,9,64; do
+for r in $(seq "${ROUNDS:-3}"); do for mode in int16 int8; do for vnni in 1 0; do for shape in 8,32,128 3,9,64; do
   for b in old new; do
     echo -n "r$r vnni$vnni $b: "; KVARN_ISA=avx2 KVARN_SCORES=$mode VNNI=$vnni SHAPE=$shape N=200 PYTHONPATH=/tmp/site_$b taskset -c 2 python3 $R7/aprof.py
   done

@@ -363,30 +363,38 @@ inline void finish_int_scores(__m256i ev, __m256i od, const ScoreArgs& a, int h,
     }
 }
 
-// Word i of the result = byte i of row r (low byte), word i + 1 = byte i of row r + stride,
+// The 8 bytes at a and the 8 at b interleaved (a's byte i, then b's), in an xmm.
+inline __m128i interleaved_rows(const uint8_t* a, const uint8_t* b)
+{
+    return _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+}
+
+// Each 128-bit lane: the 8 bytes at a, then the 8 at b (two 64-bit broadcast loads and a blend), so that
+// in-lane vpshufb can place any byte of either row in either lane.
+inline __m256i rows_side_by_side(const uint8_t* a, const uint8_t* b)
+{
+    int64_t x0, x1;
+    memcpy(&x0, a, 8);
+    memcpy(&x1, b, 8);
+    return _mm256_blend_epi32(_mm256_set1_epi64x(x0), _mm256_set1_epi64x(x1), 0xCC);
+}
+
+// Word 2i of the result = byte i of row r, word 2i + 1 = byte i of row r + stride,
 // for i = 0..7: the 8 bytes of two rows interleaved and widened. Two forms, the same
-// words. Without AVX-VNNI (Zen 1-3, Intel before Alder Lake) a blend of two 64-bit
-// broadcast loads and one in-lane vpshufb: Zen 3 runs vpmovzxbw to ymm, lane-crossing,
-// at 0.8 a cycle, and this form took 0.95 of the time per record there. With AVX-VNNI
-// (Intel's Golden Cove and later) vpunpcklbw + vpmovzxbw: on the lent Sapphire Rapids
-// the broadcast form took 1.02-1.10 of the time at head_dim 64 (RESULTS section 2,
-// thirty-seventh session).
+// words. Without AVX-VNNI (Zen 1-3, Intel before Alder Lake) rows_side_by_side and one
+// in-lane vpshufb: Zen 3 runs vpmovzxbw to ymm, lane-crossing, at 0.8 a cycle, and this
+// form took 0.95 of the time per record there. With AVX-VNNI (Intel's Golden Cove and
+// later) vpunpcklbw + vpmovzxbw: on the lent Sapphire Rapids the broadcast form took
+// 1.02-1.10 of the time at head_dim 64 (RESULTS section 2, thirty-seventh session).
 template <bool kVnni>
 inline __m256i row_pair_words(const uint8_t* r, size_t stride)
 {
-    if constexpr (kVnni) {
-        const __m128i u = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r)),
-                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + stride)));
-        return _mm256_cvtepu8_epi16(u);
-    } else {
-        // each lane: row r's 8 bytes, then row r + stride's; bytes 0-3 of both go to the low lane, 4-7 to the high
-        const __m256i widen = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,
-                                               4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
-        int64_t x0, x1;
-        memcpy(&x0, r, 8);
-        memcpy(&x1, r + stride, 8);
-        return _mm256_shuffle_epi8(_mm256_blend_epi32(_mm256_set1_epi64x(x0), _mm256_set1_epi64x(x1), 0xCC), widen);
-    }
+    if constexpr (kVnni) return _mm256_cvtepu8_epi16(interleaved_rows(r, r + stride));
+    // bytes 0-3 of both rows go to the low lane, 4-7 to the high
+    const __m256i widen = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,
+                                           4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
+    return _mm256_shuffle_epi8(rows_side_by_side(r, r + stride), widen);
 }
 
 // Int16 scores for 4-bit keys, 16 tokens per pass: the 8 bytes of rows d and d+1
@@ -431,29 +439,22 @@ inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8)
 
 // Dword j (lane 0: j = 0-3, lane 1: 4-7) = byte j of each of four rows r, r + stride,
 // r + 2 stride, r + 3 stride: a 4 x 8 byte transpose. Two forms as in row_pair_words,
-// for the same reason. Without AVX-VNNI each lane gets rows 0 and 1 (and 2 and 3) side
-// by side from 64-bit broadcast loads and a blend, so one in-lane vpshufb per pair
-// places the bytes (Zen 3 runs vinserti128 and vpermd, lane-crossing, at 1 a cycle).
-// With it, the rows' bytes interleaved in two xmm and the halves joined.
+// for the same reason. Without AVX-VNNI rows 0 and 1 (and 2 and 3) side by side and one
+// in-lane vpshufb per pair (Zen 3 runs vinserti128 and vpermd, lane-crossing, at 1 a
+// cycle). With it, the rows' bytes interleaved in two xmm and the halves joined.
 template <bool kVnni>
 inline __m256i row_quads(const uint8_t* r, size_t stride)
 {
     if constexpr (kVnni) {
-        const __m128i r01 = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r)),
-                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + stride)));
-        const __m128i r23 = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 2 * stride)),
-                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 3 * stride)));
+        const __m128i r01 = interleaved_rows(r, r + stride), r23 = interleaved_rows(r + 2 * stride, r + 3 * stride);
         return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(r01, r23)), _mm_unpackhi_epi16(r01, r23), 1);
     }
     const __m256i pick01 = _mm256_setr_epi8(0, 8, -1, -1, 1, 9, -1, -1, 2, 10, -1, -1, 3, 11, -1, -1,
                                             4, 12, -1, -1, 5, 13, -1, -1, 6, 14, -1, -1, 7, 15, -1, -1);
     const __m256i pick23 = _mm256_setr_epi8(-1, -1, 0, 8, -1, -1, 1, 9, -1, -1, 2, 10, -1, -1, 3, 11,
                                             -1, -1, 4, 12, -1, -1, 5, 13, -1, -1, 6, 14, -1, -1, 7, 15);
-    int64_t x[4];
-    for (int i = 0; i < 4; ++i) memcpy(x + i, r + i * stride, 8);
-    const __m256i r01 = _mm256_blend_epi32(_mm256_set1_epi64x(x[0]), _mm256_set1_epi64x(x[1]), 0xCC);
-    const __m256i r23 = _mm256_blend_epi32(_mm256_set1_epi64x(x[2]), _mm256_set1_epi64x(x[3]), 0xCC);
-    return _mm256_or_si256(_mm256_shuffle_epi8(r01, pick01), _mm256_shuffle_epi8(r23, pick23));
+    return _mm256_or_si256(_mm256_shuffle_epi8(rows_side_by_side(r, r + stride), pick01),
+                           _mm256_shuffle_epi8(rows_side_by_side(r + 2 * stride, r + 3 * stride), pick23));
 }
 
 // acc + the int16 sums of 2 unsigned-byte x signed-byte products per word (vpmaddubsw +
