@@ -11,10 +11,14 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
 from . import _native
+
+if TYPE_CHECKING:  # annotations only: numpy.typing is not imported at run time
+    from numpy.typing import ArrayLike
 
 FP16_MAX = 65504.0
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -54,7 +58,7 @@ class Preset:
         return self.describe() if other else repr(self.name)
 
 
-PRESETS = {
+PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         Preset("k4v2_g128", 4, 2, 128),
@@ -66,7 +70,9 @@ PRESETS = {
         Preset("k8v8_g128", 8, 8, 128),
     )
 }
-DEFAULT_PRESET = "k4v2_g128"
+DEFAULT_PRESET: str = "k4v2_g128"
+# What a preset argument takes: a built-in name or a Preset (a run-time alias: Python 3.9 has no X | Y at run time).
+PresetLike = Union[str, Preset]
 
 
 def get_preset(preset) -> Preset:
@@ -303,7 +309,7 @@ def get_num_threads() -> int:
     return _num_threads if _num_threads > 0 else int(_native.default_threads())
 
 
-def resolve_threads(num_threads) -> int:
+def resolve_threads(num_threads: int | None) -> int:
     if num_threads is None:
         return _num_threads
     return check_positive_int(num_threads, "num_threads", minimum=0, maximum=MAX_THREADS)
@@ -312,7 +318,7 @@ def resolve_threads(num_threads) -> int:
 ISAS = ("scalar", "avx2", "avx512")
 
 
-def available_isas() -> list:
+def available_isas() -> list[str]:
     """ISAs compiled in and supported by this CPU and OS, lowest first."""
     return [name for name in ISAS if _native.isa_available(name)]
 
@@ -384,7 +390,7 @@ _check_environment()
 
 
 # ---- Hadamard ------------------------------------------------------------------
-def hadamard(x) -> np.ndarray:
+def hadamard(x: ArrayLike) -> np.ndarray:
     """Orthonormal fast Walsh-Hadamard transform along the last axis.
 
     Block-diagonal when head_dim is not a power of two: the block is the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -33,6 +34,11 @@ from ._ops import (
     tile_cut_point,
 )
 from . import _ops
+
+if TYPE_CHECKING:  # annotations only
+    from numpy.typing import ArrayLike
+
+    from ._ops import Preset, PresetLike
 
 
 QUANTIZE_ON = ("fill", "next")
@@ -67,12 +73,12 @@ class KVCache:
         self,
         num_kv_heads: int,
         head_dim: int,
-        preset: str = DEFAULT_PRESET,
+        preset: PresetLike = DEFAULT_PRESET,
         sink_tokens: int | None = None,
         *,
         iters: int = SINKHORN_ITERS,
         quantize_on: str = "fill",
-    ):
+    ) -> None:
         self._num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
         _ops.check_choice(quantize_on, "quantize_on", QUANTIZE_ON, "mode")
         self._quantize_on = quantize_on
@@ -107,12 +113,35 @@ class KVCache:
     # ---- settings --------------------------------------------------------------
     # Read-only, as Tile's: every append and attend sizes its buffers and native reads from them, so
     # an assignment would make later calls drop or repeat tokens. Other settings need a new cache.
-    num_kv_heads = property(lambda self: self._num_kv_heads, doc="KV heads (fixed at construction).")
-    head_dim = property(lambda self: self._head_dim, doc="Channels per token (fixed at construction).")
-    preset = property(lambda self: self._preset, doc="The quantisation format, a kvarn.Preset (fixed at construction).")
-    sink_tokens = property(lambda self: self._sink_tokens, doc="Tokens kept in the fp16 sink (fixed at construction).")
-    iters = property(lambda self: self._iters, doc="Balancing iterations per tile (fixed at construction).")
-    quantize_on = property(lambda self: self._quantize_on, doc='"fill" or "next" (fixed at construction; class docstring).')
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads (fixed at construction)."""
+        return self._num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per token (fixed at construction)."""
+        return self._head_dim
+
+    @property
+    def preset(self) -> Preset:
+        """The quantisation format, a kvarn.Preset (fixed at construction)."""
+        return self._preset
+
+    @property
+    def sink_tokens(self) -> int:
+        """Tokens kept in the fp16 sink (fixed at construction)."""
+        return self._sink_tokens
+
+    @property
+    def iters(self) -> int:
+        """Balancing iterations per tile (fixed at construction)."""
+        return self._iters
+
+    @property
+    def quantize_on(self) -> str:
+        """"fill" or "next" (fixed at construction; class docstring)."""
+        return self._quantize_on
 
     # ---- state ---------------------------------------------------------------
     _sink_k = property(lambda self: self._state[0])
@@ -185,7 +214,7 @@ class KVCache:
         return _ops.read_only(state[2])[: state[3]]
 
     # ---- append --------------------------------------------------------------
-    def append(self, k, v, *, num_threads=None) -> None:
+    def append(self, k: ArrayLike, v: ArrayLike, *, num_threads: int | None = None) -> None:
         """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16, bfloat16, float32 or
         float64 (either byte order), stored and quantised as their fp16 rounding.
 
@@ -509,7 +538,7 @@ class KVCache:
         self.__dict__.pop("_parts_cache", None)
 
     # ---- parts (persistence, other backends) ----------------------------------
-    def to_parts(self) -> dict:
+    def to_parts(self) -> dict[str, Any]:
         """The cache's content as arrays (copies): sink_k, sink_v [Hk, sink_len, D] and tail_k,
         tail_v [Hk, tail_len, D] float16, records uint8 [num_tiles, Hk, record_bytes] (SPEC §6),
         and the settings ``from_parts`` needs (preset, sink_tokens, iters, quantize_on)."""
@@ -526,8 +555,9 @@ class KVCache:
         return self.preset.name if PRESETS.get(self.preset.name) == self.preset else self.preset
 
     @classmethod
-    def from_parts(cls, sink_k, sink_v, records, tail_k, tail_v, *, preset: str = DEFAULT_PRESET,
-                   sink_tokens: int | None = None, iters: int = SINKHORN_ITERS, quantize_on: str = "fill") -> "KVCache":
+    def from_parts(cls, sink_k: ArrayLike, sink_v: ArrayLike, records: ArrayLike, tail_k: ArrayLike,
+                   tail_v: ArrayLike, *, preset: PresetLike = DEFAULT_PRESET, sink_tokens: int | None = None,
+                   iters: int = SINKHORN_ITERS, quantize_on: str = "fill") -> KVCache:
         """A cache holding the given content (``to_parts`` output, or records from another backend):
         sink and tail [Hk, n, D] float (stored as float16), records uint8 [tiles, Hk, record_bytes].
         Checks shapes, that the parts fit together as appends would have left them (the sink full
@@ -616,7 +646,7 @@ class KVCache:
         self._parts_cache = (state, parts)
         return parts
 
-    def dequantize(self):
+    def dequantize(self) -> tuple[np.ndarray, np.ndarray]:
         """(K̂, V̂) float32 [num_kv_heads, len, head_dim]: what attention sees. For tests and
         inspection only — attend() never builds this."""
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
@@ -632,7 +662,7 @@ class KVCache:
         parts_v.append(tail_v[:, :tail_len].astype(np.float32))
         return np.concatenate(parts_k, axis=1), np.concatenate(parts_v, axis=1)
 
-    def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
+    def attend(self, q: ArrayLike, scale: float | None = None, *, num_threads: int | None = None) -> np.ndarray:
         """kvarn.attend(q, self, scale, num_threads=num_threads): q [Hq, D] -> float32 [Hq, D]."""
         return attend(q, self, scale, num_threads=num_threads)
 
@@ -759,7 +789,7 @@ class Checkpoint:
         )
 
 
-def attend(q, cache: KVCache, scale=None, *, num_threads=None) -> np.ndarray:
+def attend(q: ArrayLike, cache: KVCache, scale: float | None = None, *, num_threads: int | None = None) -> np.ndarray:
     """Exact-softmax decode attention of q [Hq, D] over every token in the cache.
 
     Hq must be a multiple of the cache's kv heads (GQA: query head h reads kv
@@ -768,7 +798,8 @@ def attend(q, cache: KVCache, scale=None, *, num_threads=None) -> np.ndarray:
     return _ops.attend_one(q, cache, KVCache, scale, num_threads)
 
 
-def attend_batch(q, caches, scale=None, *, num_threads=None) -> np.ndarray:
+def attend_batch(q: ArrayLike, caches: Sequence[KVCache], scale: float | None = None, *,
+                 num_threads: int | None = None) -> np.ndarray:
     """attend() for many sequences in one native call: q [B, Hq, D], caches a list of B KVCaches
     with the same kv heads and head_dim (any lengths and presets). Returns float32 [B, Hq, D]."""
     return _ops.attend_caches(q, caches, KVCache, scale, num_threads)

@@ -16,11 +16,15 @@ so it goes through kvarn_attend unchanged.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from . import _ops
 from ._ops import check_head_dim, check_kv, check_positive_int, plain_tokens, store_tokens
+
+if TYPE_CHECKING:  # annotations only
+    from numpy.typing import ArrayLike
 
 
 class FP16Cache:
@@ -29,7 +33,7 @@ class FP16Cache:
     Thread-safe as KVCache is: appends are serialised, and readers take one snapshot
     (buffers, length); an append writes only past the published length, or into new buffers."""
 
-    def __init__(self, num_kv_heads: int, head_dim: int, capacity: int = 0):
+    def __init__(self, num_kv_heads: int, head_dim: int, capacity: int = 0) -> None:
         self._num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
         self._head_dim = check_head_dim(head_dim)
         capacity = check_positive_int(capacity, "capacity", 0)
@@ -38,8 +42,15 @@ class FP16Cache:
         self._append_lock = _ops.new_append_lock(self)
 
     # Read-only (as KVCache's): appends and attend size their buffers from them.
-    num_kv_heads = property(lambda self: self._num_kv_heads, doc="KV heads (fixed at construction).")
-    head_dim = property(lambda self: self._head_dim, doc="Channels per token (fixed at construction).")
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads (fixed at construction)."""
+        return self._num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per token (fixed at construction)."""
+        return self._head_dim
 
     def __len__(self) -> int:
         return self._state[2]
@@ -49,7 +60,7 @@ class FP16Cache:
         """Bytes holding the cached tokens (K and V, fp16)."""
         return 2 * 2 * self.num_kv_heads * self.head_dim * len(self)
 
-    def append(self, k, v) -> None:
+    def append(self, k: ArrayLike, v: ArrayLike) -> None:
         """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16, bfloat16, float32 or
         float64, stored as their fp16 rounding."""
         H, D = self.num_kv_heads, self.head_dim
@@ -132,7 +143,7 @@ class FP16Cache:
             new.__dict__[key] = copy.deepcopy(self.__dict__[key], memo)
         return new
 
-    def keys_values(self):
+    def keys_values(self) -> tuple[np.ndarray, np.ndarray]:
         """(K, V) float16 [num_kv_heads, len, head_dim] read-only views (appends write past len in place)."""
         kbuf, vbuf, length = self._state
         return _ops.read_only(kbuf)[:, :length], _ops.read_only(vbuf)[:, :length]
@@ -166,7 +177,7 @@ class FP16Cache:
         self._parts_cache = (state, parts)
         return parts
 
-    def attend(self, q, scale=None, *, num_threads=None) -> np.ndarray:
+    def attend(self, q: ArrayLike, scale: float | None = None, *, num_threads: int | None = None) -> np.ndarray:
         """Decode attention of q [Hq, D] over every cached token; float32 [Hq, D]."""
         return _ops.attend_one(q, self, FP16Cache, scale, num_threads)
 
@@ -174,7 +185,8 @@ class FP16Cache:
         return f"FP16Cache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, tokens={len(self)})"
 
 
-def attend_fp16_batch(q, caches, scale=None, *, num_threads=None) -> np.ndarray:
+def attend_fp16_batch(q: ArrayLike, caches: Sequence[FP16Cache], scale: float | None = None, *,
+                      num_threads: int | None = None) -> np.ndarray:
     """Decode attention for B sequences in one native call: q [B, Hq, D], caches a list of
     B FP16Caches with the same kv heads and head_dim. Returns float32 [B, Hq, D]."""
     return _ops.attend_caches(q, caches, FP16Cache, scale, num_threads)

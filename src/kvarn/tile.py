@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,11 @@ from ._ops import (
     get_preset,
     quantize_tiles_native,
 )
+
+if TYPE_CHECKING:  # annotations only
+    from numpy.typing import ArrayLike
+
+    from ._ops import PresetLike
 
 # Container around raw records for to_bytes/from_bytes: magic, version, kbits,
 # vbits, group, head_dim, num_heads, flags (little endian). The records themselves
@@ -58,7 +64,7 @@ def _check_bits(bits) -> int:
     return int(bits)
 
 
-def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
+def unpack_codes(packed: ArrayLike, bits: int) -> np.ndarray:
     """Unpacks codes along the last axis: code i from byte i // (8/bits), shift (i % (8/bits))*bits.
 
     packed: bytes of at least 1 dimension: a uint8 array, or any integer array-like (a list of ints, an
@@ -80,7 +86,7 @@ def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)
 
 
-def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+def pack_codes(codes: ArrayLike, bits: int) -> np.ndarray:
     """Inverse of unpack_codes; codes must be < 2**bits and the last axis a multiple of 8/bits."""
     bits = _check_bits(bits)
     per_byte = 8 // bits
@@ -104,7 +110,7 @@ class Tile:
     The constructor checks the shape only (records as kvarn wrote them); use ``Tile.from_records``
     for records from elsewhere, which also checks every stored scale."""
 
-    def __init__(self, records: np.ndarray, preset, head_dim: int, squeeze: bool = False):
+    def __init__(self, records: np.ndarray, preset: PresetLike, head_dim: int, squeeze: bool = False) -> None:
         self._preset = get_preset(preset)
         self._head_dim = check_head_dim(head_dim)
         rec_bytes = self.preset.record_bytes(self.head_dim)
@@ -124,10 +130,25 @@ class Tile:
 
     # Read-only: native calls size their reads from preset and head_dim, so they must keep
     # describing records (the bytes themselves may be edited in place; from_records validates).
-    preset = property(lambda self: self._preset, doc="The quantisation format (a kvarn.Preset).")
-    head_dim = property(lambda self: self._head_dim, doc="Channels per token (the records were written for it).")
-    records = property(lambda self: self._records, doc="uint8 [H, record_bytes], SPEC §6 records.")
-    squeeze = property(lambda self: self._squeeze, doc="Whether the tile came from 2-D k, v.")
+    @property
+    def preset(self) -> Preset:
+        """The quantisation format (a kvarn.Preset)."""
+        return self._preset
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per token (the records were written for it)."""
+        return self._head_dim
+
+    @property
+    def records(self) -> np.ndarray:
+        """uint8 [H, record_bytes], SPEC §6 records."""
+        return self._records
+
+    @property
+    def squeeze(self) -> bool:
+        """Whether the tile came from 2-D k, v."""
+        return self._squeeze
 
     # ---- fields --------------------------------------------------------------
     @property
@@ -145,7 +166,7 @@ class Tile:
         """Bytes of the records."""
         return self.records.nbytes
 
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, np.ndarray]:
         """Views of each record field: packed codes (uint8) and fp16 scale vectors, per head."""
         return _field_views(self.records, self.preset, self.head_dim)
 
@@ -167,7 +188,7 @@ class Tile:
         return header + self.records.tobytes()
 
     @classmethod
-    def from_bytes(cls, data, preset=None) -> "Tile":
+    def from_bytes(cls, data: bytes | bytearray | memoryview, preset: PresetLike | None = None) -> Tile:
         """Reads to_bytes() output (this version's or version 1's); checks header, length, preset
         and that every scale is finite."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -214,7 +235,8 @@ class Tile:
         return cls.from_records(records, stored, head_dim, squeeze=squeeze, argname="data")
 
     @classmethod
-    def from_records(cls, records, preset, head_dim, squeeze: bool = False, argname: str = "records") -> "Tile":
+    def from_records(cls, records: ArrayLike, preset: PresetLike, head_dim: int, squeeze: bool = False,
+                     argname: str = "records") -> Tile:
         """Wraps raw SPEC §6 records (e.g. written by the CUDA store kernel), validating their scales;
         errors name ``argname``."""
         tile = cls(records, preset, head_dim, squeeze=squeeze)
@@ -235,7 +257,8 @@ class Tile:
         return f"Tile(preset={self.preset.label()}, heads={self.num_heads}, head_dim={self.head_dim}, nbytes={self.nbytes})"
 
 
-def quantize_tile(k, v, preset="k4v2_g128", *, iters: int = SINKHORN_ITERS, num_threads=None) -> Tile:
+def quantize_tile(k: ArrayLike, v: ArrayLike, preset: PresetLike = "k4v2_g128", *, iters: int = SINKHORN_ITERS,
+                  num_threads: int | None = None) -> Tile:
     """Quantises one tile of keys and values.
 
     k, v: [G, D] or [H, G, D], float16, bfloat16, float32 or float64, G the preset's group size.
@@ -262,7 +285,7 @@ def quantize_tile(k, v, preset="k4v2_g128", *, iters: int = SINKHORN_ITERS, num_
     return Tile(records, p, head_dim, squeeze=squeeze)
 
 
-def dequantize_tile(tile: Tile):
+def dequantize_tile(tile: Tile) -> tuple[np.ndarray, np.ndarray]:
     """Returns (k̂, v̂) float32 in the original (unrotated) frame, shaped like quantize_tile's input."""
     if not isinstance(tile, Tile):
         raise TypeError(f"tile: expected a kvarn.Tile, got {type(tile).__name__}")
