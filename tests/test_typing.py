@@ -69,3 +69,42 @@ def test_user_code_runs():
 
 def test_the_wheel_carries_the_marker():
     assert os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(kvarn.__file__)), "py.typed"))
+
+
+def _unannotated(fn, qualname):
+    """The parameters (and return) of fn that carry no annotation."""
+    import inspect
+
+    missing = []
+    sig = inspect.signature(fn)
+    for name, p in sig.parameters.items():
+        if name in ("self", "cls") or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.annotation is inspect.Parameter.empty:
+            missing.append(f"{qualname}({name})")
+    if sig.return_annotation is inspect.Signature.empty:
+        missing.append(f"{qualname} -> ?")
+    return missing
+
+
+def test_every_public_callable_is_annotated():
+    """Everything kvarn exports (functions, and the classes' constructors, public methods and properties) has
+    its parameters and result annotated: a new export without them fails here, not in a user's mypy run."""
+    import inspect
+
+    missing = []
+    for name in kvarn.__all__:
+        obj = getattr(kvarn, name)
+        if inspect.isfunction(obj):
+            missing += _unannotated(obj, name)
+        elif inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if attr.startswith("_") and attr != "__init__":
+                    continue
+                if isinstance(member, property):
+                    missing += _unannotated(member.fget, f"{name}.{attr}")
+                elif isinstance(member, (classmethod, staticmethod)):
+                    missing += _unannotated(member.__func__, f"{name}.{attr}")
+                elif inspect.isfunction(member):
+                    missing += _unannotated(member, f"{name}.{attr}")
+    assert missing == []

@@ -20,11 +20,15 @@ import collections
 import contextlib
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._ops import (DEFAULT_PRESET, FLOAT32_MAX, SINKHORN_ITERS, check_iters, check_positive_int, check_scale, get_preset,
                    read_only, tile_cut_point)
+
+if TYPE_CHECKING:  # annotations only
+    from ._ops import PresetLike
 
 try:  # the CUDA module is optional at build time
     from . import _cuda
@@ -559,7 +563,7 @@ def _capturing(stream, what) -> bool:
 _keepalive = []
 
 # ---- standalone store -------------------------------------------------------------
-def quantize_tiles(k, v, preset=DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, validate: bool = True):
+def quantize_tiles(k, v, preset: PresetLike = DEFAULT_PRESET, *, iters: int = SINKHORN_ITERS, validate: bool = True):
     """GPU twin of ``kvarn.quantize_tile`` for many tiles: k, v [n, G, D] on the GPU
     (float32/float16/bfloat16) -> records uint8 [n, record_bytes] on the GPU, same library as k.
     validate=False skips the NaN/Inf check and the wait for its result (for timing)."""
@@ -695,7 +699,7 @@ class PagedKVCache(_OwnsDeviceResources):
     record_bytes = property(lambda self: self._record_bytes)
     device = property(lambda self: self._device)
 
-    def __init__(self, num_kv_heads: int, head_dim: int, preset=DEFAULT_PRESET, *, num_layers: int = 1,
+    def __init__(self, num_kv_heads: int, head_dim: int, preset: PresetLike = DEFAULT_PRESET, *, num_layers: int = 1,
                  max_seqs: int = 16, max_seq_len: int = 32768, num_pages: int | None = None,
                  sink_tokens: int | None = None, iters: int = SINKHORN_ITERS, device: int | None = None):
         if _cuda is None:

@@ -82,6 +82,7 @@ import os
 import sys
 import threading
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -98,6 +99,9 @@ except ImportError as e:  # torch or transformers missing, or a transformers wit
 import kvarn
 from .._ops import check_head_dim as kvarn_check_head_dim
 from .._ops import check_positive_int, check_queries, check_scale, run_attend
+
+if TYPE_CHECKING:  # annotations only
+    from .._ops import PresetLike
 
 ATTN_IMPLEMENTATION = "kvarn"
 _TAG = "_kvarn_layer"  # attribute set on a key tensor whose attention kvarn must do
@@ -405,8 +409,8 @@ class KVarNLayer(CacheLayerMixin):
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill",
-                 crop_window: int = 0):
+    def __init__(self, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None,
+                 quantize_on: str = "fill", crop_window: int = 0) -> None:
         super().__init__()
         # Validates preset, sink_tokens and quantize_on now rather than at the first forward.
         # The Preset itself: a custom one's name alone could not be resolved again.
@@ -903,8 +907,8 @@ class KVarNCache(Cache):
     machine's memory is refused here (ValueError naming the largest that fits).
     """
 
-    def __init__(self, config, preset: str = kvarn.DEFAULT_PRESET, sink_tokens=None, quantize_on: str = "fill",
-                 crop_window: int = 0):
+    def __init__(self, config, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None,
+                 quantize_on: str = "fill", crop_window: int = 0) -> None:
         outer = config
         if not hasattr(config, "num_hidden_layers") and hasattr(config, "get_text_config"):
             config = config.get_text_config()  # a multimodal model's: its language model's attention is cached
