@@ -15,3 +15,8 @@ kvarn.attend_batch(q, cache)  # error: arg-type
 tile: kvarn.Tile = kvarn.dequantize_tile(kvarn.quantize_tile(q, q))  # error: assignment
 heads: str = cache.num_kv_heads  # error: assignment
 kvarn.set_isa(2)  # error: arg-type
+# array results are arrays to mypy, not Any (with Any the attribute would pass)
+kvarn.attend(q, cache).no_such_attribute  # error: attr-defined
+cache.dequantize()[1].no_such_attribute  # error: attr-defined
+kvarn.hadamard(q).no_such_attribute  # error: attr-defined
+kvarn.FP16Cache(2, 64).attend(q).no_such_attribute  # error: attr-defined

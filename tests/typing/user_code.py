@@ -1,6 +1,8 @@
 """A user's program written against kvarn's public API, type-checked by tests/test_typing.py (mypy --strict
 against the installed package) and run by it too: every call here must work, and every result have the type
-written beside it. Not collected by pytest (no test_ prefix)."""
+written beside it (assert_type; arrays by annotated names, as numpy's own spelling of a bare ndarray differs
+between its versions: misuse.py shows that those results are arrays, not Any). Not collected by pytest (no
+test_ prefix)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -11,6 +13,8 @@ import kvarn
 
 if TYPE_CHECKING:
     from typing_extensions import assert_type  # mypy's own typeshed has it; nothing is imported at run time
+
+    Array = np.ndarray[Any, np.dtype[Any]]
 else:
     def assert_type(value, _type):
         return value
@@ -28,10 +32,11 @@ def main() -> None:
     assert_type(cache.nbytes, int)
     assert_type(cache.compression_ratio, float)
     assert_type(cache.preset, kvarn.Preset)
-    out = assert_type(kvarn.attend(q, cache, 0.125, num_threads=2), np.ndarray)
+    out: Array = kvarn.attend(q, cache, 0.125, num_threads=2)
     assert out.shape == (4, 64)
-    assert_type(cache.attend(q), np.ndarray)
-    assert_type(kvarn.attend_batch(np.stack([q, q]), [cache, cache.copy()]), np.ndarray)
+    by_method: Array = cache.attend(q)
+    batch: Array = kvarn.attend_batch(np.stack([q, q]), [cache, cache.copy()])
+    assert by_method.shape == out.shape and batch.shape == (2, 4, 64)
 
     point = cache.truncation_point(250)
     assert_type(point, int)
@@ -41,16 +46,18 @@ def main() -> None:
     cache.rollback(saved)
     parts = assert_type(cache.to_parts(), "dict[str, Any]")
     restored = assert_type(kvarn.KVCache.from_parts(**parts), kvarn.KVCache)
-    k_hat, v_hat = assert_type(restored.dequantize(), "tuple[np.ndarray, np.ndarray]")
+    k_hat, v_hat = restored.dequantize()
+    pair: tuple[Array, Array] = (k_hat, v_hat)
     assert k_hat.shape == v_hat.shape == (2, len(restored), 64)
 
     tile = assert_type(kvarn.quantize_tile(k[0, :128], v[0, :128], "k4v4_g128", num_threads=1), kvarn.Tile)
-    assert_type(kvarn.dequantize_tile(tile), "tuple[np.ndarray, np.ndarray]")
+    tile_kv: tuple[Array, Array] = kvarn.dequantize_tile(tile)
     blob = assert_type(tile.to_bytes(), bytes)
     assert_type(kvarn.Tile.from_bytes(blob), kvarn.Tile)
-    codes = assert_type(kvarn.unpack_codes(kvarn.pack_codes(np.arange(8, dtype=np.uint8), 4), 4), np.ndarray)
+    codes: Array = kvarn.unpack_codes(kvarn.pack_codes(np.arange(8, dtype=np.uint8), 4), 4)
     assert codes.tolist() == list(range(8))
-    assert_type(kvarn.hadamard(q), np.ndarray)
+    rotated: Array = kvarn.hadamard(q)
+    assert rotated.shape == q.shape and tile_kv[0].shape == (128, 64) and pair[0].shape == (2, len(restored), 64)
 
     preset: kvarn.Preset = kvarn.PRESETS[kvarn.DEFAULT_PRESET]
     assert_type(preset.bits_per_element(128), float)
@@ -59,8 +66,9 @@ def main() -> None:
 
     fp16 = kvarn.FP16Cache(num_kv_heads=2, head_dim=64)
     fp16.append(k, v)
-    assert_type(fp16.attend(q, num_threads=1), np.ndarray)
-    assert_type(kvarn.attend_fp16_batch(np.stack([q]), [fp16]), np.ndarray)
+    dense: Array = fp16.attend(q, num_threads=1)
+    dense_batch: Array = kvarn.attend_fp16_batch(np.stack([q]), [fp16])
+    assert dense_batch.shape == (1,) + dense.shape
 
     isas = assert_type(kvarn.available_isas(), "list[str]")
     active = assert_type(kvarn.active_isa(), str)
