@@ -1,6 +1,7 @@
 """The C/C++ test drivers (tests/native) built from this checkout and run on every ISA the CPU has.
 
-native_test.cpp exercises the C ABI (error codes for bad arguments, a forced ISA that cannot run) and
+native_test.cpp exercises the C ABI (error codes for bad arguments, a forced ISA that cannot run),
+examples/c/decode.c uses it from C99 (a cache quantised and attended, checked against float64 attention), and
 simd_test.cpp every SIMD kernel against scalar at odd sizes in exact-size heap buffers: under
 AddressSanitizer + UBSan (scripts/asan.sh) wherever the compiler can link them, so that every test run
 also checks the native code's memory accesses, not only the device visits that run the script by hand.
@@ -63,6 +64,8 @@ def test_native_drivers_pass_on_every_isa(tmp_path):
     assert proc.returncode == 0, f"native drivers failed (sanitizers {env['KVARN_SANITIZE']}):\n{log[-6000:]}"
     for isa in kvarn.available_isas():
         assert f"kvarn native test, ISA {isa}\nok: 0 failure(s)" in stdout, f"C ABI driver did not pass on {isa}"
+        example = [line for line in stdout.splitlines() if line.startswith(f"kvarn C example, ISA {isa}: ")]
+        assert len(example) == 1 and example[0].endswith(": ok"), f"the C example (examples/c/decode.c) on {isa}: {example}"
         if isa != "scalar":
             assert f"== {isa}\n" in stdout, f"SIMD driver did not compare {isa} with scalar"
             assert f"== {isa}: not available" not in stdout
