@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -252,3 +253,33 @@ def test_isa_files_share_no_code_and_the_baseline_stays_baseline(tmp_path):
 
     assert not evex("kernels_avx2"), f"kernels_avx2: AVX-512 instructions, e.g. {evex('kernels_avx2')[:5]}"
     assert len(evex("kernels_avx512")) > 1000  # the check sees them
+
+
+def test_cmake_serves_a_host_project_through_add_subdirectory(tmp_path):
+    """A C or C++ engine can add kvarn's CMake project to its own and link kvarn::core (the C ABI, kvarn/kvarn.h);
+    kvarn's test drivers are then left out (KVARN_BUILD_TESTS follows PROJECT_IS_TOP_LEVEL). The host here builds
+    and runs examples/c/decode.c (~15 s on 2 cores)."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        pytest.skip("cmake is not on PATH")
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.21)\nproject(host C CXX)\n"
+        f"add_subdirectory({Path(ROOT).as_posix()} kvarn)\n"
+        f"add_executable(host_decode {Path(ROOT, 'examples', 'c', 'decode.c').as_posix()})\n"
+        "target_link_libraries(host_decode PRIVATE kvarn::core m)\n")
+    b = tmp_path / "b"
+    r = subprocess.run([cmake, "-S", str(host), "-B", str(b), "-DKVARN_CUDA=OFF"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    targets = "".join(p.read_text(errors="replace") for p in b.rglob("*")
+                      if p.is_file() and p.name in ("build.ninja", "Makefile2"))
+    assert "host_decode" in targets and "kvarn_core" in targets
+    assert "kvarn_native_test" not in targets and "kvarn_c_example" not in targets
+    r = subprocess.run([cmake, "--build", str(b), "-j", str(os.cpu_count() or 1), "--target", "host_decode"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    exe = next(p for p in b.rglob("host_decode*") if p.is_file() and os.access(p, os.X_OK))
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith(": ok"), r.stdout + r.stderr
