@@ -1,6 +1,7 @@
 """kvarn ships its types (PEP 561: a py.typed marker and an annotated public API). Without them mypy --strict
 refused `import kvarn` in a user's program ("module is installed, but missing library stubs or py.typed marker")
 and every kvarn result was Any. Checked against the kvarn these tests import, as a user's mypy would see it."""
+import inspect
 import os
 import re
 import subprocess
@@ -73,8 +74,6 @@ def test_the_wheel_carries_the_marker():
 
 def _unannotated(fn, qualname):
     """The parameters (and return) of fn that carry no annotation."""
-    import inspect
-
     missing = []
     sig = inspect.signature(fn)
     for name, p in sig.parameters.items():
@@ -90,8 +89,6 @@ def _unannotated(fn, qualname):
 def test_every_public_callable_is_annotated():
     """Everything kvarn exports (functions, and the classes' constructors, public methods and properties) has
     its parameters and result annotated: a new export without them fails here, not in a user's mypy run."""
-    import inspect
-
     missing = []
     for name in kvarn.__all__:
         obj = getattr(kvarn, name)

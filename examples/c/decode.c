@@ -71,6 +71,24 @@ static int store_fp16(const float* x, int64_t first, int64_t n, uint16_t* out)
     return kvarn_scan_f32(x + first * HEAD_DIM, shape, x_strides, &max_abs, out, out_strides, 65504.0f);
 }
 
+/* Token t of KV head kv as the cache holds it: a row of the decoded tiles ([tile][head][GROUP][HEAD_DIM], as
+ * kvarn_dequantize_tiles wrote them), or an fp16 sink / tail row converted into scratch. */
+static const float* cached_row(const uint16_t* sink, const float* decoded, const uint16_t* tail, int kv, int64_t t,
+                               float* scratch)
+{
+    const int64_t tail_start = SINK + TILES * GROUP;
+    const uint16_t* half_row;
+    int d;
+    if (t >= SINK && t < tail_start) {
+        const int64_t tile = (t - SINK) / GROUP, row = (t - SINK) % GROUP;
+        return decoded + ((size_t)(tile * KV_HEADS + kv) * GROUP + (size_t)row) * HEAD_DIM;
+    }
+    half_row = t < SINK ? sink + ((size_t)kv * SINK + (size_t)t) * HEAD_DIM
+                        : tail + ((size_t)kv * TAIL + (size_t)(t - tail_start)) * HEAD_DIM;
+    for (d = 0; d < HEAD_DIM; ++d) scratch[d] = half_to_float(half_row[d]);
+    return scratch;
+}
+
 int main(void)
 {
     const kvarn_record_layout layout = kvarn_layout(4, 2, GROUP, HEAD_DIM);
@@ -175,21 +193,10 @@ int main(void)
         const int kv = h / (Q_HEADS / KV_HEADS);
         const float* qh = q + (size_t)h * HEAD_DIM;
         double top = -INFINITY, total = 0.0, acc[HEAD_DIM];
-        const float* key;
-        const float* value;
-        float key_row[HEAD_DIM], value_row[HEAD_DIM];
+        float row[HEAD_DIM];
         for (t = 0; t < TOKENS; ++t) {
+            const float* key = cached_row(sink_k, decoded_k, tail_k, kv, t, row);
             double s = 0.0;
-            if (t < SINK || t >= SINK + TILES * GROUP) {
-                const int in_sink = t < SINK;
-                const int64_t row = in_sink ? t : t - SINK - TILES * GROUP, len = in_sink ? SINK : TAIL;
-                const uint16_t* kh = (in_sink ? sink_k : tail_k) + ((size_t)kv * len + (size_t)row) * HEAD_DIM;
-                for (d = 0; d < HEAD_DIM; ++d) key_row[d] = half_to_float(kh[d]);
-                key = key_row;
-            } else {
-                const int64_t tile = (t - SINK) / GROUP, row = (t - SINK) % GROUP;
-                key = decoded_k + ((size_t)(tile * KV_HEADS + kv) * GROUP + (size_t)row) * HEAD_DIM;
-            }
             for (d = 0; d < HEAD_DIM; ++d) s += (double)qh[d] * key[d];
             scores[t] = s * scale;
             if (scores[t] > top) top = scores[t];
@@ -197,16 +204,7 @@ int main(void)
         for (d = 0; d < HEAD_DIM; ++d) acc[d] = 0.0;
         for (t = 0; t < TOKENS; ++t) {
             const double p = exp(scores[t] - top);
-            if (t < SINK || t >= SINK + TILES * GROUP) {
-                const int in_sink = t < SINK;
-                const int64_t row = in_sink ? t : t - SINK - TILES * GROUP, len = in_sink ? SINK : TAIL;
-                const uint16_t* vh = (in_sink ? sink_v : tail_v) + ((size_t)kv * len + (size_t)row) * HEAD_DIM;
-                for (d = 0; d < HEAD_DIM; ++d) value_row[d] = half_to_float(vh[d]);
-                value = value_row;
-            } else {
-                const int64_t tile = (t - SINK) / GROUP, row = (t - SINK) % GROUP;
-                value = decoded_v + ((size_t)(tile * KV_HEADS + kv) * GROUP + (size_t)row) * HEAD_DIM;
-            }
+            const float* value = cached_row(sink_v, decoded_v, tail_v, kv, t, row);
             total += p;
             for (d = 0; d < HEAD_DIM; ++d) acc[d] += p * value[d];
         }
