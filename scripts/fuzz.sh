@@ -37,7 +37,7 @@ cmake --build "$build" -j"$(nproc)" --target kvarn_core
 # The harness: baseline ISA like every non-SIMD file (it calls only the C ABI).
 "$CXX" -std=c++17 -O1 -g -fno-omit-frame-pointer -mno-avx -Wall -Wextra \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -Iinclude tests/native/fuzz_capi.cpp "$build/native/cpu/libkvarn_core.a" -lpthread -o "$build/fuzz_capi"
+  -Iinclude tests/native/fuzz_capi.cpp "$build/native/cpu/libkvarn.a" -lpthread -o "$build/fuzz_capi"
 
 corpus="${FUZZ_CORPUS:-$build/fuzz-corpus}"
 crashes="${FUZZ_CRASHES:-$build/fuzz-crashes}"

@@ -71,6 +71,9 @@ def test_python_classifiers_run_from_requires_python_without_gaps():
 
 def test_version_is_the_same_everywhere():
     assert pyproject()["project"]["version"] == kvarn.__version__
+    # The CMake package's version (find_package(kvarn X.Y), kvarn.pc's Version) comes from project().
+    with open(os.path.join(ROOT, "CMakeLists.txt"), encoding="utf-8") as f:
+        assert re.search(r"^project\(kvarn VERSION (\S+) ", f.read(), re.M).group(1) == kvarn.__version__
     if not FROM_SOURCE:
         assert importlib.metadata.version("kvarn") == kvarn.__version__
 
@@ -283,3 +286,82 @@ def test_cmake_serves_a_host_project_through_add_subdirectory(tmp_path):
     exe = next(p for p in b.rglob("host_decode*") if p.is_file() and os.access(p, os.X_OK))
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith(": ok"), r.stdout + r.stderr
+
+
+def _pkg_config(pc_dir: Path, *args: str) -> list:
+    """pkg-config's answer for kvarn from pc_dir; where pkg-config is not installed, the same from kvarn.pc's
+    variables expanded here (kvarn.pc uses only ${var} references and the Cflags / Libs fields)."""
+    tool = shutil.which("pkg-config")
+    if tool is not None:
+        env = dict(os.environ, PKG_CONFIG_PATH=str(pc_dir))
+        r = subprocess.run([tool, *args, "kvarn"], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+    values = {"pcfiledir": str(pc_dir)}
+    fields = {}
+    for line in (pc_dir / "kvarn.pc").read_text().splitlines():
+        expand = lambda text: re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], text)  # noqa: E731
+        if re.match(r"^\w+=", line):
+            name, text = line.split("=", 1)
+            values[name] = expand(text)
+        elif re.match(r"^[\w.]+:", line):
+            name, text = line.split(":", 1)
+            fields[name] = expand(text.strip())
+    return [word for arg in args for word in fields[{"--cflags": "Cflags", "--libs": "Libs"}[arg]].split()]
+
+
+def test_cmake_installs_the_c_library_for_find_package_and_pkg_config(tmp_path):
+    """`cmake --install` of a standalone build gives a C or C++ engine the static library, kvarn.h and format.h, a CMake
+    package (find_package(kvarn) -> kvarn::core) and kvarn.pc. Checked as a user would: a C-only CMake host (which
+    links with the C driver, so the package must bring the C++ runtime) builds and runs examples/c/decode.c against
+    the installed package; a newer minor version than installed is refused; the same program compiled with `cc` and
+    pkg-config's flags runs from a copy of the prefix moved elsewhere (kvarn.pc locates itself). ~20 s on 2 cores."""
+    cmake, cc = shutil.which("cmake"), shutil.which("cc")
+    if cmake is None or cc is None:
+        pytest.skip(f"needs cmake and cc on PATH (cmake: {cmake}, cc: {cc})")
+    build, prefix, example = tmp_path / "b", tmp_path / "prefix", Path(ROOT, "examples", "c", "decode.c").as_posix()
+
+    def run(*cmd, timeout=300, **kwargs):
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kwargs)
+        assert r.returncode == 0, (" ".join(map(str, cmd)), (r.stdout + r.stderr)[-3000:])
+        return r.stdout
+
+    run(cmake, "-S", ROOT, "-B", build, "-DKVARN_CUDA=OFF", "-DKVARN_BUILD_TESTS=OFF", timeout=120)
+    run(cmake, "--build", build, "-j", os.cpu_count() or 1, timeout=900)
+    run(cmake, "--install", build, "--prefix", prefix)  # a prefix chosen after configuring
+    installed = sorted(p.relative_to(prefix).as_posix() for p in prefix.rglob("*") if p.is_file())
+    libdir = next(p for p in installed if p.endswith("/libkvarn.a")).rsplit("/", 1)[0]
+    assert {"include/kvarn/kvarn.h", "include/kvarn/format.h", f"{libdir}/cmake/kvarn/kvarnConfig.cmake",
+            f"{libdir}/cmake/kvarn/kvarnConfigVersion.cmake", f"{libdir}/pkgconfig/kvarn.pc"} <= set(installed), installed
+    assert "include/kvarn/kernels.h" not in installed  # the ISAs' internal table
+
+    host = tmp_path / "host"
+    host.mkdir()
+
+    def configure_host(version):
+        (host / "CMakeLists.txt").write_text(
+            "cmake_minimum_required(VERSION 3.21)\nproject(host C)\n"
+            f"find_package(kvarn {version} CONFIG REQUIRED)\n"
+            f"add_executable(host_decode {example})\ntarget_link_libraries(host_decode PRIVATE kvarn::core m)\n")
+        return subprocess.run([cmake, "-S", str(host), "-B", str(host / "b"), f"-DCMAKE_PREFIX_PATH={prefix}"],
+                              capture_output=True, text=True, timeout=120)
+
+    r = configure_host("0.2")
+    text = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode != 0 and f"version: {kvarn.__version__} The version found is not compatible" in text, text[-2000:]
+    r = configure_host(kvarn.__version__.rsplit(".", 1)[0])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    run(cmake, "--build", host / "b")
+    out = run(host / "b" / "host_decode")
+    assert out.strip().endswith(": ok") and "k4v2 tiles" in out, out
+
+    moved = tmp_path / "moved"
+    shutil.copytree(prefix, moved)
+    shutil.rmtree(prefix)
+    pc_dir = moved / libdir / "pkgconfig"
+    assert f"\nVersion: {kvarn.__version__}\n" in (pc_dir / "kvarn.pc").read_text()
+    exe = tmp_path / "pc_decode"
+    run(cc, "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", *_pkg_config(pc_dir, "--cflags"), example,
+        *_pkg_config(pc_dir, "--libs"), "-o", exe)
+    out = run(exe)
+    assert out.strip().endswith(": ok"), out
