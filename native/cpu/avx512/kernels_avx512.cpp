@@ -519,6 +519,18 @@ inline __m512i load_code_quads(const uint8_t* p, size_t row_bytes)
     return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(lanes, rows), transpose);
 }
 
+// The lanes' sum, wrapping as the hardware's adds do. GCC's _mm512_reduce_add_epi32 adds in plain int, where
+// overflow is undefined: a NaN weight (a corrupt record; the call then returns KVARN_ERR_OVERFLOW) converts to
+// INT_MIN, and UBSan stopped the Python suite there on the Xeon (thirty-ninth session).
+inline int32_t reduce_add_epi32_wrapping(__m512i v)
+{
+    const __m256i a = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_add_epi32(b, _mm_shuffle_epi32(b, 0x4E));
+    b = _mm_add_epi32(b, _mm_shuffle_epi32(b, 0xB1));
+    return _mm_cvtsi128_si32(b);
+}
+
 // tmp = (wscale (2 S - 3 W) + 3 wsum) / 2 for the exact sums S[k] (lane b: channel 4b + k)
 // of one head, stored in channel order: a 4x4 transpose inside each 128-bit lane, then of the lanes.
 template <int C>
@@ -817,7 +829,7 @@ inline void weights_heads(float* s, int G, const float* va, const float* vz, con
                 _mm256_store_si256(reinterpret_cast<__m256i*>(w16 + h * G + t),
                                    _mm512_cvtepi32_epi16(_mm512_shuffle_epi32(r, _MM_PERM_DBCA)));
         }
-    for (int h = 0; h < NH; ++h) w_int_sum[h] = _mm512_reduce_add_epi32(isum[h]);
+    for (int h = 0; h < NH; ++h) w_int_sum[h] = reduce_add_epi32_wrapping(isum[h]);
 }
 
 template <int KB, int VB>
