@@ -14,6 +14,8 @@ settings.register_profile(
     "ci", deadline=None, derandomize=True, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile("dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+# HYPOTHESIS_PROFILE=deep: a long search, by hand (tests that set their own max_examples keep it)
+settings.register_profile("deep", deadline=None, max_examples=2000, suppress_health_check=list(HealthCheck))
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 ISAS = kvarn.available_isas()
