@@ -472,18 +472,22 @@ int main()
         c.sink_len = 0;
         // A NaN in any scale field: a non-finite output, reported, in every score mode the ISA runs (the int16
         // weights' NaN used to make an integer overflow here, which UBSan reports). An Inf is not always
-        // reported: an infinite kz or kt can give a token weight 0 and a finite output (kvarn.h).
+        // reported: an infinite kz or kt can give a token weight 0 and a finite output (kvarn.h). One NaN, then
+        // two in a row: two NaN tokens' integer weights (INT_MIN each) in two lanes of one sum made avx512's
+        // lane reduction overflow (signed, undefined; UBSan on the lent Xeon, thirty-ninth session).
         const kvarn_record_layout L = kvarn_layout(4, 2, G, D);
         const size_t fields[] = {L.ka, L.kz, L.kt, L.vc, L.va, L.vz};
         for (int mode : {0, 1, 2}) {
             if (kvarn_set_score_mode(mode) != KVARN_OK) continue;
             for (size_t off : fields)
-                for (uint16_t bad : {(uint16_t)0x7e00, (uint16_t)0xfe01}) {  // quiet NaNs, either sign
-                    std::vector<uint8_t> broken(records);
-                    std::memcpy(broken.data() + rec + off + 2, &bad, 2);  // tile 1, second element of the field
-                    c.records = broken.data();
-                    CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), 2) == KVARN_ERR_OVERFLOW);
-                }
+                for (uint16_t bad : {(uint16_t)0x7e00, (uint16_t)0xfe01})  // quiet NaNs, either sign
+                    for (int count : {1, 2}) {
+                        std::vector<uint8_t> broken(records);
+                        for (int e = 1; e <= count; ++e)  // tile 1, the field's second (and third) element
+                            std::memcpy(broken.data() + rec + off + 2 * e, &bad, 2);
+                        c.records = broken.data();
+                        CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), 2) == KVARN_ERR_OVERFLOW);
+                    }
         }
         c.records = records.data();
         kvarn_set_score_mode(1);
