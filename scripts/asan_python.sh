@@ -3,7 +3,7 @@
 # the tests take from Python into native code (the Cython wrapper's buffers and strides, the caches' views, the
 # thread pool under concurrent Python threads) runs instrumented. scripts/asan.sh covers the C ABI from C.
 #   bash scripts/asan_python.sh [site-dir] [-- PYTEST_ARGS]      (PYTEST_ARGS default: tests)
-# Builds kvarn (KVARN_SANITIZE=ON: -fsanitize=address,undefined -fno-sanitize-recover=undefined, CUDA off) into
+# Builds kvarn (KVARN_SANITIZE=ON: -fsanitize=address,undefined,float-cast-overflow, no recovery, CUDA off) into
 # site-dir (default build-asan-python/site) with the current interpreter's pip (needs scikit-build-core, cython,
 # cmake and ninja there: --no-build-isolation), then runs pytest from the checkout's root with the sanitizer runtimes
 # preloaded and site-dir first on the path (the package's sources sit under src/, so `import kvarn` finds the

@@ -3,7 +3,7 @@
 # AddressSanitizer + UBSan, once per ISA this machine supports:
 #   bash scripts/fuzz.sh [build-dir] [seconds per ISA] [isa ...]
 # The native sources are built as scripts/asan.sh builds them: through CMake (native/cpu's kvarn_core,
-# KVARN_SANITIZE=ON: -fsanitize=address,undefined -fno-sanitize-recover=undefined), so every file keeps
+# KVARN_SANITIZE=ON: -fsanitize=address,undefined,float-cast-overflow, no recovery), so every file keeps
 # the flags native/cpu/CMakeLists.txt gives it (baseline files -mno-avx; avx2/ -mavx2 -mfma -mf16c
 # -mno-avx512f; avx512/ -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c;
 # -ffp-contract=off), never -march=native. Only the compiler differs: clang, with libFuzzer's
