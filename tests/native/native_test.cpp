@@ -250,6 +250,62 @@ int main()
             }
         }
     }
+    {
+        // Concurrent callers share one pool (a call that finds it busy runs its items on its own thread):
+        // four threads attend with 2 threads each and quantise, 40 rounds; every result must equal the same
+        // call made alone (the split layout follows the requested thread count, not who runs the items).
+        // scripts/tsan.sh runs this under ThreadSanitizer. Results are compared after the joins: CHECK's
+        // counter is not for several threads.
+        const int G = 64, D = 32, Hk = 2, Hq = 8, tiles = 5, callers = 4, rounds = 40;
+        const size_t rec = kvarn_layout(4, 2, G, D).total;
+        std::vector<float> kk((size_t)tiles * Hk * G * D), vv(kk.size());
+        for (auto& x : kk) x = normal(gen);
+        for (auto& x : vv) x = normal(gen);
+        std::vector<uint8_t> records((size_t)tiles * Hk * rec);  // [tile][head] records
+        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), tiles * Hk, 4, 2, G, D, 8, records.data(), 1, nullptr) ==
+              KVARN_OK);
+        std::vector<uint16_t> tk((size_t)Hk * 9 * D, 0x3c00), tv(tk.size(), 0xbc00);  // 9 fp16 tail tokens
+        kvarn_cache_view c{};
+        c.num_kv_heads = Hk;
+        c.head_dim = D;
+        c.group = G;
+        c.kbits = 4;
+        c.vbits = 2;
+        c.records = records.data();
+        c.num_tiles = tiles;
+        c.record_tile_stride = (int64_t)(Hk * rec);
+        c.record_head_stride = (int64_t)rec;
+        c.tail_k = tk.data();
+        c.tail_v = tv.data();
+        c.tail_len = 9;
+        c.tail_head_stride = 9 * D;
+        c.tail_row_stride = D;
+        std::vector<float> q((size_t)callers * Hq * D);
+        for (auto& x : q) x = normal(gen);
+        std::vector<float> alone(q.size());
+        for (int i = 0; i < callers; ++i)
+            CHECK(kvarn_attend(&c, 1, q.data() + (size_t)i * Hq * D, Hq, 0.125f, alone.data() + (size_t)i * Hq * D, 2) ==
+                  KVARN_OK);
+        std::vector<int> mismatches(callers, 0);
+        std::vector<std::thread> pool_users;
+        for (int i = 0; i < callers; ++i)
+            pool_users.emplace_back([&, i] {
+                std::vector<float> out((size_t)Hq * D);
+                std::vector<uint8_t> again(records.size());
+                for (int r = 0; r < rounds; ++r) {
+                    if (kvarn_attend(&c, 1, q.data() + (size_t)i * Hq * D, Hq, 0.125f, out.data(), 2) != KVARN_OK ||
+                        std::memcmp(out.data(), alone.data() + (size_t)i * Hq * D, out.size() * sizeof(float)) != 0)
+                        ++mismatches[i];
+                    if (r % 8 == i &&
+                        (kvarn_quantize_tiles(kk.data(), vv.data(), tiles * Hk, 4, 2, G, D, 8, again.data(), 2, nullptr) !=
+                             KVARN_OK ||
+                         again != records))
+                        ++mismatches[i];
+                }
+            });
+        for (auto& t : pool_users) t.join();
+        for (int i = 0; i < callers; ++i) CHECK(mismatches[i] == 0);
+    }
     // Argument checks return errors, never crash.
     float x[16] = {0};
     CHECK(kvarn_hadamard_f32(x, 1, 24) == KVARN_ERR_ARGUMENT);
