@@ -7,7 +7,8 @@
 # site-dir (default build-asan-python/site) with the current interpreter's pip (needs scikit-build-core, cython,
 # cmake and ninja there: --no-build-isolation), then runs pytest from the checkout's root with the sanitizer runtimes
 # preloaded and site-dir first on the path (the package's sources sit under src/, so `import kvarn` finds the
-# instrumented build; the interpreter itself is not instrumented). Leak checking is off: CPython keeps its own allocations to exit.
+# instrumented build; the interpreter itself is not instrumented). Leak checking is off: CPython keeps its own
+# allocations to exit.
 # Tests that need the installed wheel's layout, the native drivers or mypy are left out (test_packaging,
 # test_native, test_typing: the drivers run under the sanitizers in scripts/asan.sh already), and so is the one test
 # that bounds CPU time (the pool's helpers after an isolated call: instrumented calls run long enough to exceed it).
@@ -20,7 +21,8 @@ python=${PYTHON:-python}
 rm -rf "$site"
 KVARN_CUDA=OFF "$python" -m pip install -q --no-build-isolation --no-deps --target "$site" . \
   -C cmake.define.KVARN_SANITIZE=ON -C install.strip=false -C build-dir="$(dirname "$site")/build"
-ldd "$site"/kvarn/_native*.so | grep -q libasan || { echo "asan_python.sh: the module is not instrumented" >&2; exit 1; }
+ldd "$site"/kvarn/_native*.so | grep -q libasan ||
+  { echo "asan_python.sh: the module is not instrumented" >&2; exit 1; }
 cc=${CC:-gcc}
 preload="$("$cc" -print-file-name=libasan.so):$("$cc" -print-file-name=libubsan.so)"
 site="$(cd "$site" && pwd)"

@@ -283,24 +283,24 @@ int main()
         std::vector<float> q((size_t)callers * Hq * D);
         for (auto& x : q) x = normal(gen);
         std::vector<float> alone(q.size());
+        const size_t row = (size_t)Hq * D;  // one caller's query and output
         for (int i = 0; i < callers; ++i)
-            CHECK(kvarn_attend(&c, 1, q.data() + (size_t)i * Hq * D, Hq, 0.125f, alone.data() + (size_t)i * Hq * D, 2) ==
-                  KVARN_OK);
+            CHECK(kvarn_attend(&c, 1, q.data() + i * row, Hq, 0.125f, alone.data() + i * row, 2) == KVARN_OK);
         std::vector<int> mismatches(callers, 0);
         std::vector<std::thread> pool_users;
         for (int i = 0; i < callers; ++i)
             pool_users.emplace_back([&, i] {
-                std::vector<float> out((size_t)Hq * D);
+                std::vector<float> out(row);
                 std::vector<uint8_t> again(records.size());
                 for (int r = 0; r < rounds; ++r) {
-                    if (kvarn_attend(&c, 1, q.data() + (size_t)i * Hq * D, Hq, 0.125f, out.data(), 2) != KVARN_OK ||
-                        std::memcmp(out.data(), alone.data() + (size_t)i * Hq * D, out.size() * sizeof(float)) != 0)
+                    if (kvarn_attend(&c, 1, q.data() + i * row, Hq, 0.125f, out.data(), 2) != KVARN_OK ||
+                        std::memcmp(out.data(), alone.data() + i * row, row * sizeof(float)) != 0)
                         ++mismatches[i];
-                    if (r % 8 == i &&
-                        (kvarn_quantize_tiles(kk.data(), vv.data(), tiles * Hk, 4, 2, G, D, 8, again.data(), 2, nullptr) !=
-                             KVARN_OK ||
-                         again != records))
-                        ++mismatches[i];
+                    if (r % 8 == i) {
+                        const int rc = kvarn_quantize_tiles(kk.data(), vv.data(), tiles * Hk, 4, 2, G, D, 8,
+                                                            again.data(), 2, nullptr);
+                        if (rc != KVARN_OK || again != records) ++mismatches[i];
+                    }
                 }
             });
         for (auto& t : pool_users) t.join();
