@@ -89,6 +89,9 @@ def test_installed_wheel_holds_what_runs_and_nothing_to_build_it():
     assert meta["License-Expression"] == "Apache-2.0"
     files = [str(p) for p in importlib.metadata.files("kvarn") or []]
     assert any(p.endswith("licenses/LICENSE") for p in files), files
+    # The C library's install (KVARN_INSTALL) is for standalone CMake builds: nothing of it in the wheel.
+    c_library = [p for p in files if p.startswith(("include/", "lib/")) or p.endswith((".a", ".pc", ".cmake", ".h"))]
+    assert not c_library, f"the C library's files in the wheel: {c_library}"
 
 
 @pytest.mark.skipif(FROM_SOURCE, reason="kvarn is imported from the source tree, not an installed wheel")
