@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
-# Builds the native core and its test drivers with AddressSanitizer + UBSan and runs them
-# once per ISA this machine supports. KVARN_SANITIZE=OFF builds the same drivers without the
-# sanitizers (for a compiler that has no sanitizer runtime; tests/test_native.py falls back to it).
+# Builds the native core and its test drivers under a sanitizer and runs them once per ISA this machine supports.
+#   bash scripts/asan.sh [build-dir]                     AddressSanitizer + UBSan (+ float-cast-overflow), no recovery
+#   KVARN_SANITIZE=OFF bash scripts/asan.sh [build-dir]  the same drivers without sanitizers (for a compiler that has no
+#                                                        sanitizer runtime; tests/test_native.py falls back to it)
+#   SANITIZER=thread bash scripts/asan.sh [build-dir]    ThreadSanitizer (by hand, scripts/tsan.sh: it cannot share a
+#                                                        build with ASan, and a second build would double test_native's time)
+# The drivers call the C ABI from several threads at once (the shared pool under concurrent callers: attend and
+# quantise from four threads, each result checked against the same call made alone; the ISA setter; fork), so
+# both runtimes see the pool's threads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="${1:-build-asan}"
-cmake -S . -B "$build" -DKVARN_SANITIZE="${KVARN_SANITIZE:-ON}" -DKVARN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+case "${SANITIZER:-address}" in
+  address)
+    build="${1:-build-asan}"
+    flags=(-DKVARN_SANITIZE="${KVARN_SANITIZE:-ON}") ;;
+  thread)
+    build="${1:-build-tsan}"
+    flags=(-DKVARN_SANITIZE=OFF -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_CXX_FLAGS=-fsanitize=thread
+           -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread)
+    export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}" ;;
+  *) echo "SANITIZER must be address or thread, not '$SANITIZER'" >&2; exit 2 ;;
+esac
+cmake -S . -B "$build" "${flags[@]}" -DKVARN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)" --target kvarn_native_test kvarn_simd_test kvarn_c_example
 for isa in scalar avx2 avx512; do
   if grep -qw "$( [ $isa = avx512 ] && echo avx512bw || echo $isa )" /proc/cpuinfo || [ $isa = scalar ]; then

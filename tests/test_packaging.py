@@ -291,15 +291,9 @@ def test_cmake_serves_a_host_project_through_add_subdirectory(tmp_path):
     assert r.returncode == 0 and r.stdout.strip().endswith(": ok"), r.stdout + r.stderr
 
 
-def _pkg_config(pc_dir: Path, *args: str) -> list:
-    """pkg-config's answer for kvarn from pc_dir; where pkg-config is not installed, the same from kvarn.pc's
-    variables expanded here (kvarn.pc uses only ${var} references and the Cflags / Libs fields)."""
-    tool = shutil.which("pkg-config")
-    if tool is not None:
-        env = dict(os.environ, PKG_CONFIG_PATH=str(pc_dir))
-        r = subprocess.run([tool, *args, "kvarn"], capture_output=True, text=True, env=env, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return r.stdout.split()
+def _pc_file_flags(pc_dir: Path, *args: str) -> list:
+    """What pkg-config answers for kvarn from pc_dir, read from kvarn.pc itself (it uses only ${var} references and the
+    Cflags / Libs fields): the flags on machines without pkg-config, checked against pkg-config where it is installed."""
     values = {"pcfiledir": str(pc_dir)}
     fields = {}
     for line in (pc_dir / "kvarn.pc").read_text().splitlines():
@@ -311,6 +305,19 @@ def _pkg_config(pc_dir: Path, *args: str) -> list:
             name, text = line.split(":", 1)
             fields[name] = expand(text.strip())
     return [word for arg in args for word in fields[{"--cflags": "Cflags", "--libs": "Libs"}[arg]].split()]
+
+
+def _pkg_config(pc_dir: Path, *args: str) -> list:
+    """pkg-config's answer for kvarn from pc_dir (kvarn.pc read here where pkg-config is not installed)."""
+    tool = shutil.which("pkg-config")
+    if tool is None:
+        return _pc_file_flags(pc_dir, *args)
+    env = dict(os.environ, PKG_CONFIG_PATH=str(pc_dir))
+    r = subprocess.run([tool, *args, "kvarn"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    flags = r.stdout.split()
+    assert flags == _pc_file_flags(pc_dir, *args), "the fallback reading of kvarn.pc disagrees with pkg-config"
+    return flags
 
 
 def test_cmake_installs_the_c_library_for_find_package_and_pkg_config(tmp_path):
