@@ -309,6 +309,13 @@ constexpr int64_t kSinkChunk = 128;
 // The most softmax state an attend call's splits may hold (floats: 64 MiB).
 constexpr size_t kSplitStateBudgetFloats = size_t(16) << 20;
 
+// Work items an attend call aims for per thread (its units and state budget permitting). Threads take items as
+// they finish, so finer items even out an item count that is not a multiple of the threads (2 per thread gave 9
+// items to 4 threads at head_dim 64: three rounds for 2.25 rounds' work) and threads that run at different speeds
+// (a VM's vCPUs sharing cores, hybrid CPUs). 8 against 2 on the lent 16-vCPU Xeon, 32K tokens: 0.81-0.96 of the
+// time from 4 to 16 threads, even at 4K (RESULTS section 2, fortieth session).
+constexpr int64_t kItemsPerThread = 8;
+
 // One unit of attention work: a KV head of one sequence, over a contiguous
 // range of its units.
 struct WorkItem {
@@ -493,7 +500,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         const int n_q = num_q_heads / Hk;
         const int threads = resolve_threads(num_threads);
 
-        // Split long caches across threads (flash-decoding): about two work
+        // Split long caches across threads (flash-decoding): about kItemsPerThread work
         // items per thread so dynamic scheduling can even out, never fewer than
         // 4 units (tiles or 128-token fp16 chunks) per split, and never more than the state
         // budget below allows (a large num_threads over many query heads would otherwise
@@ -512,7 +519,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         std::unique_ptr<std::atomic<int32_t>[]> group_left(new std::atomic<int32_t>[heads_total]);
         for (int32_t b = 0; b < batch; ++b) {
             const int64_t U = total_units(caches[b]);
-            int64_t want = std::min<int64_t>((2 * (int64_t)threads + heads_total - 1) / heads_total, max_splits);
+            int64_t want = std::min<int64_t>((kItemsPerThread * threads + heads_total - 1) / heads_total, max_splits);
             int64_t splits = std::max<int64_t>(1, std::min<int64_t>(want, U / 4));
             for (int h = 0; h < Hk; ++h) {
                 group_first[(int64_t)b * Hk + h] = (int64_t)items.size();
