@@ -421,18 +421,18 @@ def test_batched_attend_equals_single(rng):
 
 
 def test_split_state_is_capped_by_the_arguments_alone(rng):
-    # attend gives a long sequence about eight splits per thread, each with its own softmax state
-    # (query heads x (2 + 4 head_dim) floats); the splits stop at a 64 MiB state budget (63 of
-    # these), so num_threads=4096 (128 splits here before the cap, one per 4 tiles) lays out as 8
-    # threads do (64 asked, 63 allowed): the same bits on any machine. 7 threads ask for 56.
+    # attend gives a long sequence at least two splits per thread (eight while each keeps 16 tiles), each with its own
+    # softmax state (query heads x (2 + 4 head_dim) floats); the splits stop at a 64 MiB state budget (63 of
+    # these), so num_threads=4096 (128 splits here before the cap, one per 4 tiles) lays out as 32
+    # threads do (64 asked, 63 allowed): the same bits on any machine. 31 threads ask for 62.
     cache = kvarn.KVCache(1, 512, sink_tokens=0)
     for _ in range(8):  # 512 tiles, fp16 in pieces to keep the inputs small
         kv = rng.standard_normal((2, 1, 64 * 128, 512)).astype(np.float16)
         cache.append(kv[0], kv[1])
     q = rng.standard_normal((128, 512)).astype(np.float32)  # 128 x (2 + 2048) floats per split
     capped = kvarn.attend(q, cache, num_threads=4096)
-    np.testing.assert_array_equal(capped, kvarn.attend(q, cache, num_threads=8))
-    assert not np.array_equal(capped, kvarn.attend(q, cache, num_threads=7))  # the layout shows in the bits
+    np.testing.assert_array_equal(capped, kvarn.attend(q, cache, num_threads=32))
+    assert not np.array_equal(capped, kvarn.attend(q, cache, num_threads=31))  # the layout shows in the bits
 
 
 def test_thread_counts_agree(rng):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fortieth session, device call s80c (the lent Xeon, CPU only): the committed eight items per thread, built with that
-# machine's toolchain: test_cache.py + test_simd.py (every ISA), then the #3 rows at 32K b1 on 16 threads, both shapes,
-# two runs of the warm interleaved group (kvarn int16 and int8, the fp16 kernel, numpy, SDPA enable_gqa and folded).
+# Fortieth session, device calls s80c (the tree of a171e52: eight items per thread) and s80e (the final split rule),
+# the lent Xeon, CPU only, built with that machine's toolchain: test_cache.py + test_simd.py (every ISA), then the #3
+# rows at 32K b1 on 16 threads, both shapes, two runs of the warm interleaved group (kvarn int16 and int8, the fp16
+# kernel, numpy, SDPA enable_gqa and folded).
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 build_site . /tmp/site_new || exit 1

@@ -161,8 +161,9 @@ typedef struct kvarn_cache_view {
  * float32, out the same shape. Query head h uses KV head h / (num_q_heads /
  * num_kv_heads); num_q_heads must be a multiple of num_kv_heads, and every view of
  * the batch must have the same num_kv_heads and head_dim. scale (finite) multiplies
- * q.k. num_threads <= 0: all cores. Long sequences are split into about eight work items
- * per thread, each with its own softmax state, up to a 64 MiB budget of that state: the
+ * q.k. num_threads <= 0: all cores. Long sequences are split into work items (about
+ * eight per thread where each keeps 2,048 tokens, else at least two where each keeps
+ * 512), each with its own softmax state, up to a 64 MiB budget of that state: the
  * layout (and so the output's last bits) depends on num_threads and the shapes alone.
  * KVARN_ERR_OVERFLOW: some output is not finite (float32 overflow; out is written). */
 int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,

@@ -309,12 +309,16 @@ constexpr int64_t kSinkChunk = 128;
 // The most softmax state an attend call's splits may hold (floats: 64 MiB).
 constexpr size_t kSplitStateBudgetFloats = size_t(16) << 20;
 
-// Work items an attend call aims for per thread (its units and state budget permitting). Threads take items as
-// they finish, so finer items even out an item count that is not a multiple of the threads (2 per thread gave 9
-// items to 4 threads at head_dim 64: three rounds for 2.25 rounds' work) and threads that run at different speeds
-// (a VM's vCPUs sharing cores, hybrid CPUs). 8 against 2 on the lent 16-vCPU Xeon, 32K tokens: 0.81-0.96 of the
-// time from 4 to 16 threads, even at 4K (RESULTS section 2, fortieth session).
-constexpr int64_t kItemsPerThread = 8;
+// How an attend call splits each (sequence, kv head) into work items. Threads take items as they finish, so more
+// items even out an item count that is not a multiple of the threads (2 per thread gave 9 items to 4 threads at
+// head_dim 64: three rounds for 2.25 rounds' work) and threads that run at different speeds (a VM's vCPUs sharing
+// cores, hybrid CPUs); but each split costs a little (its query prep, a cold first record, its share of the
+// merge). So: about kItemsPerThread items per thread where every split keeps >= kFineSplitUnits units (2,048
+// tokens), and at least kMinItemsPerThread where every split keeps >= kMinSplitUnits. On the lent 16-vCPU Xeon at
+// 32K tokens, headline shape, 8 and 16 threads: 0.79-0.91 of the time of 2 per thread over three device calls
+// (RESULTS section 2, fortieth session).
+constexpr int64_t kItemsPerThread = 8, kFineSplitUnits = 16;
+constexpr int64_t kMinItemsPerThread = 2, kMinSplitUnits = 4;
 
 // One unit of attention work: a KV head of one sequence, over a contiguous
 // range of its units.
@@ -500,8 +504,8 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         const int n_q = num_q_heads / Hk;
         const int threads = resolve_threads(num_threads);
 
-        // Split long caches across threads (flash-decoding): about kItemsPerThread work
-        // items per thread so dynamic scheduling can even out, never fewer than
+        // Split long caches across threads (flash-decoding): work items per thread as the constants
+        // above say, so that dynamic scheduling can even out, never fewer than
         // 4 units (tiles or 128-token fp16 chunks) per split, and never more than the state
         // budget below allows (a large num_threads over many query heads would otherwise
         // ask for gigabytes; the cap depends on the arguments alone, so outputs stay the
@@ -517,10 +521,15 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         const int64_t max_splits = std::max<int64_t>(1, (int64_t)(kSplitStateBudgetFloats / ((size_t)heads_total * state_floats)));
         std::unique_ptr<int64_t[]> group_first(new int64_t[heads_total]);
         std::unique_ptr<std::atomic<int32_t>[]> group_left(new std::atomic<int32_t>[heads_total]);
+        auto splits_for = [&](int64_t items_per_thread) {  // per group, for that many items per thread
+            return (items_per_thread * threads + heads_total - 1) / heads_total;
+        };
         for (int32_t b = 0; b < batch; ++b) {
             const int64_t U = total_units(caches[b]);
-            int64_t want = std::min<int64_t>((kItemsPerThread * threads + heads_total - 1) / heads_total, max_splits);
-            int64_t splits = std::max<int64_t>(1, std::min<int64_t>(want, U / 4));
+            // (one thread has nothing to even out: its items would only add their overhead)
+            const int64_t fine = threads > 1 ? std::min<int64_t>(splits_for(kItemsPerThread), U / kFineSplitUnits) : 0;
+            const int64_t coarse = std::min<int64_t>(splits_for(kMinItemsPerThread), U / kMinSplitUnits);
+            const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(std::max(fine, coarse), max_splits));
             for (int h = 0; h < Hk; ++h) {
                 group_first[(int64_t)b * Hk + h] = (int64_t)items.size();
                 group_left[(int64_t)b * Hk + h].store((int32_t)splits, std::memory_order_relaxed);
