@@ -3,8 +3,9 @@
 #   bash scripts/asan.sh [build-dir]                     AddressSanitizer + UBSan (+ float-cast-overflow), no recovery
 #   KVARN_SANITIZE=OFF bash scripts/asan.sh [build-dir]  the same drivers without sanitizers (for a compiler that has no
 #                                                        sanitizer runtime; tests/test_native.py falls back to it)
-#   SANITIZER=thread bash scripts/asan.sh [build-dir]    ThreadSanitizer (by hand, scripts/tsan.sh: it cannot share a
-#                                                        build with ASan, and a second build would double test_native's time)
+#   SANITIZER=thread bash scripts/asan.sh [build-dir]    ThreadSanitizer (by hand, scripts/tsan.sh: it cannot share
+#                                                        a build with ASan, and a second build would double
+#                                                        test_native's time)
 # The drivers call the C ABI from several threads at once (the shared pool under concurrent callers: attend and
 # quantise from four threads, each result checked against the same call made alone; the ISA setter; fork), so
 # both runtimes see the pool's threads.

@@ -293,7 +293,8 @@ def test_cmake_serves_a_host_project_through_add_subdirectory(tmp_path):
 
 def _pc_file_flags(pc_dir: Path, *args: str) -> list:
     """What pkg-config answers for kvarn from pc_dir, read from kvarn.pc itself (it uses only ${var} references and the
-    Cflags / Libs fields): the flags on machines without pkg-config, checked against pkg-config where it is installed."""
+    Cflags / Libs fields): the flags on machines without pkg-config, checked against pkg-config where it is
+    installed."""
     values = {"pcfiledir": str(pc_dir)}
     fields = {}
     for line in (pc_dir / "kvarn.pc").read_text().splitlines():
