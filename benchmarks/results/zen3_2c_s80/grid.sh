@@ -1,7 +1,7 @@
 #!/bin/bash
 # Fortieth session, Zen 3 box (2 vCPUs, AVX2 only): the #3 target rows at 32K b1 (warm interleaved + cold + bandwidth)
 # on the final split rule (the tree of 67aef70 installed with --target /tmp/site_40c), six runs, as the thirty-seventh
-# session's grid.sh; summarise.py there prints the per-run figures (run it in this folder).
+# session's grid.sh; the per-run figures: python3 ../zen3_2c_s77/summarise.py 1 6 (from this folder).
 cd /work/main/benchmarks
 out=/work/main/benchmarks/results/zen3_2c_s80
 py=/tmp/kvarn-ci-venv/bin/python  # torch 2.13.0, pytest-benchmark
