@@ -52,6 +52,23 @@ static uint16_t to_half(float f)
     return (uint16_t)(sign | ((uint32_t)exp << 10) | ((x >> 13) & 0x3ff));
 }
 
+// A view of quantised tiles alone (no sink, no tail): records [tile][head] at the given strides.
+static kvarn_cache_view tiles_view(const uint8_t* records, int64_t num_tiles, int num_kv_heads, int head_dim, int group,
+                                   int kbits, int vbits, int64_t tile_stride, int64_t head_stride)
+{
+    kvarn_cache_view c{};
+    c.num_kv_heads = num_kv_heads;
+    c.head_dim = head_dim;
+    c.group = group;
+    c.kbits = kbits;
+    c.vbits = vbits;
+    c.records = records;
+    c.num_tiles = num_tiles;
+    c.record_tile_stride = tile_stride;
+    c.record_head_stride = head_stride;
+    return c;
+}
+
 // kvarn_scan_f32: max |x| with NaN / Inf, and the fp16 copy written only within the limit, over
 // strided and reversed views (exact-size buffers, so that ASan sees any access outside them).
 void scan_checks()
@@ -220,21 +237,12 @@ int main()
                     for (auto& x : sv) x = to_half(normal(gen));
                     for (auto& x : tk) x = to_half(normal(gen));
                     for (auto& x : tv) x = to_half(normal(gen));
-                    kvarn_cache_view c{};
-                    c.num_kv_heads = Hk;
-                    c.head_dim = D;
-                    c.group = G;
-                    c.kbits = kb;
-                    c.vbits = vb;
+                    kvarn_cache_view c = tiles_view(records.data(), tiles, Hk, D, G, kb, vb, rec, rec);
                     c.sink_k = sk.data();
                     c.sink_v = sv.data();
                     c.sink_len = sink_len;
                     c.sink_head_stride = sink_len * D;
                     c.sink_row_stride = D;
-                    c.records = records.data();
-                    c.num_tiles = tiles;
-                    c.record_tile_stride = rec;
-                    c.record_head_stride = rec;
                     c.tail_k = tk.data();
                     c.tail_v = tv.data();
                     c.tail_len = tail_len;
@@ -265,16 +273,7 @@ int main()
         CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), tiles * Hk, 4, 2, G, D, 8, records.data(), 1, nullptr) ==
               KVARN_OK);
         std::vector<uint16_t> tk((size_t)Hk * 9 * D, 0x3c00), tv(tk.size(), 0xbc00);  // 9 fp16 tail tokens
-        kvarn_cache_view c{};
-        c.num_kv_heads = Hk;
-        c.head_dim = D;
-        c.group = G;
-        c.kbits = 4;
-        c.vbits = 2;
-        c.records = records.data();
-        c.num_tiles = tiles;
-        c.record_tile_stride = (int64_t)(Hk * rec);
-        c.record_head_stride = (int64_t)rec;
+        kvarn_cache_view c = tiles_view(records.data(), tiles, Hk, D, G, 4, 2, (int64_t)(Hk * rec), (int64_t)rec);
         c.tail_k = tk.data();
         c.tail_v = tv.data();
         c.tail_len = 9;
@@ -494,16 +493,7 @@ int main()
         CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 2, 4, 2, G, D, 8, records.data(), KVARN_MAX_THREADS + 1,
                                    nullptr) == KVARN_ERR_ARGUMENT);
         CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), 2, 4, 2, G, D, 8, records.data(), 1, nullptr) == KVARN_OK);
-        kvarn_cache_view c{};
-        c.num_kv_heads = 1;
-        c.head_dim = D;
-        c.group = G;
-        c.kbits = 4;
-        c.vbits = 2;
-        c.records = records.data();
-        c.num_tiles = 2;
-        c.record_tile_stride = rec;
-        c.record_head_stride = rec;
+        kvarn_cache_view c = tiles_view(records.data(), 2, 1, D, G, 4, 2, rec, rec);
         std::vector<float> q(4 * D + 1), out(4 * D + 1);
         for (auto& x : q) x = normal(gen);
         CHECK(kvarn_attend(&c, 1, q.data(), 4, 0.25f, out.data(), 2) == KVARN_OK);
