@@ -315,7 +315,7 @@ constexpr size_t kSplitStateBudgetFloats = size_t(16) << 20;
 // cores, hybrid CPUs); but each split costs a little (its query prep, a cold first record, its share of the
 // merge). So: about kItemsPerThread items per thread where every split keeps >= kFineSplitUnits units (2,048
 // tokens), and at least kMinItemsPerThread where every split keeps >= kMinSplitUnits. On the lent 16-vCPU Xeon at
-// 32K tokens, headline shape, 8 and 16 threads: 0.79-0.91 of the time of 2 per thread over three device calls
+// 32K tokens, headline shape, 8 and 16 threads: 0.79-0.91 of the time of 2 per thread in two device calls
 // (RESULTS section 2, fortieth session).
 constexpr int64_t kItemsPerThread = 8, kFineSplitUnits = 16;
 constexpr int64_t kMinItemsPerThread = 2, kMinSplitUnits = 4;
