@@ -268,7 +268,7 @@ NON_DEFAULT_MODES = ("kvarn-avx512-float", "kvarn-avx512-int8", "kvarn-avx2-floa
 
 
 def _attend_case_runs(ctx, batch, impl):
-    """The grid's rows by design (machine limits, torch and memory, skip at run time instead)."""
+    """Whether the grid has this row by design; machine limits (torch, memory) skip at run time instead."""
     if impl == "kvarn-scalar" and ctx * batch > 32768:
         return False  # the scalar reference is the readable spec, not a fast path: up to 32K tokens
     if impl in ("numpy", "torch", "torch-folded") and batch > 1 and ctx > 4096:
