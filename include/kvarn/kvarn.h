@@ -76,7 +76,8 @@ const char* kvarn_isa_error(void);
  * 0 float FMA; 1 (the default) query and weights rounded to int16 per (tile,
  * head) and dotted exactly in int32 with the codes (vpdpwssd where the CPU has
  * AVX-512 VNNI resp. AVX-VNNI, else vpmaddwd + vpaddd: the same sums); 2 the query
- * in int8, coarser (the avx2 kernels: vpdpbusd with AVX-VNNI, else vpmaddubsw + vpaddw;
+ * in int8 and the 2-bit values' weights in uint8, coarser, the 4-bit codes centred on 7.5
+ * so that most of the query's rounding cancels (the avx2 kernels: vpdpbusd with AVX-VNNI, else vpmaddubsw + vpaddw;
  * the avx512 ones: vpdpbusd with AVX-512 VNNI; without it they run int16). Environment:
  * KVARN_SCORES=float|int16|int8 (the library ignores any other value, i.e. runs int16;
  * the Python module refuses one at import). int16 or int8 without AVX2: KVARN_ERR_ISA.

@@ -316,6 +316,17 @@ void values_dispatch(int nh, const uint8_t* vcodes, int D, int G, const float* w
 
 constexpr int kHeadGroup = 4;  // query heads sharing one pass over a tile's codes
 
+// The int8 score mode scores centred codes c - 7.5, as the avx512 file (its kCentreCode says why).
+constexpr float kCentreCode = 7.5f;
+
+// kzc = kz + 7.5 ka (one rounding), as the avx512 file; n % 8 == 0.
+inline void centred_zero_points(const float* ka, const float* kz, float* kzc, int n)
+{
+    const __m256 c0 = _mm256_set1_ps(kCentreCode);
+    for (int i = 0; i < n; i += 8)
+        _mm256_store_ps(kzc + i, _mm256_fmadd_ps(_mm256_load_ps(ka + i), c0, _mm256_load_ps(kz + i)));
+}
+
 // ---- int16 mode (the avx512 file's arithmetic without VNNI) ------------------------------
 // acc + the int32 sums of int16 pairs a*b: vpmaddwd + vpaddd, exactly what vpdpwssd
 // computes (no pair here can reach the one overflowing case, -32768 * -32768 twice).
@@ -840,7 +851,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     const bool int8_scores = int_scores && mode == kScoresInt8;  // the query in int8
     const bool byte_values = int_values && mode == kScoresInt8;  // and the value weights in uint8
     const bool vnni = int_mode && avx_vnni_on();
-    alignas(32) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
+    alignas(32) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], kzc[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
     alignas(32) float kt[128], va[128], vz[128];
     alignas(32) float qa[kHeadGroup * KVARN_MAX_HEAD_DIM], tmp[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(32) int16_t qi16[kHeadGroup * KVARN_MAX_HEAD_DIM];
@@ -865,6 +876,9 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
         // KVARN_ERR_OVERFLOW) instead of silently wrong.
         const bool va_negative = int_values && any_negative(va, G);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
+        // The int8 mode scores centred codes (kCentreCode): q.kz' here, the rest after the rounding.
+        if (int8_scores) centred_zero_points(ka, kz, kzc, D);
+        const float* kz_scored = int8_scores ? kzc : kz;
         for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
             const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
             float qz[kHeadGroup], qscale[kHeadGroup];
@@ -878,9 +892,9 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     _mm256_store_ps(qa + h * D + d, a);
                     amax = _mm256_max_ps(amax, _mm256_and_ps(a, abs_mask));
                     if (int_scores) nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
-                    z = _mm256_fmadd_ps(qv, _mm256_load_ps(kz + d), z);
+                    z = _mm256_fmadd_ps(qv, _mm256_load_ps(kz_scored + d), z);
                 }
-                qz[h] = hsum(z);
+                if (!int8_scores) qz[h] = hsum(z);
                 if (int_scores) {
                     // Symmetric, as avx512: q_int = round(qa * qmax / max|qa|), saturating narrow.
                     const float qmax = int8_scores ? 127.0f : 32767.0f;
@@ -890,15 +904,22 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     // which narrows to -32768 whatever the sign, and the tile would silently drop out.
                     qscale[h] = _mm256_movemask_ps(nan) || !(mx <= FLT_MAX) ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
                     const __m256 inv = _mm256_set1_ps(inverse_scale(qmax, mx));
+                    __m256i qsum = _mm256_setzero_si256();  // int8: sum of q_int (|q_int| <= qmax: the packs saturate none)
                     for (int d = 0; d < D; d += 16) {
                         const __m256i r0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qa + h * D + d), inv));
                         const __m256i r1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(qa + h * D + d + 8), inv));
                         const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(r0, r1), 0xD8);
-                        if (int8_scores)
+                        if (int8_scores) {
+                            qsum = _mm256_add_epi32(qsum, _mm256_add_epi32(r0, r1));
                             _mm_store_si128(reinterpret_cast<__m128i*>(qi8 + h * D + d),
                                             _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
-                        else
+                        } else {
                             _mm256_store_si256(reinterpret_cast<__m256i*>(qi16 + h * D + d), w);
+                        }
+                    }
+                    if (int8_scores) {  // qz = q.kz' - 7.5 qscale sum q_int = q.kz + 7.5 sum (qa - qscale q_int)
+                        z = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(qsum), _mm256_set1_ps(kCentreCode * qscale[h]), z);
+                        qz[h] = hsum(z);
                     }
                 }
             }

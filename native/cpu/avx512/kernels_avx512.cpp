@@ -259,6 +259,21 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b)
 // ---- attention over quantised tiles --------------------------------------------------------
 constexpr int kHeadGroup = 4;
 
+// The int8 score mode scores centred 4-bit codes c - 7.5: with kz' = kz + 7.5 ka the score is
+// kt (sum_d qa_d (c - 7.5) + q.kz'), and the rounded query gives kt (qscale (sum q_int c - 7.5 sum q_int)
+// + q.kz'). Its rounding error sum_d (qa_d - qscale q_int_d)(c - 7.5) is half of the uncentred
+// sum_d (qa_d - qscale q_int_d) c or less: a channel's codes spread ~3 around a mean near 7.5
+// (docs/simd.md). int16 keeps the uncentred form: its error is already ~4e-5 of the output.
+constexpr float kCentreCode = 7.5f;
+
+// kzc = kz + 7.5 ka (one rounding), the zero points of the centred codes; n % 16 == 0.
+inline void centred_zero_points(const float* ka, const float* kz, float* kzc, int n)
+{
+    const __m512 c0 = _mm512_set1_ps(kCentreCode);
+    for (int i = 0; i < n; i += 16)
+        _mm512_store_ps(kzc + i, _mm512_fmadd_ps(_mm512_load_ps(ka + i), c0, _mm512_load_ps(kz + i)));
+}
+
 // Float scores: s[h][t] = sum_d qa[h][d] code[d][t], 32 tokens per pass, the
 // unpacked codes shared by NH heads.
 template <int KB, int NH>
@@ -839,7 +854,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     const int G = fmt.group, D = fmt.head_dim;
     const kvarn_record_layout L = record_layout(fmt);
     const int mode = KB == 4 ? score_mode() : kScoresFloat;
-    alignas(64) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
+    alignas(64) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], kzc[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
     alignas(64) float kt[128], va[128], vz[128];
     alignas(64) float qa[kHeadGroup * KVARN_MAX_HEAD_DIM], tmp[kHeadGroup * KVARN_MAX_HEAD_DIM];
     alignas(64) int8_t qi8[kHeadGroup * KVARN_MAX_HEAD_DIM];
@@ -867,6 +882,10 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
         if (int_values)
             for (int t = 0; t < G; t += 16) va_negative |= _mm512_cmp_ps_mask(_mm512_load_ps(va + t), _mm512_setzero_ps(), _CMP_LT_OQ) != 0;
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
+        // The int8 mode scores centred codes (kCentreCode): q.kz' here, the rest after the rounding.
+        const bool centred = mode == kScoresInt8;
+        if (centred) centred_zero_points(ka, kz, kzc, D);
+        const float* kz_scored = centred ? kzc : kz;
         for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
             const int nh = n_q - h0 < kHeadGroup ? n_q - h0 : kHeadGroup;
             float qz[kHeadGroup], qscale[kHeadGroup];
@@ -880,9 +899,9 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     _mm512_store_ps(qa + h * D + d, a);
                     amax = _mm512_max_ps(amax, _mm512_abs_ps(a));
                     if (mode != kScoresFloat) nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-                    z = _mm512_fmadd_ps(qv, _mm512_load_ps(kz + d), z);
+                    z = _mm512_fmadd_ps(qv, _mm512_load_ps(kz_scored + d), z);
                 }
-                qz[h] = _mm512_reduce_add_ps(z);
+                if (!centred) qz[h] = _mm512_reduce_add_ps(z);
                 if (mode != kScoresFloat) {
                     // Symmetric: q_int = round(qa * qmax / max|qa|), |q_int| <= qmax (saturating narrow).
                     const float qmax = mode == kScoresInt8 ? 127.0f : 32767.0f;
@@ -892,12 +911,19 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     // which narrows to the most negative integer whatever the sign.
                     qscale[h] = nan || !(mx <= FLT_MAX) ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
                     const __m512 inv = _mm512_set1_ps(inverse_scale(qmax, mx));
+                    __m512i qsum = _mm512_setzero_si512();  // int8: sum of q_int (|q_int| <= qmax: no lane saturates)
                     for (int d = 0; d < D; d += 16) {
                         const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(qa + h * D + d), inv));
-                        if (mode == kScoresInt8)
+                        if (mode == kScoresInt8) {
+                            qsum = _mm512_add_epi32(qsum, r);
                             _mm_storeu_si128(reinterpret_cast<__m128i*>(qi8 + h * D + d), _mm512_cvtsepi32_epi8(r));
-                        else
+                        } else {
                             _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi16 + h * D + d), _mm512_cvtsepi32_epi16(r));
+                        }
+                    }
+                    if (centred) {  // qz = q.kz' - 7.5 qscale sum q_int = q.kz + 7.5 sum (qa - qscale q_int)
+                        z = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qsum), _mm512_set1_ps(kCentreCode * qscale[h]), z);
+                        qz[h] = _mm512_reduce_add_ps(z);
                     }
                 }
             }
