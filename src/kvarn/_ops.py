@@ -360,8 +360,9 @@ def set_score_mode(mode: str) -> None:
     one token's weight dominates, as both are rounded relative to their largest (8e-3 on a contrived
     query); 1.4-1.8x faster; any AVX2 or AVX-512 CPU, vpdpwssd where it has VNNI), "float" (fp32, equal to
     float64 up to reassociation) or "int8" (the query rounded to int8 and the 2-bit values' weights to uint8
-    per tile and head: 8.7e-3 of the output on real SmolLM2 queries, 4e-2 on random data - ~5 % of the k4v2
-    quantisation's own error, ~0.3 % of its square; 0.76-0.86x int16's time on one core; runs on avx2
+    per tile and head, the 4-bit key codes centred on 7.5 so that most of the query's rounding cancels: 4.6e-3
+    of the output on real SmolLM2 queries, ~2e-2 on random data - 2-3 % of the k4v2 quantisation's own error,
+    ~0.1 % of its square; ~0.78-0.88x int16's time on one core; runs on avx2
     - vpdpbusd where the CPU has AVX-VNNI, else vpmaddubsw - and on avx512 with VNNI, where an avx512
     CPU without VNNI runs int16 instead). Refused with ValueError on a CPU without AVX2. The scalar
     kernels always run float; score_mode() says what the active kernels run. Also: KVARN_SCORES."""

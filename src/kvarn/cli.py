@@ -44,7 +44,8 @@ def _cmd_info(args) -> int:
     print(f"threads: {kvarn.get_num_threads()}")
     mode = kvarn.score_mode()
     why = {"float": "exact fp32", "int16": "int16-rounded query and weights, exact int32 sums",
-           "int8": "int8-rounded query, uint8-rounded 2-bit value weights, exact int32 sums"}[mode]
+           "int8": "int8-rounded query on centred 4-bit key codes, uint8-rounded 2-bit value weights, "
+                   "exact int32 sums"}[mode]
     print(f"arithmetic (KVARN_SCORES): {mode} ({why}; the integer modes need AVX2, int8 on avx512 also VNNI)")
     if mode == "int16":
         print(f"int16 dot products: {'vpdpwssd (VNNI)' if _native.vnni() else 'vpmaddwd + vpaddd (no VNNI here)'}")
