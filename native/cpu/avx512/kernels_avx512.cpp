@@ -854,6 +854,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     const int G = fmt.group, D = fmt.head_dim;
     const kvarn_record_layout L = record_layout(fmt);
     const int mode = KB == 4 ? score_mode() : kScoresFloat;
+    const bool centred = mode == kScoresInt8;  // the int8 mode scores centred key codes (kCentreCode)
     alignas(64) float ka[KVARN_MAX_HEAD_DIM], kz[KVARN_MAX_HEAD_DIM], kzc[KVARN_MAX_HEAD_DIM], vc[KVARN_MAX_HEAD_DIM];
     alignas(64) float kt[128], va[128], vz[128];
     alignas(64) float qa[kHeadGroup * KVARN_MAX_HEAD_DIM], tmp[kHeadGroup * KVARN_MAX_HEAD_DIM];
@@ -883,7 +884,6 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
             for (int t = 0; t < G; t += 16) va_negative |= _mm512_cmp_ps_mask(_mm512_load_ps(va + t), _mm512_setzero_ps(), _CMP_LT_OQ) != 0;
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
         // The int8 mode scores centred codes (kCentreCode): q.kz' here, the rest after the rounding.
-        const bool centred = mode == kScoresInt8;
         if (centred) centred_zero_points(ka, kz, kzc, D);
         const float* kz_scored = centred ? kzc : kz;
         for (int h0 = 0; h0 < n_q; h0 += kHeadGroup) {
@@ -914,7 +914,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                     __m512i qsum = _mm512_setzero_si512();  // int8: sum of q_int (|q_int| <= qmax: no lane saturates)
                     for (int d = 0; d < D; d += 16) {
                         const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(qa + h * D + d), inv));
-                        if (mode == kScoresInt8) {
+                        if (centred) {  // the int8 mode
                             qsum = _mm512_add_epi32(qsum, r);
                             _mm_storeu_si128(reinterpret_cast<__m128i*>(qi8 + h * D + d), _mm512_cvtsepi32_epi8(r));
                         } else {
