@@ -36,13 +36,19 @@ namespace {
 // loops, so the misses overlap with arithmetic; records of one head are a whole
 // cache row apart, beyond the reach of the hardware's stride prefetcher, and a
 // burst of 200+ prefetches would only stall on the line-fill buffers.
+// The record after it goes towards L2 at the same pace: from DRAM, L1 misses in
+// flight for a whole latency each capped these kernels' rate (the next record's
+// lines then come from L2 in a few cycles). The avx2 file keeps one record: its
+// records take longer, and the extra prefetch measured slower there.
 struct Prefetcher {
     const char* p;
     const char* end;
+    ptrdiff_t ahead;  // from p to the same line of the record after (0: none)
     inline void step()
     {
         if (p < end) {
             _mm_prefetch(p, _MM_HINT_T0);
+            _mm_prefetch(p + ahead, _MM_HINT_T1);
             p += 64;
         }
     }
@@ -868,10 +874,11 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     const bool vnni = avx512_vnni_on();  // int8 (vpdpbusd) runs only then: score_mode() says so
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
-        Prefetcher pf{nullptr, nullptr};
+        Prefetcher pf{nullptr, nullptr, 0};
         if (tile + 1 < n_tiles) {
             pf.p = reinterpret_cast<const char*>(rec + tile_stride);
             pf.end = pf.p + L.total;
+            pf.ahead = tile + 2 < n_tiles ? tile_stride : 0;
         }
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.ka), ka, D);
         f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kz), kz, D);
