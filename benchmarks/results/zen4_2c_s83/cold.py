@@ -1,5 +1,5 @@
 # Forty-third session: cold vs warm kvarn decode calls (test_decode_cold's scheme): M layer copies of the kvarn and fp16
-# caches (M = 256 MiB / one fp16 copy) read in turn, fp16 then kvarn per layer; then kvarn warm (one copy, back to back).
+# caches (M = COLD_MB, default 256 MiB, / one fp16 copy) read in turn, fp16 then kvarn per layer; then kvarn warm (one copy, back to back).
 # Env: SHAPE=hk,hq,D CTX TH R (rounds). Prints per-call minima and medians in ms.
 import os, sys, time
 import numpy as np
@@ -13,7 +13,7 @@ k = k.astype(np.float16); v = rng.standard_normal((hk, ctx, d), dtype=np.float32
 cache = kvarn.KVCache(hk, d); cache.append(k, v)
 f16 = FP16Cache(hk, d, capacity=ctx); f16.append(k, v)
 q = rng.standard_normal((1, hq, d), dtype=np.float32)
-layers = max(1, -(-(256 << 20) // (2 * hk * ctx * d * 2)))
+layers = max(1, -(-(int(os.environ.get("COLD_MB", "256")) << 20) // (2 * hk * ctx * d * 2)))
 kvs = [cache.copy() for _ in range(layers)]; f16s = [f16.copy() for _ in range(layers)]
 tk, tf = [], []
 for r in range(rounds + 1):
