@@ -43,7 +43,7 @@ namespace {
 struct Prefetcher {
     const char* p;
     const char* end;
-    ptrdiff_t ahead;  // from p to the same line of the record after (0: none)
+    ptrdiff_t ahead;  // from p to the same line of the record after (0 with none: the line again, a no-op)
     inline void step()
     {
         if (p < end) {
