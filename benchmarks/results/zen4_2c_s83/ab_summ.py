@@ -2,7 +2,7 @@
 import re, sys, collections, statistics as st
 rows = collections.defaultdict(lambda: collections.defaultdict(list))
 for line in open(sys.argv[1]):
-    m = re.match(r"r(\d+) (\S+) th(\d) (\S+) (\S+): .*cold kvarn min ([\d.]+) med ([\d.]+) \| fp16 min ([\d.]+).*warm kvarn min ([\d.]+)", line)
+    m = re.match(r"r(\d+) (\S+) th(\d+) (\S+) (\S+): .*cold kvarn min ([\d.]+) med ([\d.]+) \| fp16 min ([\d.]+).*warm kvarn min ([\d.]+)", line)
     if not m: continue
     r, isa, th, shape, b = m.group(1, 2, 3, 4, 5)
     rows[(isa, th, shape)][b].append((int(r), float(m.group(6)), float(m.group(7)), float(m.group(8)), float(m.group(9))))
