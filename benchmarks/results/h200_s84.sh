@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Forty-fourth session, lent Xeon + H200 (device call s84): h200_s83.sh's plan (the avx512 L2 prefetch's cold/warm A/B
-# against the kernels before it, 1 / 2 / 16 threads, both shapes at 32K; the int8 AVX-VNNI error check), then the
-# whole test suite over the CUDA build, every ISA required (the first full GPU + avx512 run since the int8 centring
-# and the prefetch).
+# Forty-fourth session, lent Xeon + GPU (device call s84; an H100 came): the forty-third session's unrun plan (the
+# avx512 L2 prefetch's cold/warm A/B against the kernels before it, 1 / 2 / 16 threads, both shapes at 32K; the int8
+# AVX-VNNI error check), then the whole test suite over the CUDA build, every ISA required (the first full GPU +
+# avx512 run since the int8 centring and the prefetch).
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 D=benchmarks/results/zen4_2c_s83

@@ -1,4 +1,5 @@
 # native attend after a gap (the pool's helper asleep) vs back to back, one 8K SmolLM2-shaped cache (warm data).
+# The wake rows need a build with variant_wake_threads.patch applied (kvarn._native.wake_threads).
 import time, statistics as st, numpy as np, kvarn, os
 from kvarn import _ops
 th = int(os.environ.get("TH", "2")); kvarn.set_num_threads(th)

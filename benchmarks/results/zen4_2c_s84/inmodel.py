@@ -1,6 +1,7 @@
 # Decompose kvarn's per-layer time inside SmolLM2 decoding (8K context): attend_pending in total, the native attend,
 # the appends, checkpoints; then the same native attend over the same caches outside the model, cold (30 layers in
 # turn) and warm (one layer repeated).
+# The "wake=update" blocks of inmodel.log: a build with variant_wake_threads.patch applied, KVARN_EXP_WAKE=update.
 import os, sys, time, statistics as st, collections
 import numpy as np, torch
 import kvarn
