@@ -16,10 +16,12 @@ grid() {  # NAME CONTEXTS TIMEOUT
   KVARN_BENCH_THREADS=16 KVARN_BENCH_BUDGET=0.2 KVARN_BENCH_COLD_MB=1200 KVARN_BENCH_CONTEXTS="$2" KVARN_BENCH_BATCHES=1,16 \
     KVARN_BENCH_TABLE="$OUT/grid_$1.md" timeout "$3" python3 -m pytest -q -p no:cacheprovider bench_attend.py \
     -k "not scalar and not float" >/tmp/grid_$1.log 2>&1
-  echo "[$(el) s] grid $1 exit $?"; tail -1 /tmp/grid_$1.log; { echo "== grid $1"; cat /tmp/grid_$1.log; } >>"$OUT/grids.log"
+  local rc=$?; echo "[$(el) s] grid $1 exit $rc"; tail -1 /tmp/grid_$1.log; { echo "== grid $1"; cat /tmp/grid_$1.log; } >>"$OUT/grids.log"
 }
+if [ "${ONLY:-}" = 32k ]; then grid 32k_run2 32768 170; grid 32k_run3 32768 170; exit; fi  # s85c: two more 32K runs
+if [ "${ONLY:-}" = 1k4k ]; then grid 1k4k 1024,4096 300; exit; fi  # s85b: the 1K/4K grid again, longer
 grid 32k 32768 170
-grid 1k4k 1024,4096 110
+grid 1k4k 1024,4096 110  # too short: s85's was cut at 110 s, rerun as s85b
 grid 128k 131072 200
 KVARN_BENCH_THREADS=16 KVARN_BENCH_TABLE="$OUT/quantize.md" timeout 40 python3 -m pytest -q -p no:cacheprovider \
   bench_quantize.py >/tmp/quantize.log 2>&1
