@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Forty-fifth session, device call s85d: short_threads.py (results/xeon_h100_s85d/) on the lent Xeon, CPU-only build.
-# NOT RUN: two tries found no machine (12:06, 12:16 UTC) and the session's device time ran out; for a later session.
+# Not run in the forty-fifth session (two tries found no machine); run in the forty-sixth, 2026-12-05 17:40 UTC
+# (log: results/xeon_h100_s85d/short_threads.log; RESULTS §2 "Forty-sixth session").
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 build_site . /tmp/site_new || exit 1
