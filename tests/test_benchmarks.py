@@ -22,6 +22,10 @@ def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
     env = dict(os.environ, KVARN_BENCH_QUICK="1", KVARN_BENCH_CONTEXTS="1024", KVARN_BENCH_BUDGET="0.01",
                KVARN_BENCH_THREADS="1", KVARN_BENCH_TABLE=str(table), KVARN_BENCH_SETTLE_S="0.01")
     env.pop("KVARN_ISA", None)  # the benchmarks select each ISA themselves
+    # Under pytest-xdist (-n N) each worker's PYTEST_XDIST_* variables would reach the child pytest, and
+    # pytest-benchmark, reading PYTEST_XDIST_WORKER, would disable its benchmarks (benchmark.stats None).
+    for name in [n for n in env if n.startswith("PYTEST_XDIST_")]:
+        del env[name]
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "bench_attend.py", "bench_quantize.py",
          "--benchmark-min-rounds=1", "--benchmark-max-time=0.01", "-rs"],
