@@ -2,7 +2,7 @@
 # Forty-sixth session, device call s86: a regression run of the current tree on the lent machine (Xeon with
 # AVX-512 VNNI + AVX-VNNI + AMX, and its GPU): the CUDA build, then the whole test suite there (every ISA's CPU tests
 # on an Intel core with AVX-VNNI, which the Zen 4 development box lacks, and tests/test_cuda.py). The last whole-suite
-# run there was the thirteenth session's (s45); since then the avx512 kernels gained the int8 value weights, the
+# run there was s56 (2026-12-01); since then the avx512 kernels gained the int8 value weights, the
 # centred int8 key codes, the split rule and the L2 prefetch. pytest-xdist spreads the suite when the machine has it.
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
