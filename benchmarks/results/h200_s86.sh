@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Forty-sixth session, device call s86: a regression run of the current tree on the lent machine (Xeon with
 # AVX-512 VNNI + AVX-VNNI + AMX, and its GPU): the CUDA build, then the whole test suite there (every ISA's CPU tests
-# on an Intel core with AVX-VNNI, which the Zen 4 development box lacks, and tests/test_cuda.py). The last whole-suite
-# run there was s56 (2026-12-01); since then the avx512 kernels gained the int8 value weights, the
-# centred int8 key codes, the split rule and the L2 prefetch. pytest-xdist spreads the suite when the machine has it.
+# on an Intel core with AVX-VNNI, which the Zen 4 development box lacks, and tests/test_cuda.py), pytest-xdist spreading
+# it where the machine has it. (A repeat, as it turned out: the forty-fourth session's s84 ran the same tree's suite.)
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 { date -u; lscpu | grep -E "Model name|^CPU\(s\)|L3"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee "$OUT/machine.txt"
