@@ -3,6 +3,8 @@
 # AVX-512 VNNI + AVX-VNNI + AMX, and its GPU): the CUDA build, then the whole test suite there (every ISA's CPU tests
 # on an Intel core with AVX-VNNI, which the Zen 4 development box lacks, and tests/test_cuda.py), pytest-xdist spreading
 # it where the machine has it. (A repeat, as it turned out: the forty-fourth session's s84 ran the same tree's suite.)
+# For a rerun: h200_s84.sh's suite step, which also sets KVARN_REQUIRE_ISAS=avx2,avx512 (this one did not; its
+# machine.txt shows all three ISAs present), plus -n 12 where pytest-xdist is installed.
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 { date -u; lscpu | grep -E "Model name|^CPU\(s\)|L3"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } | tee "$OUT/machine.txt"

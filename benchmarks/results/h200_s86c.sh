@@ -2,6 +2,7 @@
 # Forty-sixth session, device call s86c: the native drivers under AddressSanitizer + UBSan (scripts/asan.sh) and
 # ThreadSanitizer (scripts/tsan.sh) on the lent Xeon, whose avx2 kernels take their AVX-VNNI forms (the Zen 4 box,
 # where CI runs asan.sh through tests/test_native.py, has no AVX-VNNI) and whose pool has 16 threads. (Repeats s84b.)
+# For a rerun: benchmarks/results/h200_s84b.sh does this, asan_python.sh and compute-sanitizer in one call.
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 grep -o -w -E 'avx_vnni|avx512_vnni|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
