@@ -336,12 +336,15 @@ extern "C" {
 
 int32_t kvarn_default_threads(void)
 {
+#if defined(__linux__)
     // CPUs this process may run on (respects taskset/cgroup affinity).
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof(set), &set) == 0) {
         const int n = CPU_COUNT(&set);
         if (n > 0) return n;
     }
+#endif
+    // Elsewhere (macOS has no affinity masks), or past glibc's 1024-CPU set: the logical CPUs.
     const unsigned h = std::thread::hardware_concurrency();
     return h ? (int32_t)h : 1;
 }
