@@ -191,6 +191,17 @@ def test_cmake_kvarn_cuda_is_case_insensitive(tmp_path):
     assert "kvarn: CUDA module OFF" in out
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the check runs on x86-64 only")
+def test_cmake_names_the_assembler_the_avx2_kernels_need(tmp_path):
+    # An assembler without AVX-VNNI's {vex} form (binutils before 2.36) used to fail deep in the build with an
+    # assembler error; configure now probes it first. The probe's result preset to "no" stands in for such a
+    # toolchain (check_cxx_source_compiles does not rerun a result already in the cache).
+    rc, out = _configure(tmp_path, "OFF", None, "-DKVARN_ASSEMBLER_KNOWS_AVX_VNNI=OFF")
+    assert rc != 0, out[-2000:]
+    flat = " ".join(out.split())  # CMake wraps the message
+    assert "cannot encode AVX-VNNI" in flat and "binutils 2.36 or later" in flat and "Clang 12" in flat, out[-2000:]
+
+
 def test_cmake_leaves_the_x86_simd_files_out_elsewhere(tmp_path):
     # aarch64 & co.: avx2/ and avx512/ include <immintrin.h> and used to break the build
     # (pip install of the sdist failed there); now they are left out and the scalar kernels run.
