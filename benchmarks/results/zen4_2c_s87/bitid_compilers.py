@@ -1,10 +1,10 @@
 """Hash of records and attention outputs from one kvarn build, per ISA and score mode, for
 comparing builds made by different compilers (run with PYTHONPATH set to each build)."""
-import hashlib, sys, zlib
+import hashlib
+import zlib
 import numpy as np
 import kvarn
 
-rng = np.random.default_rng(1234)
 out = {}
 for isa in kvarn.available_isas():
     kvarn.set_isa(isa)
@@ -21,10 +21,7 @@ for isa in kvarn.available_isas():
             for mode in ("float", "int16", "int8"):
                 if isa == "scalar" and mode != "float":
                     continue
-                try:
-                    kvarn.set_score_mode(mode)
-                except Exception as e:
-                    continue
+                kvarn.set_score_mode(mode)
                 for threads in (1, 2):
                     o = kvarn.attend(q, c, num_threads=threads)
                     out[(isa, preset, d, mode, threads)] = (rec, hashlib.sha256(o.tobytes()).hexdigest()[:16])

@@ -30,11 +30,10 @@ for layer in range(L):
             kvarn.set_score_mode(m)
             outs[m] = kvarn.attend(q, cache).astype(np.float64)
         kvarn.set_score_mode("int16")
-        for h in range(hq):  # per query head
-            rn = np.linalg.norm(ref[h])
-            for m in modes:
-                err[m].append(np.linalg.norm(outs[m][h] - ref[h]) / rn)
-                moved[m].append(np.linalg.norm(outs[m][h] - outs["float"][h]) / rn)
+        rn = np.linalg.norm(ref, axis=-1)  # per query head
+        for m in modes:
+            err[m].extend(np.linalg.norm(outs[m] - ref, axis=-1) / rn)
+            moved[m].extend(np.linalg.norm(outs[m] - outs["float"], axis=-1) / rn)
 print(f"kvarn {kvarn.__version__}, ISA {kvarn.active_isa()}, preset {preset}, {L} layers x {n - 256} positions x {hq} "
       f"query heads = {len(err['float'])} queries")
 for m in modes:

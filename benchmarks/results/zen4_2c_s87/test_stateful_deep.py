@@ -1,6 +1,8 @@
 """tests/test_cache_stateful.py's machine with many more examples (its own settings fix 60)."""
+import pathlib
 import sys
-sys.path.insert(0, "/work/main/tests")
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tests"))
 from hypothesis import HealthCheck, Phase, settings
 import test_cache_stateful as m
 
