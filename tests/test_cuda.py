@@ -253,10 +253,10 @@ def build(preset, head_dim, hk, lengths, rng, dtype=None, decode_steps=1):
     return cache, ids
 
 
-def check_attention(cache, ids, q_np, out_gpu, scale):
+def check_attention(cache, ids, q_np, out_gpu, scale, layer=0):
     errs = []
     for b, sid in enumerate(ids):
-        cpu = cache.to_cpu(sid)  # the CPU path reads the GPU's records, sink and tail
+        cpu = cache.to_cpu(sid, layer)  # the CPU path reads the GPU's records, sink and tail
         K, V = cpu.dequantize()
         ref = oracle.attention(q_np[b], K, V, scale)
         # The CPU's float path, whose error is the fp32 floor (its int16 default would let the GPU off with

@@ -15,8 +15,8 @@ uses). After every step, for every live sequence and layer:
   path, with the same preset and sink) given the model's tokens in one append: the GPU store kernel
   writes the CPU quantiser's bytes, whatever the chunking of the appends, the truncations and the pages
   the records landed on;
-and attend's outputs (one query per sequence, GQA drawn) match float64 attention over that CPU cache's
-decoded content within test_cuda's bound (REL_TOL, or 4x the CPU float path's own error).
+and attend's outputs (one query per sequence, GQA drawn) pass test_cuda.check_attention (float64 attention over the
+content, which the invariant has just equated with the CPU cache's: within REL_TOL, or 4x the CPU float path's error).
 Skips, with the reason printed, where there is no CUDA build, no GPU or no torch (CI).
 """
 import os
@@ -32,7 +32,8 @@ import kvarn
 import kvarn.cuda as kc
 
 sys.path.insert(0, os.path.dirname(__file__))
-import oracle  # noqa: E402
+from test_cache_stateful import expect  # noqa: E402
+from test_cuda import check_attention  # noqa: E402
 
 try:
     import torch
@@ -40,7 +41,6 @@ except ImportError:  # pragma: no cover
     torch = None
 
 REASON = kc.unavailable_reason() or (None if torch is not None else "torch is not installed (device tensors)")
-REL_TOL = 2e-4  # as test_cuda.py: the GPU's attention against float64 over the same content
 
 PRESETS = ["k4v2_g128", "k4v4_g64", "k2v2_g128"]
 LAYERS = 2
@@ -74,11 +74,6 @@ def cut_point(length, n, sink, group):
         return length
     tile, into = divmod(length - sink, group)
     return length - into if into and tile < max(n - sink, 0) // group else length
-
-
-def expect(ok, message):
-    if not ok:
-        raise AssertionError(message)
 
 
 class PagedMachine(RuleBasedStateMachine):
@@ -221,7 +216,7 @@ class PagedMachine(RuleBasedStateMachine):
             return
         q = rng.standard_normal((len(chosen), self.H * gqa, self.D)).astype(np.float32)
         out = self.cache.attend(torch.from_numpy(q).cuda(), chosen, layer=layer).cpu().numpy()
-        self.check_attention(chosen, layer, q, out)
+        check_attention(self.cache, chosen, q, out, 1 / np.sqrt(self.D), layer)
         if use == "plan":
             plan = self.cache.plan(chosen, layer=layer)
             again = self.cache.attend(torch.from_numpy(q).cuda(), plan=plan).cpu().numpy()
@@ -242,23 +237,7 @@ class PagedMachine(RuleBasedStateMachine):
         out = self.cache.attend(torch.from_numpy(q).cuda(), plan=plan).cpu().numpy()
         now = self.cache.attend(torch.from_numpy(q).cuda(), seqs, layer=layer).cpu().numpy()
         expect(np.array_equal(out, now), "attend with a still-valid plan differs from attend with seq_ids")
-        self.check_attention(seqs, layer, q, out)
-
-    def check_attention(self, seqs, layer, q, out):
-        scale = 1.0 / np.sqrt(self.D)
-        mode = kvarn.score_mode()
-        for b, s in enumerate(seqs):
-            cpu = self.ref(s, layer)
-            K, V = cpu.dequantize()
-            ref = oracle.attention(q[b], K, V, scale)
-            kvarn.set_score_mode("float")  # the CPU float path: fp32's own error (test_cuda's check_attention)
-            try:
-                cpu_err = np.linalg.norm(kvarn.attend(q[b], cpu, scale) - ref) / np.linalg.norm(ref)
-            finally:
-                kvarn.set_score_mode(mode)
-            err = np.linalg.norm(out[b].astype(np.float64) - ref) / np.linalg.norm(ref)
-            expect(np.isfinite(out[b]).all() and err < max(REL_TOL, 4 * cpu_err),
-                   f"sequence {s} ({self.n(s, layer)} tokens, layer {layer}): error {err:.3g}, CPU float {cpu_err:.3g}")
+        check_attention(self.cache, seqs, q, out, 1 / np.sqrt(self.D), layer)
 
     # ---- invariants ---------------------------------------------------------------------------------
     @invariant()
