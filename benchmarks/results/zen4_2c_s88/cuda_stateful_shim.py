@@ -2,7 +2,10 @@
 kvarn.KVCache per sequence and layer, the same refusals in the same order), to check the machine's own model and
 expectations where there is no GPU. Not a test of the GPU path: the stand-in's records are the CPU's by construction.
     PYTHONPATH=<site> python cuda_stateful_shim.py [examples]     (needs torch, CPU build)
-Prints how often each refusal was expected and how many attention outputs were checked."""
+Prints how often each refusal was expected and how many attention outputs were checked. Under pytest (from the
+forty-ninth session), for hypothesis's statistics (how many draws it gave up on):
+    KVARN_SHIM_EXAMPLES=2000 PYTHONPATH=<site> python -m pytest --hypothesis-show-statistics cuda_stateful_shim.py
+KVARN_SHIM_TESTS=<dir> runs another copy of tests/ (e.g. an older test_cuda_stateful.py) against the stand-in."""
 import collections
 import os
 import sys
@@ -15,7 +18,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 import kvarn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests"))
+sys.path.insert(0, os.environ.get("KVARN_SHIM_TESTS") or
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests"))
 torch.Tensor.cuda = lambda self, *a, **k: self  # the machine's device tensors stay on the CPU
 import test_cuda  # noqa: E402
 import test_cuda_stateful as machine  # noqa: E402
@@ -113,9 +117,15 @@ def counted_raises(error, match=None):
 
 
 machine.pytest.raises = counted_raises
-examples = int(sys.argv[1]) if len(sys.argv) > 1 else 400
-run_state_machine_as_test(machine.PagedMachine, settings=settings(
-    max_examples=examples, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
-for key, n in sorted(counts.items()):
-    print(f"{n:6d}  {key}")
-print(f"{examples} examples: no failure")
+if __name__ == "__main__":
+    examples = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    run_state_machine_as_test(machine.PagedMachine, settings=settings(
+        max_examples=examples, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
+    for key, n in sorted(counts.items()):
+        print(f"{n:6d}  {key}")
+    print(f"{examples} examples: no failure")
+else:  # collected by pytest
+    TestStandIn = machine.PagedMachine.TestCase
+    TestStandIn.pytestmark = []  # the GPU test's skip mark sits on the same class
+    TestStandIn.settings = settings(max_examples=int(os.environ.get("KVARN_SHIM_EXAMPLES", "400")),
+                                    stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck))
