@@ -76,6 +76,13 @@ if want sanitize; then
     rc=$?
     tail -4 "$OUT/sanitize_$tool.log"
     [ $rc -ne 0 ] && { echo "compute-sanitizer $tool: exit $rc"; status=1; }
+    # The state machine too (a few examples): it reaches what the fixed workload above does not -- to_cpu, frees,
+    # refused appends -- which is where initcheck found whole-slot host copies of unwritten rows (s89).
+    KVARN_CUDA_STATEFUL_EXAMPLES=10 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 \
+      $PY -m pytest -q -p no:cacheprovider tests/test_cuda_stateful.py >"$OUT/sanitize_stateful_$tool.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/sanitize_stateful_$tool.log"
+    [ $rc -ne 0 ] && { echo "compute-sanitizer $tool (state machine): exit $rc"; status=1; }
   done
 fi
 
