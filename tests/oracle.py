@@ -96,6 +96,16 @@ def quantize_tile(k: np.ndarray, v: np.ndarray, kbits: int, vbits: int, iters: i
     return dict(k=kq, v=vq)
 
 
+def round_trip(k: np.ndarray, v: np.ndarray, kbits: int, vbits: int, iters: int = ITERS) -> tuple:
+    """(K̂, V̂) [G, D] float64 of one head's tile as SPEC §3-5 reconstruct it, with the folded vectors unrounded
+    (the records store them as fp16)."""
+    q = quantize_tile(k, v, kbits, vbits, iters)
+    kq, vq = q["k"], q["v"]
+    k_rot = ((kq["codes"] * kq["a"][:, None] + kq["z"][:, None]) * kq["col"][None, :]).T
+    v_rot = (vq["codes"] * vq["a"][:, None] + vq["z"][:, None]) * vq["col"][None, :]
+    return rotate(k_rot), rotate(v_rot)
+
+
 def record_fields(tile_record: np.ndarray, kbits: int, vbits: int, group: int, head_dim: int) -> dict:
     """Parses one SPEC §6 record (uint8 bytes) into codes and float64 scale vectors."""
     G, D = group, head_dim

@@ -1,7 +1,7 @@
 """Tile quantiser: record layout, balancing, RTN and packing against the float64 oracle."""
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import kvarn
@@ -264,18 +264,31 @@ def test_packing_in_records_is_spec_order(rng):
 
 @given(st.sampled_from(PRESETS), st.sampled_from([16, 48, 64, 112, 128]), st.integers(1, 3),
        st.floats(1e-3, 1e3), st.integers(0, 2**32 - 1))
+@example("k4v2_g128", 16, 1, 2.0, 2104153)  # 0.205: beyond the 300-seed bound of 0.2 that a long search broke
 def test_round_trip_relative_error_bounded(preset, d, heads, magnitude, seed):
     p = kvarn.PRESETS[preset]
     rng = np.random.default_rng(seed)
     k = (kv_like(rng, (heads, p.group, d)) * magnitude).astype(np.float32)
     v = (rng.standard_normal((heads, p.group, d)) * magnitude).astype(np.float32)
     k_hat, v_hat = kvarn.dequantize_tile(kvarn.quantize_tile(k, v, preset))
-    # head_dim 16 with kv_like's 4 outlier channels: a 16-point rotation spreads 25 % outliers
-    # into every channel; worst over 300 seeds 0.162 (4-bit) / 0.813 (2-bit), the float64
-    # oracle of SPEC giving the same (e.g. seed 0, k4: 0.1537 native, 0.1537 oracle).
-    k_bound = {2: 0.9, 4: 0.2}[p.kbits] if d == 16 else {2: 0.6, 4: 0.15}[p.kbits]
-    assert np.linalg.norm(k_hat - k) / np.linalg.norm(k) < k_bound
-    assert np.linalg.norm(v_hat - v) / np.linalg.norm(v) < {2: 0.6, 4: 0.15}[p.vbits]
+    k_err = np.linalg.norm(k_hat - k) / np.linalg.norm(k)
+    v_err = np.linalg.norm(v_hat - v) / np.linalg.norm(v)
+    # The error is the method's: SPEC's float64 reconstruction (folded vectors unrounded) has the same, to 9.0e-4
+    # relative over 6,000 tensors of these inputs (median 7e-5; the fp16 vectors and fp32 arithmetic).
+    spec = [oracle.round_trip(k[h], v[h], p.kbits, p.vbits) for h in range(heads)]
+    k_spec = np.linalg.norm(np.stack([s[0] for s in spec]) - k) / np.linalg.norm(k)
+    v_spec = np.linalg.norm(np.stack([s[1] for s in spec]) - v) / np.linalg.norm(v)
+    assert abs(k_err / k_spec - 1) < 5e-3 and abs(v_err / v_spec - 1) < 5e-3, (k_err, k_spec, v_err, v_spec)
+    # And what it is: the largest errors over 120,000 seeds per (preset, head_dim) at one head (more heads average
+    # down; results/zen4_2c_s90/round_trip_tails.log), with margin. 4-bit keys 0.1435 (head_dim 64), 2-bit 0.637;
+    # values 0.53 (2-bit), 0.106 (4-bit). head_dim 16 with kv_like's 4 outlier channels (a 16-point rotation
+    # spreads 25 % outliers into every channel) has a long tail: 4-bit keys 0.325, 2-bit 1.92 (p99.9 0.97), where
+    # the balancing (SPEC §3) can make a tile worse than plain RTN of the rotated keys would (seed 2093: 1.63
+    # against 0.50). The bounds of 300 seeds (0.2 / 0.9 at head_dim 16, 0.15 / 0.6 else) failed under a long
+    # hypothesis search (the fiftieth session).
+    k_bound = {2: 2.5, 4: 0.45}[p.kbits] if d == 16 else {2: 0.8, 4: 0.2}[p.kbits]
+    assert k_err < k_bound
+    assert v_err < {2: 0.6, 4: 0.15}[p.vbits]
 
 
 def test_constant_tile_is_exact_enough():

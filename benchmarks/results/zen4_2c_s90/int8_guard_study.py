@@ -3,7 +3,7 @@ and the 8-bit value weights, and how a per-(tile, query head) rigorous bound on 
 B = max_t kt_t * 7.5 * sum_c |qa_c - qscale q_int_c|, is distributed (the would-be guard)."""
 import sys
 import numpy as np
-sys.path.insert(0, "/work/main/tests")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3] / "tests"))
 import oracle
 import kvarn
 from kvarn import _ops, baselines
