@@ -283,9 +283,9 @@ def test_round_trip_relative_error_bounded(preset, d, heads, magnitude, seed):
     # down; results/zen4_2c_s90/round_trip_tails.log), with margin. 4-bit keys 0.1435 (head_dim 64), 2-bit 0.637;
     # values 0.53 (2-bit), 0.106 (4-bit). head_dim 16 with kv_like's 4 outlier channels (a 16-point rotation
     # spreads 25 % outliers into every channel) has a long tail: 4-bit keys 0.325, 2-bit 1.92 (p99.9 0.97), where
-    # the balancing (SPEC §3) can make a tile worse than plain RTN of the rotated keys would (seed 2093: 1.63
-    # against 0.50). The bounds of 300 seeds (0.2 / 0.9 at head_dim 16, 0.15 / 0.6 else) failed under a long
-    # hypothesis search (the fiftieth session).
+    # the balancing (SPEC §3) can make a tile worse than plain RTN of the rotated keys would (the tail run's
+    # seed 2093: 1.63 against 0.50). The bounds of 300 seeds (0.2 / 0.9 at head_dim 16, 0.15 / 0.6 else) failed
+    # under a long hypothesis search (the fiftieth session).
     k_bound = {2: 2.5, 4: 0.45}[p.kbits] if d == 16 else {2: 0.8, 4: 0.2}[p.kbits]
     assert k_err < k_bound
     assert v_err < {2: 0.6, 4: 0.15}[p.vbits]
