@@ -67,22 +67,25 @@ elif want quick; then
   $PY benchmarks/bench_cuda.py --quick --out "$OUT" 2>&1 | tee "$OUT/bench_cuda.log" || status=1
 fi
 if want sanitize; then
-  for tool in memcheck racecheck synccheck initcheck; do
-    echo "== compute-sanitizer --tool $tool"
+  # One compute-sanitizer run of TOOL over CMD..., logged to LOG; a failure marks the run failed.
+  sanitize_run() {  # TOOL LOG CMD...
+    local tool=$1 log=$2 rc extra=()
+    shift 2
     # synccheck's default tracker overflows on the kernels' cuda::barrier objects and the instrumented run then
     # fails to launch (s65): give it room.
-    extra=(); [ $tool = synccheck ] && extra=(--num-cuda-barriers 64)
-    compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 $PY tests/test_cuda.py --sanitize >"$OUT/sanitize_$tool.log" 2>&1
+    [ "$tool" = synccheck ] && extra=(--num-cuda-barriers 64)
+    compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 "$@" >"$log" 2>&1
     rc=$?
-    tail -4 "$OUT/sanitize_$tool.log"
-    [ $rc -ne 0 ] && { echo "compute-sanitizer $tool: exit $rc"; status=1; }
+    tail -4 "$log"
+    if [ $rc -ne 0 ]; then echo "compute-sanitizer $tool ($(basename "$log")): exit $rc"; status=1; fi
+  }
+  for tool in memcheck racecheck synccheck initcheck; do
+    echo "== compute-sanitizer --tool $tool"
+    sanitize_run $tool "$OUT/sanitize_$tool.log" $PY tests/test_cuda.py --sanitize
     # The state machine too (a few examples): it reaches what the fixed workload above does not -- to_cpu, frees,
     # refused appends -- which is where initcheck found whole-slot host copies of unwritten rows (s89).
-    KVARN_CUDA_STATEFUL_EXAMPLES=10 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 \
-      $PY -m pytest -q -p no:cacheprovider tests/test_cuda_stateful.py >"$OUT/sanitize_stateful_$tool.log" 2>&1
-    rc=$?
-    tail -3 "$OUT/sanitize_stateful_$tool.log"
-    [ $rc -ne 0 ] && { echo "compute-sanitizer $tool (state machine): exit $rc"; status=1; }
+    KVARN_CUDA_STATEFUL_EXAMPLES=10 sanitize_run $tool "$OUT/sanitize_stateful_$tool.log" \
+      $PY -m pytest -q -p no:cacheprovider tests/test_cuda_stateful.py
   done
 fi
 

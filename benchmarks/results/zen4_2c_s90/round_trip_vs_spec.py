@@ -1,29 +1,21 @@
-"""Native round-trip error against the SPEC oracle's (float64, unrounded scale vectors) on the test's inputs."""
-import sys, numpy as np, kvarn
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3] / "tests"))
-import oracle
-from conftest import kv_like
-PRESETS = ["k4v2_g128", "k4v4_g128", "k4v2_g64", "k4v4_g64", "k2v2_g128"]
-def oracle_hat(x, bits, keys):
-    xr = oracle.rotate(x.astype(np.float64))
-    m = oracle.quantize_matrix(xr.T if keys else xr, bits)
-    rec = (m["codes"] * m["a"][:, None] + m["z"][:, None]) * m["col"][None, :]
-    return oracle.rotate(rec.T if keys else rec)
-worst = 0
+"""Native round-trip error against the SPEC oracle's (tests/oracle.round_trip: float64, unrounded scale vectors) on
+the test's inputs."""
+import numpy as np, kvarn
+from round_trip_tails import PRESETS, tail_inputs
+import oracle  # tests/, on the path round_trip_tails puts it
+
 rng0 = np.random.default_rng(7)
 rows = []
 for i in range(3000):
     seed = int(rng0.integers(2**32)); preset = PRESETS[i % 5]; d = [16, 48, 64, 112, 128][(i // 5) % 5]
     p = kvarn.PRESETS[preset]
-    rng = np.random.default_rng(seed)
-    mag = float(np.exp(rng.uniform(np.log(1e-3), np.log(1e3))))
-    k = (kv_like(rng, (1, p.group, d)) * mag).astype(np.float32)
-    v = (rng.standard_normal((1, p.group, d)) * mag).astype(np.float32)
+    mag, k, v = tail_inputs(seed, preset, d)
     kh, vh = kvarn.dequantize_tile(kvarn.quantize_tile(k, v, preset))
-    for x, xh, bits, keys in ((k, kh, p.kbits, True), (v, vh, p.vbits, False)):
+    ko, vo = oracle.round_trip(k[0], v[0], p.kbits, p.vbits)
+    for x, xh, xo, keys in ((k, kh, ko, True), (v, vh, vo, False)):
         n = np.linalg.norm(x)
         e_nat = np.linalg.norm(xh - x) / n
-        e_or = np.linalg.norm(oracle_hat(x[0], bits, keys) - x[0]) / n
+        e_or = np.linalg.norm(xo - x[0]) / n
         rows.append((abs(e_nat / e_or - 1), mag, d, preset, keys, seed))
 r = np.array([x[0] for x in rows])
 print("|native/oracle - 1| of the relative round-trip error: median %.2e p99 %.2e max %.2e" % (np.median(r), np.quantile(r, .99), r.max()))
