@@ -734,6 +734,86 @@ def test_scan_f16_wrapper_refusals():
         _native.scan_f16(x, np.broadcast_to(np.zeros(1, np.uint16), x.shape))
 
 
+def _bad_views(parts):
+    """(what is wrong, the parts with it, the message): every refusal of _native.CacheView."""
+    def edit(**changes):
+        return {**parts, **changes}
+    sk, rec, tk = parts["sink_k"], parts["records"], parts["tail_k"]
+    return [
+        ("sink longer than its buffer", edit(sink_len=sk.shape[1] + 1), "a length exceeds its buffer"),
+        ("negative tail", edit(tail_len=-1), "a length exceeds its buffer"),
+        ("more tiles than records", edit(num_tiles=rec.shape[0] + 1), "a length exceeds its buffer"),
+        ("sink_v of another shape", edit(sink_v=parts["sink_v"][:, :-1].copy()), "K and V buffers differ in shape"),
+        ("tail_v of another shape", edit(tail_v=np.zeros_like(tk[:1])), "K and V buffers differ in shape"),
+        ("heads", edit(num_kv_heads=parts["num_kv_heads"] + 1), "do not match heads/head_dim"),
+        ("head_dim", edit(head_dim=parts["head_dim"] + 16), "do not match heads/head_dim"),
+        ("record size", edit(kbits=2), "record size does not match the format"),
+        ("records one byte in", edit(records=np.zeros(rec.nbytes + 1, np.uint8)[1:].reshape(rec.shape)),
+         "not 2-byte aligned"),
+        ("float32 sink", edit(sink_k=sk.astype(np.float32), sink_v=sk.astype(np.float32)),
+         "sink_k must be a C-contiguous 3-D array of 2-byte items"),
+        ("int16 tail", edit(tail_k=tk.view(np.int16), tail_v=tk.view(np.int16)), "tail_k must be .* got format h"),
+        ("big-endian fp16 sink", edit(sink_k=sk.view(np.float16).astype(">f2"), sink_v=sk.view(np.float16).astype(">f2")),
+         "sink_k must be .* got format >e"),
+        ("2-D records", edit(records=rec.reshape(rec.shape[0], -1)), "records must be .* 2 dimensions"),
+    ]
+
+
+def test_cache_view_refuses_what_the_native_code_cannot_read(rng):
+    """_native.CacheView (what attend reads, built once per cache state) checks every buffer and length once; each
+    refusal is a ValueError naming the problem, through a parts dict as through the constructor, and a buffer that
+    is not C-contiguous is refused by the buffer request itself."""
+    from kvarn import _native
+
+    cache = kvarn.KVCache(2, 64, sink_tokens=128)
+    k = kv_like(rng, (2, 128 + 2 * 128 + 5, 64))
+    cache.append(k, k)
+    parts = cache._native_parts()
+    q, out = np.zeros((1, 4, 64), np.float32), np.zeros((1, 4, 64), np.float32)
+    assert _native.attend([parts], q, 0.125, out, 1) == _native.OK  # the unedited parts are a valid view
+    for what, bad, message in _bad_views(parts):
+        with pytest.raises(ValueError, match=message):
+            _native.cache_view(bad)
+        with pytest.raises(ValueError, match=message):
+            _native.attend([parts, bad], np.zeros((2, 4, 64), np.float32), 0.125, np.zeros((2, 4, 64), np.float32), 1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _native.cache_view({**parts, "sink_k": parts["sink_k"][:, ::2], "sink_v": parts["sink_v"][:, ::2]})
+    with pytest.raises(KeyError):
+        _native.cache_view({k: v for k, v in parts.items() if k != "tail_len"})
+
+
+def test_cache_view_keeps_its_arrays_and_state(rng):
+    """A cache's view holds the arrays it points into (the cache may drop them, as an append that grows a buffer
+    does) and stays the state it was built from, through a truncation and later appends; attend through a view
+    and through its parts dict agree bit for bit, for a KVCache and an FP16Cache."""
+    import gc
+    import weakref
+    from kvarn import _native
+
+    for cache in (kvarn.KVCache(2, 64), kvarn.FP16Cache(2, 64)):
+        k = kv_like(rng, (2, 300, 64))
+        cache.append(k, k)
+        q = rng.standard_normal((1, 6, 64)).astype(np.float32)
+        view, parts = _ops.native_view(cache), cache._native_parts()
+        assert _ops.native_view(cache) is view  # built once per state
+        want = np.zeros_like(q)
+        assert _native.attend([parts], q, 0.125, want, 1) == _native.OK
+        del parts
+        held = [weakref.ref(a) for a in cache._view_args(cache._state)[5:7]]  # the old state's sink K and V
+        if isinstance(cache, kvarn.KVCache):  # an FP16Cache cannot truncate; either writes past the view's tokens
+            cache.truncate(0)
+        cache.append(kv_like(rng, (2, 5000, 64)), kv_like(rng, (2, 5000, 64)))  # grows (new buffers)
+        gc.collect()
+        assert _ops.native_view(cache) is not view
+        got = np.zeros_like(q)
+        assert _native.attend([view], q, 0.125, got, 1) == _native.OK  # reads the old state, alive in the view
+        np.testing.assert_array_equal(got, want)
+        assert all(r() is not None for r in held)
+        del view
+        gc.collect()
+        assert all(r() is None for r in held), "the view alone held the old state's buffers"
+
+
 ARRAY_VIEWS = {  # float arrays of 0 to 4 dimensions in various layouts (4-D: numpy's max and min)
     "3-D": lambda a: a, "2-D": lambda a: a[1], "1-D": lambda a: a[1, 2], "0-D": lambda a: a[1, 2, 3, ...],
     "strided, reversed": lambda a: a[:, ::2, ::-1], "transposed": lambda a: a.transpose(2, 0, 1),

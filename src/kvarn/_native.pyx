@@ -6,6 +6,8 @@ as large as the native code will read or write (ValueError otherwise): a caller
 that skipped _ops must get an exception, never a read out of bounds."""
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport malloc, free
+from libc.string cimport strchr
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT
 
 OK = KVARN_OK
 ERR_ARGUMENT = KVARN_ERR_ARGUMENT
@@ -181,70 +183,110 @@ def _record_total(int kbits, int vbits, Py_ssize_t group, Py_ssize_t head_dim):
     return kvarn_layout(kbits, vbits, <int32_t>group, <int32_t>head_dim).total
 
 
-cdef int fill_view(kvarn_cache_view* c, dict parts) except -1:
-    """parts: arrays from KVCache._native_parts(); keeps them alive in the caller."""
-    cdef const uint16_t[:, :, ::1] sk = parts["sink_k"]
-    cdef const uint16_t[:, :, ::1] sv = parts["sink_v"]
-    cdef const uint8_t[:, :, ::1] rec = parts["records"]
-    cdef const uint16_t[:, :, ::1] tk = parts["tail_k"]
-    cdef const uint16_t[:, :, ::1] tv = parts["tail_v"]
-    # Bounds of every length against its buffer: a wrong view must raise, never read out of bounds.
-    if not (0 <= parts["sink_len"] <= sk.shape[1] and 0 <= parts["tail_len"] <= tk.shape[1]
-            and 0 <= parts["num_tiles"] <= rec.shape[0]):
-        raise ValueError("cache view: a length exceeds its buffer")
-    if sv.shape[0] != sk.shape[0] or sv.shape[1] != sk.shape[1] or sv.shape[2] != sk.shape[2] \
-            or tv.shape[0] != tk.shape[0] or tv.shape[1] != tk.shape[1] or tv.shape[2] != tk.shape[2]:
-        raise ValueError("cache view: K and V buffers differ in shape")
-    if sk.shape[0] != parts["num_kv_heads"] or tk.shape[0] != parts["num_kv_heads"] \
-            or rec.shape[1] != parts["num_kv_heads"] or sk.shape[2] != parts["head_dim"] \
-            or tk.shape[2] != parts["head_dim"]:
-        raise ValueError("cache view: buffer shapes do not match heads/head_dim")
-    if rec.shape[0] and rec.shape[2] != kvarn_layout(parts["kbits"], parts["vbits"], parts["group"], parts["head_dim"]).total:
-        raise ValueError("cache view: record size does not match the format")
-    c.num_kv_heads = parts["num_kv_heads"]
-    c.head_dim = parts["head_dim"]
-    c.group = parts["group"]
-    c.kbits = parts["kbits"]
-    c.vbits = parts["vbits"]
-    c.sink_len = parts["sink_len"]
-    c.sink_k = &sk[0, 0, 0] if sk.size else NULL
-    c.sink_v = &sv[0, 0, 0] if sv.size else NULL
-    c.sink_head_stride = sk.shape[1] * sk.shape[2]
-    c.sink_row_stride = sk.shape[2]
-    c.num_tiles = parts["num_tiles"]
-    c.records = &rec[0, 0, 0] if rec.size else NULL
-    if rec.size:
-        _check_records_aligned(c.records, "cache view")
-    c.record_tile_stride = rec.shape[1] * rec.shape[2]
-    c.record_head_stride = rec.shape[2]
-    c.tail_len = parts["tail_len"]
-    c.tail_k = &tk[0, 0, 0] if tk.size else NULL
-    c.tail_v = &tv[0, 0, 0] if tv.size else NULL
-    c.tail_head_stride = tk.shape[1] * tk.shape[2]
-    c.tail_row_stride = tk.shape[2]
+cdef int _buffer3(object obj, Py_ssize_t itemsize, const char* formats, Py_ssize_t* shape, const void** data,
+                  str what) except -1:
+    """obj's C-contiguous 3-D buffer of itemsize-byte items, its format one of the characters in formats: its
+    shape, and its data (NULL when empty). Released at once, as a memoryview would be: the caller keeps obj
+    alive (numpy's memory does not move). One buffer request and no memoryview object: about half the cost."""
+    cdef Py_buffer b
+    cdef int i
+    PyObject_GetBuffer(obj, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    try:
+        if b.ndim != 3 or b.itemsize != itemsize or b.format == NULL or b.format[0] == 0 or b.format[1] != 0 \
+                or strchr(formats, b.format[0]) == NULL:
+            raise ValueError(f"cache view: {what} must be a C-contiguous 3-D array of {itemsize}-byte items "
+                             f"(format {formats.decode()}), got format {(b.format or b'?').decode(errors='replace')}, "
+                             f"{b.ndim} dimensions")
+        for i in range(3):
+            shape[i] = b.shape[i]
+        data[0] = b.buf if b.len else NULL
+    finally:
+        PyBuffer_Release(&b)
     return 0
 
 
+cdef class CacheView:
+    """One cache state as the native attend reads it (a kvarn_cache_view), checked once: KVCache and FP16Cache
+    build one per state, so a decode loop's attend passes it without looking up buffers or dict entries again.
+    Holds the arrays it points into. Arguments as the parts dicts' entries (fp16 arrays as float16 or their
+    uint16 bits); a wrong view raises ValueError, never reads out of bounds."""
+    cdef kvarn_cache_view view
+    cdef tuple arrays
+    cdef readonly bint empty
+
+    def __cinit__(self, int32_t num_kv_heads, int32_t head_dim, int32_t group, int32_t kbits, int32_t vbits,
+                  sink_k, sink_v, int64_t sink_len, records, int64_t num_tiles, tail_k, tail_v, int64_t tail_len):
+        cdef Py_ssize_t sk[3]
+        cdef Py_ssize_t sv[3]
+        cdef Py_ssize_t rec[3]
+        cdef Py_ssize_t tk[3]
+        cdef Py_ssize_t tv[3]
+        cdef kvarn_cache_view* c = &self.view
+        self.arrays = (sink_k, sink_v, records, tail_k, tail_v)  # the objects read below, kept alive
+        _buffer3(sink_k, 2, b"eH", sk, <const void**>&c.sink_k, "sink_k")
+        _buffer3(sink_v, 2, b"eH", sv, <const void**>&c.sink_v, "sink_v")
+        _buffer3(records, 1, b"B", rec, <const void**>&c.records, "records")
+        _buffer3(tail_k, 2, b"eH", tk, <const void**>&c.tail_k, "tail_k")
+        _buffer3(tail_v, 2, b"eH", tv, <const void**>&c.tail_v, "tail_v")
+        # Bounds of every length against its buffer: a wrong view must raise, never read out of bounds.
+        if not (0 <= sink_len <= sk[1] and 0 <= tail_len <= tk[1] and 0 <= num_tiles <= rec[0]):
+            raise ValueError("cache view: a length exceeds its buffer")
+        if sv[0] != sk[0] or sv[1] != sk[1] or sv[2] != sk[2] or tv[0] != tk[0] or tv[1] != tk[1] or tv[2] != tk[2]:
+            raise ValueError("cache view: K and V buffers differ in shape")
+        if sk[0] != num_kv_heads or tk[0] != num_kv_heads or rec[1] != num_kv_heads or sk[2] != head_dim \
+                or tk[2] != head_dim:
+            raise ValueError("cache view: buffer shapes do not match heads/head_dim")
+        if rec[0] and rec[2] != kvarn_layout(kbits, vbits, group, head_dim).total:
+            raise ValueError("cache view: record size does not match the format")
+        if c.records != NULL:
+            _check_records_aligned(c.records, "cache view")
+        c.num_kv_heads = num_kv_heads
+        c.head_dim = head_dim
+        c.group = group
+        c.kbits = kbits
+        c.vbits = vbits
+        c.sink_len = sink_len
+        c.sink_head_stride = sk[1] * sk[2]
+        c.sink_row_stride = sk[2]
+        c.num_tiles = num_tiles
+        c.record_tile_stride = rec[1] * rec[2]
+        c.record_head_stride = rec[2]
+        c.tail_len = tail_len
+        c.tail_head_stride = tk[1] * tk[2]
+        c.tail_row_stride = tk[2]
+        self.empty = sink_len + num_tiles + tail_len == 0
+
+
+def cache_view(dict parts):
+    """A CacheView of a parts dict (KVCache._native_parts())."""
+    return CacheView(parts["num_kv_heads"], parts["head_dim"], parts["group"], parts["kbits"], parts["vbits"],
+                     parts["sink_k"], parts["sink_v"], parts["sink_len"], parts["records"], parts["num_tiles"],
+                     parts["tail_k"], parts["tail_v"], parts["tail_len"])
+
+
 def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] out, int num_threads):
-    """parts: one dict per sequence (see fill_view); q, out: [batch, Hq, D]."""
+    """parts: one CacheView, or a parts dict (see cache_view), per sequence; q, out: [batch, Hq, D]."""
     cdef int batch = len(parts)
     cdef int rc
     cdef int i
-    cdef kvarn_cache_view* views = <kvarn_cache_view*>malloc(batch * sizeof(kvarn_cache_view))
-    if views == NULL:
+    cdef CacheView view
+    if q.shape[0] != batch or out.shape[0] != batch or out.shape[1] != q.shape[1] or out.shape[2] != q.shape[2]:
+        raise ValueError("attend: q and out must both be [batch, Hq, D]")
+    views = [p if type(p) is CacheView else cache_view(p) for p in parts]  # held until the call returns
+    cdef kvarn_cache_view* c_views = <kvarn_cache_view*>malloc(batch * sizeof(kvarn_cache_view))
+    if c_views == NULL:
         raise MemoryError()
     try:
-        if q.shape[0] != batch or out.shape[0] != batch or out.shape[1] != q.shape[1] or out.shape[2] != q.shape[2]:
-            raise ValueError("attend: q and out must both be [batch, Hq, D]")
         for i in range(batch):
-            fill_view(&views[i], parts[i])
-            if views[i].head_dim != q.shape[2] or q.shape[1] % views[i].num_kv_heads:
+            view = views[i]
+            c_views[i] = view.view
+            if c_views[i].head_dim != q.shape[2] or q.shape[1] % c_views[i].num_kv_heads:
                 raise ValueError("attend: q's heads / head_dim do not match a cache view")
         with nogil:
-            rc = kvarn_attend(views, batch, &q[0, 0, 0], <int32_t>q.shape[1], scale,
+            rc = kvarn_attend(c_views, batch, &q[0, 0, 0], <int32_t>q.shape[1], scale,
                               &out[0, 0, 0], num_threads)
     finally:
-        free(views)
+        free(c_views)
     return rc
 
 

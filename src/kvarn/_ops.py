@@ -11,7 +11,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
@@ -491,6 +491,33 @@ _OWN_ATTRIBUTES = {}  # cache class -> the instance attributes a fresh one sets 
 _LOCK_HOLDERS = weakref.WeakValueDictionary()
 
 
+# The arguments of _native.CacheView, in order: what KVCache / FP16Cache._view_args return for a state.
+VIEW_FIELDS = ("num_kv_heads", "head_dim", "group", "kbits", "vbits", "sink_k", "sink_v", "sink_len", "records",
+               "num_tiles", "tail_k", "tail_v", "tail_len")
+
+
+def native_view(cache) -> Any:
+    """The _native.CacheView of cache's current state (cache._state, one snapshot), built once per state from
+    cache._view_args(state): a decode loop attends far more often than it appends. The (state, view) pair is one
+    attribute (_parts_cache), so a reader never pairs a view with another state."""
+    state = cache._state
+    cached = cache.__dict__.get("_parts_cache")
+    if cached is not None and cached[0] is state:
+        return cached[1]
+    view = _native.CacheView(*cache._view_args(state))
+    cache._parts_cache = (state, view)
+    return view
+
+
+def native_parts(cache) -> dict:
+    """cache's current state as a dict of VIEW_FIELDS (fp16 arrays as their uint16 bits), the form
+    _native.attend also takes: for tests and inspection, which edit it (attend uses native_view)."""
+    parts = dict(zip(VIEW_FIELDS, cache._view_args(cache._state)))
+    for key in ("sink_k", "sink_v", "tail_k", "tail_v"):
+        parts[key] = parts[key].view(np.uint16)
+    return parts
+
+
 def new_append_lock(cache) -> threading.Lock:
     """A fresh lock for cache's writers, renewed in a fork()ed child: a fork while another thread held it
     (inside an append) left it held forever there, so the child's first append on that cache hung."""
@@ -618,11 +645,11 @@ def run_attend(q, caches, scale: float, num_threads, names=None) -> np.ndarray:
     if not q32.flags.aligned:  # refused by the native code; np.require would cost ~2 us on every call
         q32 = q32.copy()
     out = np.empty_like(q32)
-    parts = [c._native_parts() for c in caches]  # the snapshots attended
-    for i, p in enumerate(parts):
-        if p["sink_len"] + p["num_tiles"] + p["tail_len"] == 0:  # emptied (truncated) by another thread
+    views = [native_view(c) for c in caches]  # the snapshots attended
+    for i, view in enumerate(views):
+        if view.empty:  # emptied (truncated) by another thread
             raise ValueError(f"{_cache_name(names, i)}: the cache is empty; append tokens before attending")
-    rc = _native.attend(parts, q32, scale, out, resolve_threads(num_threads))
+    rc = _native.attend(views, q32, scale, out, resolve_threads(num_threads))
     # check_queries bounds q * scale for keys below the norm real data stays far under; keys decoded
     # from extreme inputs or imported records can exceed it, and then the native call reports a
     # non-finite output (its merge checks each row: free, where a numpy scan cost 3-10 % of a call).

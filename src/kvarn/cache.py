@@ -533,8 +533,8 @@ class KVCache:
             self._records_high_water = max(self._records_high_water, num_tiles)
         else:
             self._records_seen, self._records_high_water = records, num_tiles
-        # The last attend's parts would keep that state's buffers alive until the next attend (past a
-        # truncate(0), say); readers keep their own reference to the parts they use.
+        # The last attend's view would keep that state's buffers alive until the next attend (past a
+        # truncate(0), say); readers keep their own reference to the view they use.
         self.__dict__.pop("_parts_cache", None)
 
     # ---- parts (persistence, other backends) ----------------------------------
@@ -621,30 +621,13 @@ class KVCache:
 
     # ---- reading -------------------------------------------------------------
     def _native_parts(self) -> dict:
-        # Built once per state: a decode loop calls attend far more often than append. The
-        # (state, parts) pair is one attribute, so a reader never pairs parts with another state.
-        state = self._state  # one snapshot
-        cached = self.__dict__.get("_parts_cache")
-        if cached is not None and cached[0] is state:
-            return cached[1]
+        return _ops.native_parts(self)
+
+    def _view_args(self, state) -> tuple:  # _native.CacheView's arguments for one state
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = state
-        parts = {
-            "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "group": self.preset.group,
-            "kbits": self.preset.kbits,
-            "vbits": self.preset.vbits,
-            "sink_k": sink_k.view(np.uint16),
-            "sink_v": sink_v.view(np.uint16),
-            "sink_len": sink_k.shape[1],
-            "records": records,
-            "num_tiles": num_tiles,
-            "tail_k": tail_k.view(np.uint16),
-            "tail_v": tail_v.view(np.uint16),
-            "tail_len": tail_len,
-        }
-        self._parts_cache = (state, parts)
-        return parts
+        p = self.preset
+        return (self.num_kv_heads, self.head_dim, p.group, p.kbits, p.vbits, sink_k, sink_v, sink_k.shape[1], records,
+                num_tiles, tail_k, tail_v, tail_len)
 
     def dequantize(self) -> tuple[np.ndarray, np.ndarray]:
         """(K̂, V̂) float32 [num_kv_heads, len, head_dim]: what attention sees. For tests and

@@ -16,6 +16,7 @@ so it goes through kvarn_attend unchanged.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -149,33 +150,15 @@ class FP16Cache:
         return _ops.read_only(kbuf)[:, :length], _ops.read_only(vbuf)[:, :length]
 
     def _native_parts(self) -> dict:
-        # Built once per state, as KVCache does: same per-call Python cost on both paths.
-        state = self._state  # one snapshot
-        cached = self.__dict__.get("_parts_cache")
-        if cached is not None and cached[0] is state:
-            return cached[1]
+        return _ops.native_parts(self)
+
+    def _view_args(self, state) -> tuple:  # _native.CacheView's arguments for one state (as KVCache's)
         kbuf, vbuf, length = state
         H, D = self.num_kv_heads, self.head_dim
-        empty16 = np.zeros((H, 0, D), np.uint16)
-        parts = {
-            "num_kv_heads": H,
-            "head_dim": D,
-            # Unused while num_tiles == 0, but must be a valid format.
-            "group": 128,
-            "kbits": 4,
-            "vbits": 2,
-            # The whole capacity buffer: its row/head strides are what the view needs.
-            "sink_k": kbuf.view(np.uint16),
-            "sink_v": vbuf.view(np.uint16),
-            "sink_len": length,
-            "records": np.zeros((0, H, 1), np.uint8),
-            "num_tiles": 0,
-            "tail_k": empty16,
-            "tail_v": empty16,
-            "tail_len": 0,
-        }
-        self._parts_cache = (state, parts)
-        return parts
+        no_records, no_tail = _empty_parts(H, D)
+        # The whole capacity buffer as the sink: its row/head strides are what the view needs. The tile format
+        # (group 128, k4v2) is unused while there are no tiles, but must be a valid one.
+        return (H, D, 128, 4, 2, kbuf, vbuf, length, no_records, 0, no_tail, no_tail, 0)
 
     def attend(self, q: ArrayLike, scale: float | None = None, *, num_threads: int | None = None) -> np.ndarray:
         """Decode attention of q [Hq, D] over every cached token; float32 [Hq, D]."""
@@ -183,6 +166,14 @@ class FP16Cache:
 
     def __repr__(self) -> str:
         return f"FP16Cache(kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, tokens={len(self)})"
+
+
+@functools.lru_cache(maxsize=64)
+def _empty_parts(num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-size records [0, H, 1] and tail [H, 0, D] of an FP16Cache's view (read-only, shared)."""
+    records, tail = np.zeros((0, num_kv_heads, 1), np.uint8), np.zeros((num_kv_heads, 0, head_dim), np.float16)
+    records.flags.writeable = tail.flags.writeable = False
+    return records, tail
 
 
 def attend_fp16_batch(q: ArrayLike, caches: Sequence[FP16Cache], scale: float | None = None, *,
