@@ -160,16 +160,24 @@ template <class F> double cycles(F f, int reps) {
     }
     return best;
 }
-template <int SKIP>
-double per_record(int n_q, int D, const std::vector<uint8_t>& rec, const std::vector<float>& q)
+// ns per record of one of the kernel variants over the 16 records (out: the softmax state after, when given).
+double timed(AttendTilesFn fn, int n_q, int D, const std::vector<uint8_t>& rec, const std::vector<float>& q,
+             std::vector<float>* out = nullptr)
 {
     const int n_tiles = 16;
     const TileFormat fmt{4, 2, 128, D};
     const kvarn_record_layout L = record_layout(fmt);
     std::vector<float> m(n_q), l(n_q), ao(n_q * D), ar(n_q * D);
     SoftmaxState st{m.data(), l.data(), ao.data(), ar.data()};
-    auto reset = [&] { for (int h = 0; h < n_q; ++h) { m[h] = -INFINITY; l[h] = 0; } };
-    return cycles([&] { reset(); impl<SKIP>(q.data(), n_q, fmt, rec.data(), n_tiles, L.total, st); }, 2000) / n_tiles;
+    auto reset = [&] { for (int h = 0; h < n_q; ++h) { m[h] = -INFINITY; l[h] = 0; } std::fill(ar.begin(), ar.end(), 0.f); };
+    const double c = cycles([&] { reset(); fn(q.data(), n_q, fmt, rec.data(), n_tiles, L.total, st); }, 2000) / n_tiles;
+    if (out) { *out = ar; out->insert(out->end(), l.begin(), l.end()); }
+    return c;
+}
+template <int SKIP>
+double per_record(int n_q, int D, const std::vector<uint8_t>& rec, const std::vector<float>& q)
+{
+    return timed(impl<SKIP>, n_q, D, rec, q);
 }
 // Pipelined order: weights(i), then query prep + scores of unit i+1, then values(i) and acc(i): unit i+1's scores
 // do not touch the softmax state, so the state sees the same operations in the same order (same bits).
@@ -253,30 +261,6 @@ void impl_pipe(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t
         }
     }
 }
-double per_record_pipe(int n_q, int D, const std::vector<uint8_t>& rec, const std::vector<float>& q, std::vector<float>* out)
-{
-    const int n_tiles = 16;
-    const TileFormat fmt{4, 2, 128, D};
-    const kvarn_record_layout L = record_layout(fmt);
-    std::vector<float> m(n_q), l(n_q), ao(n_q * D), ar(n_q * D);
-    SoftmaxState st{m.data(), l.data(), ao.data(), ar.data()};
-    auto reset = [&] { for (int h = 0; h < n_q; ++h) { m[h] = -INFINITY; l[h] = 0; } std::fill(ar.begin(), ar.end(), 0.f); };
-    double c = cycles([&] { reset(); impl_pipe(q.data(), n_q, fmt, rec.data(), n_tiles, L.total, st); }, 2000) / n_tiles;
-    *out = ar; out->insert(out->end(), l.begin(), l.end());
-    return c;
-}
-double per_record_ref(int n_q, int D, const std::vector<uint8_t>& rec, const std::vector<float>& q, std::vector<float>* out)
-{
-    const int n_tiles = 16;
-    const TileFormat fmt{4, 2, 128, D};
-    const kvarn_record_layout L = record_layout(fmt);
-    std::vector<float> m(n_q), l(n_q), ao(n_q * D), ar(n_q * D);
-    SoftmaxState st{m.data(), l.data(), ao.data(), ar.data()};
-    auto reset = [&] { for (int h = 0; h < n_q; ++h) { m[h] = -INFINITY; l[h] = 0; } std::fill(ar.begin(), ar.end(), 0.f); };
-    double c = cycles([&] { reset(); impl<0>(q.data(), n_q, fmt, rec.data(), n_tiles, L.total, st); }, 2000) / n_tiles;
-    *out = ar; out->insert(out->end(), l.begin(), l.end());
-    return c;
-}
 double fp16_per_128(int n_q, int D, const std::vector<float>& q)
 {
     const int n = 16 * 128;
@@ -314,7 +298,7 @@ int main()
             std::vector<float> a, b;
             double dpw_rate = 0, fma_rate = 0;  // per ns, best of 5
             for (int i = 0; i < 5; ++i) dpw_rate = std::max(dpw_rate, PEAK(DPW)()), fma_rate = std::max(fma_rate, PEAK(FMA)());
-            const double all = per_record_ref(n_q, D, rec, q, &a), piped = per_record_pipe(n_q, D, rec, q, &b);
+            const double all = timed(impl<0>, n_q, D, rec, q, &a), piped = timed(impl_pipe, n_q, D, rec, q, &b);
             const double fp16 = fp16_per_128(n_q, D, q);
             printf("round %d (peaks: %.2f vpdpwssd, %.2f FMA per ns): record %.0f ns (floor %.0f: %.0f%%); fp16 kernel %.0f ns per 128 tokens (floor %.0f: %.0f%%); ratio %.2f\n",
                    round, dpw_rate, fma_rate, all, dpwssd / dpw_rate, 100 * dpwssd / dpw_rate / all, fp16, fma16 / fma_rate,
