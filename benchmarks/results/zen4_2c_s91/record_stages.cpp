@@ -64,6 +64,44 @@ inline void weights_fused(float* s, int G, const float* va, const float* vz, flo
         w_int_sum[h] = reduce_add_epi32_wrapping(isum[h]);
     }
 }
+// The record's six fp16 scale vectors as float32 (attend_tiles_impl's first step).
+inline void convert_scales(const uint8_t* rec, const kvarn_record_layout& L, int D, int G, float* ka, float* kz,
+                           float* vc, float* kt, float* va, float* vz)
+{
+    f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.ka), ka, D);
+    f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kz), kz, D);
+    f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), vc, D);
+    f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kt), kt, G);
+    f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.va), va, G);
+    f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
+}
+// The int16 query rounding per head (attend_tiles_impl's, int16 mode): qa = q ka, qi16, qscale, qz = q.kz.
+inline void round_queries(const float* q_rot, int nh, int D, const float* ka, const float* kz, float* qa, int16_t* qi16,
+                          float* qz, float* qscale)
+{
+    for (int h = 0; h < nh; ++h) {
+        const float* q = q_rot + (size_t)h * D;
+        __m512 z = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
+        __mmask16 nan = 0;
+        for (int d = 0; d < D; d += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + d);
+            const __m512 a = _mm512_mul_ps(qv, _mm512_load_ps(ka + d));
+            _mm512_store_ps(qa + h * D + d, a);
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(a));
+            nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+            z = _mm512_fmadd_ps(qv, _mm512_load_ps(kz + d), z);
+        }
+        qz[h] = _mm512_reduce_add_ps(z);
+        const float qmax = 32767.0f;
+        const float mx = _mm512_reduce_max_ps(amax);
+        qscale[h] = nan || !(mx <= FLT_MAX) ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
+        const __m512 inv = _mm512_set1_ps(inverse_scale(qmax, mx));
+        for (int d = 0; d < D; d += 16) {
+            const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(qa + h * D + d), inv));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi16 + h * D + d), _mm512_cvtsepi32_epi16(r));
+        }
+    }
+}
 enum { kConv = 1, kQprep = 2, kScores = 4, kWeights = 8, kValues = 16, kAcc = 32, kFused = 64 };
 template <int SKIP>
 void impl(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t* first_record, int64_t n_tiles,
@@ -82,42 +120,13 @@ void impl(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t* fir
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
         Prefetcher pf{nullptr, nullptr, 0};
-        if (!(SKIP & kConv)) {
-            f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.ka), ka, D);
-            f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kz), kz, D);
-            f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), vc, D);
-            f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kt), kt, G);
-            f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.va), va, G);
-            f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), vz, G);
-        }
+        if (!(SKIP & kConv)) convert_scales(rec, L, D, G, ka, kz, vc, kt, va, vz);
         bool va_negative = false;
         __m512 vmx = _mm512_setzero_ps();
         for (int t = 0; t < G; t += 16) { va_negative |= _mm512_cmp_ps_mask(_mm512_load_ps(va + t), _mm512_setzero_ps(), _CMP_LT_OQ) != 0; vmx = _mm512_max_ps(vmx, _mm512_load_ps(va + t)); }
         const float vamax = _mm512_reduce_max_ps(vmx);
         const int nh = n_q;
-        if (!(SKIP & kQprep))
-            for (int h = 0; h < nh; ++h) {
-                const float* q = q_rot + (size_t)h * D;
-                __m512 z = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
-                __mmask16 nan = 0;
-                for (int d = 0; d < D; d += 16) {
-                    const __m512 qv = _mm512_loadu_ps(q + d);
-                    const __m512 a = _mm512_mul_ps(qv, _mm512_load_ps(ka + d));
-                    _mm512_store_ps(qa + h * D + d, a);
-                    amax = _mm512_max_ps(amax, _mm512_abs_ps(a));
-                    nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-                    z = _mm512_fmadd_ps(qv, _mm512_load_ps(kz + d), z);
-                }
-                qz[h] = _mm512_reduce_add_ps(z);
-                const float qmax = 32767.0f;
-                const float mx = _mm512_reduce_max_ps(amax);
-                qscale[h] = nan || !(mx <= FLT_MAX) ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
-                const __m512 inv = _mm512_set1_ps(inverse_scale(qmax, mx));
-                for (int d = 0; d < D; d += 16) {
-                    const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(qa + h * D + d), inv));
-                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi16 + h * D + d), _mm512_cvtsepi32_epi16(r));
-                }
-            }
+        if (!(SKIP & kQprep)) round_queries(q_rot, nh, D, ka, kz, qa, qi16, qz, qscale);
         __m512 smax[kHeadGroup];
         for (int h = 0; h < nh; ++h) smax[h] = _mm512_set1_ps(SKIP & kScores ? 1.0f : -INFINITY);
         const ScoreArgs args{qscale, qz, kt, G, s};
@@ -204,36 +213,10 @@ void impl_pipe(const float* q_rot, int n_q, const TileFormat& fmt, const uint8_t
     auto front = [&](int64_t tile, Buf& b) {
         const uint8_t* rec = first_record + tile * tile_stride;
         Prefetcher pf{nullptr, nullptr, 0};
-        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.ka), b.ka, D);
-        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kz), b.kz, D);
-        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vc), b.vc, D);
-        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.kt), b.kt, G);
-        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.va), b.va, G);
-        f16_to_f32(reinterpret_cast<const uint16_t*>(rec + L.vz), b.vz, G);
+        convert_scales(rec, L, D, G, b.ka, b.kz, b.vc, b.kt, b.va, b.vz);
         b.va_negative = false;
         for (int t = 0; t < G; t += 16) b.va_negative |= _mm512_cmp_ps_mask(_mm512_load_ps(b.va + t), _mm512_setzero_ps(), _CMP_LT_OQ) != 0;
-        for (int h = 0; h < nh; ++h) {
-            const float* q = q_rot + (size_t)h * D;
-            __m512 z = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
-            __mmask16 nan = 0;
-            for (int d = 0; d < D; d += 16) {
-                const __m512 qv = _mm512_loadu_ps(q + d);
-                const __m512 a = _mm512_mul_ps(qv, _mm512_load_ps(b.ka + d));
-                _mm512_store_ps(b.qa + h * D + d, a);
-                amax = _mm512_max_ps(amax, _mm512_abs_ps(a));
-                nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-                z = _mm512_fmadd_ps(qv, _mm512_load_ps(b.kz + d), z);
-            }
-            b.qz[h] = _mm512_reduce_add_ps(z);
-            const float qmax = 32767.0f;
-            const float mx = _mm512_reduce_max_ps(amax);
-            b.qscale[h] = nan || !(mx <= FLT_MAX) ? NAN : mx > 0.0f ? mx / qmax : 0.0f;
-            const __m512 inv = _mm512_set1_ps(inverse_scale(qmax, mx));
-            for (int d = 0; d < D; d += 16) {
-                const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(b.qa + h * D + d), inv));
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.qi16 + h * D + d), _mm512_cvtsepi32_epi16(r));
-            }
-        }
+        round_queries(q_rot, nh, D, b.ka, b.kz, b.qa, b.qi16, b.qz, b.qscale);
         for (int h = 0; h < nh; ++h) b.smax[h] = _mm512_set1_ps(-INFINITY);
         const ScoreArgs args{b.qscale, b.qz, b.kt, G, b.s};
         scores_int16_dispatch<true>(nh, rec + L.k_codes, D, b.qi16, args, b.smax, pf);
