@@ -36,6 +36,7 @@ def test_readme_example_runs(capsys):
         "k": k, "v": v, "q": rng.standard_normal((32, d)).astype(np.float32), "n": 200,
         "k2": k[:, :10], "v2": v[:, :10], "k_tile": tile_k, "v_tile": -tile_k, "x": tile_k,
         "q_batch": rng.standard_normal((2, 32, d)).astype(np.float32), "cache_a": cache_a, "cache_b": cache_b,
+        "q_n": rng.standard_normal((4, 32, d)).astype(np.float32), "k_n": k[:, 200:204], "v_n": v[:, 200:204],
     }
     isa, threads = kvarn.active_isa(), kvarn._ops._num_threads  # raw: get_num_threads() resolves 0 to the cores
     try:
@@ -43,8 +44,11 @@ def test_readme_example_runs(capsys):
     finally:
         kvarn.set_isa(isa)  # the example selects avx2 and 2 threads; later tests expect the defaults back
         kvarn.set_num_threads(threads)
-    # truncate + re-append and checkpoint + rollback leave the first n tokens, as the comments say.
-    assert len(names["cache"]) == 200 and capsys.readouterr().out.startswith("300 ")
+    # truncate + re-append and checkpoint + rollback leave the first n tokens, as the comments say; append_attend
+    # then adds its 4, the last of which attends to the whole cache.
+    assert len(names["cache"]) == 204 and capsys.readouterr().out.startswith("300 ")
+    assert names["out_n"].shape == (4, 32, d)
+    assert np.array_equal(names["out_n"][-1], kvarn.attend(names["q_n"][-1], names["cache"]))
     assert names["out"].shape == (32, d) and np.isfinite(names["out"]).all()
     assert names["tile2"].to_bytes() == names["tile"].to_bytes() and names["k_hat"].shape == (128, d)
 

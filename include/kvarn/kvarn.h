@@ -170,6 +170,19 @@ typedef struct kvarn_cache_view {
 int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
                  int32_t num_q_heads, float scale, float* out, int32_t num_threads);
 
+/* kvarn_attend for the queries of each sequence's last n_tokens tokens (n_tokens >= 1; 1 is
+ * kvarn_attend): q [batch][n_tokens][num_q_heads][head_dim] float32, out the same shape. Token
+ * i's queries attend causally: to all of the sequence but its last n_tokens - 1 - i tokens, as
+ * kvarn_attend would have after token i was appended. The records are read once for all the
+ * tokens. Those last n_tokens - 1 tokens must lie in full precision, in the tail (and in the
+ * sink while the view has no tiles): a sequence whose hidden tokens reach into a record, or
+ * shorter than n_tokens, is KVARN_ERR_ARGUMENT (a caller appends up to a tile's completion,
+ * attends, and attends the completing token on its own). With the same work split (it depends
+ * on num_threads, the shapes and n_tokens, through the split-state budget alone), token i's output
+ * is bit-identical to kvarn_attend's over the view cut after token i. */
+int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n_tokens, const float* q,
+                        int32_t num_q_heads, float scale, float* out, int32_t num_threads);
+
 /* The balancing scales of SPEC §3 for a rows x cols float32 matrix (row-major):
  * r[rows], c[cols]; rows, cols >= 2, iters in [0, KVARN_MAX_SINKHORN_ITERS]. For tests and inspection. */
 int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, float* r, float* c);

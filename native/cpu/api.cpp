@@ -487,25 +487,48 @@ static bool view_ok(const kvarn_cache_view& c, int32_t num_q_heads)
     return true;
 }
 
+// The tokens a multi-token call hides from its earlier queries (the sequence's last n_tokens - 1) must
+// lie in the view's full-precision end: the tail, and the sink too while no tile follows it; and the
+// first query must see a token (with a tile there is one before the tail).
+static bool hidden_tokens_fp16(const kvarn_cache_view& c, int32_t n_tokens)
+{
+    const int64_t fp16_end = c.tail_len + (c.num_tiles == 0 ? c.sink_len : 0);
+    return n_tokens - 1 <= fp16_end && (c.num_tiles > 0 || n_tokens <= fp16_end);
+}
+
 int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, int32_t num_q_heads, float scale,
                  float* out, int32_t num_threads)
 {
-    if (!caches || !q || !out || batch <= 0 || num_q_heads <= 0 || !std::isfinite(scale) || !threads_ok(num_threads) ||
-        !aligned(q, 4) || !aligned(out, 4))
+    return kvarn_attend_tokens(caches, batch, 1, q, num_q_heads, scale, out, num_threads);
+}
+
+int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n_tokens, const float* q,
+                        int32_t num_q_heads, float scale, float* out, int32_t num_threads)
+{
+    if (!caches || !q || !out || batch <= 0 || n_tokens <= 0 || num_q_heads <= 0 || !std::isfinite(scale) ||
+        !threads_ok(num_threads) || !aligned(q, 4) || !aligned(out, 4))
         return KVARN_ERR_ARGUMENT;
     const int D = caches[0].head_dim;
-    if (!fits(batch, (uint64_t)num_q_heads * (uint64_t)(D > 0 ? D : 0) * sizeof(float))) return KVARN_ERR_ARGUMENT;
+    if (!fits(batch, (uint64_t)n_tokens * (uint64_t)num_q_heads * (uint64_t)(D > 0 ? D : 0) * sizeof(float)))
+        return KVARN_ERR_ARGUMENT;
     for (int32_t b = 0; b < batch; ++b)
         if (!view_ok(caches[b], num_q_heads) || caches[b].head_dim != D ||
-            caches[b].num_kv_heads != caches[0].num_kv_heads)
+            caches[b].num_kv_heads != caches[0].num_kv_heads || !hidden_tokens_fp16(caches[b], n_tokens))
             return KVARN_ERR_ARGUMENT;
     const KernelTable* kt = kvarn::active_kernels();
     if (!kt) return KVARN_ERR_ISA;
 
     return guarded([&]() -> int {
         const int Hk = caches[0].num_kv_heads;
-        const int n_q = num_q_heads / Hk;
+        const int group_heads = num_q_heads / Hk;  // query heads per kv head, per token
+        // A (sequence, kv head) group's query rows: token-major, row r = token r / group_heads, head r % group_heads.
+        const int n_q = n_tokens * group_heads;
         const int threads = resolve_threads(num_threads);
+        // q / out offset (floats) of row r of group (seq, kv_head): [batch][n_tokens][num_q_heads][D]
+        auto row_at = [&](int64_t seq, int64_t kv_head, int r) {
+            return (((size_t)seq * n_tokens + (size_t)(r / group_heads)) * num_q_heads + (size_t)kv_head * group_heads +
+                    (size_t)(r % group_heads)) * D;
+        };
 
         // Split long caches across threads (flash-decoding): work items per thread as the constants
         // above say, so that dynamic scheduling can even out, never fewer than
@@ -546,7 +569,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
         // short sequences still in their sink) needs no Hadamard and no rotated sum.
         bool any_tiles = false;
         for (int32_t b = 0; b < batch; ++b) any_tiles = any_tiles || caches[b].num_tiles > 0;
-        std::unique_ptr<float[]> rot_sum(any_tiles ? new float[(size_t)batch * num_q_heads * D] : nullptr);
+        std::unique_ptr<float[]> rot_sum(any_tiles ? new float[(size_t)batch * n_tokens * num_q_heads * D] : nullptr);
         // Set when an output is not finite: queries large enough to overflow float32 over keys decoded
         // from imported records (appended keys cannot, within the query bound Python checks).
         std::atomic<bool> nonfinite{false};
@@ -557,13 +580,13 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
             const int64_t first = group_first[g];
             const WorkItem& w0 = items[first];
             const int64_t n = w0.n_splits;
-            const size_t row0 = ((size_t)w0.seq * num_q_heads + (size_t)w0.kv_head * n_q) * D;
             for (int h = 0; h < n_q; ++h) {
+                const size_t row = row_at(w0.seq, w0.kv_head, h);
                 float m = -std::numeric_limits<float>::infinity();
                 for (int64_t s = 0; s < n; ++s) m = std::max(m, states[(first + s) * state_floats + h]);
                 float l = 0.0f;
-                float* o = out + row0 + (size_t)h * D;
-                float* r = any_tiles ? rot_sum.get() + row0 + (size_t)h * D : nullptr;
+                float* o = out + row;
+                float* r = any_tiles ? rot_sum.get() + row : nullptr;
                 std::fill(o, o + D, 0.0f);
                 if (r) std::fill(r, r + D, 0.0f);
                 for (int64_t s = 0; s < n; ++s) {
@@ -583,13 +606,16 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
                 if (r)
                     for (int d = 0; d < D; ++d) r[d] *= inv;
             }
-            if (any_tiles) {
-                float* r = rot_sum.get() + row0;
-                kt->hadamard_f32(r, n_q, D);
-                for (size_t i = 0; i < (size_t)n_q * D; ++i) out[row0 + i] += r[i];
-            }
             bool finite = true;
-            for (size_t i = 0; i < (size_t)n_q * D; ++i) finite = finite && std::isfinite(out[row0 + i]);
+            for (int i = 0; i < n_tokens; ++i) {  // each token's group_heads rows lie together
+                const size_t row0 = row_at(w0.seq, w0.kv_head, i * group_heads), rows = (size_t)group_heads * D;
+                if (any_tiles) {
+                    float* r = rot_sum.get() + row0;
+                    kt->hadamard_f32(r, group_heads, D);
+                    for (size_t j = 0; j < rows; ++j) out[row0 + j] += r[j];
+                }
+                for (size_t j = 0; j < rows; ++j) finite = finite && std::isfinite(out[row0 + j]);
+            }
             if (!finite) nonfinite.store(true, std::memory_order_relaxed);
         };
 
@@ -603,16 +629,42 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
             std::fill(st.m, st.m + n_q, -std::numeric_limits<float>::infinity());
             std::fill(st.l, st.l + n_q, 0.0f);
             std::fill(st.acc_orig, st.acc_orig + 2 * (size_t)n_q * D, 0.0f);
-            const float* q_group = q + ((size_t)w.seq * num_q_heads + (size_t)w.kv_head * n_q) * D;
-            for (size_t j = 0; j < (size_t)n_q * D; ++j) q_scaled[j] = q_group[j] * scale;
+            for (int r = 0; r < n_q; ++r) {
+                const float* src = q + row_at(w.seq, w.kv_head, r);
+                for (int d = 0; d < D; ++d) q_scaled[(size_t)r * D + d] = src[d] * scale;
+            }
+            // Token i's query sees all but the sequence's last n_tokens - 1 - i tokens: those come off the
+            // tail, then off the sink (hidden_tokens_fp16). The fp16 parts are attended per token where a
+            // token's cut falls in them, else for all rows at once (always when n_tokens is 1).
+            auto hidden = [&](int i, bool in_tail) {
+                const int64_t h = n_tokens - 1 - i, from_tail = std::min<int64_t>(h, c.tail_len);
+                return in_tail ? from_tail : h - from_tail;
+            };
+            auto token_state = [&](int i) {
+                const size_t r0 = (size_t)i * group_heads;
+                return SoftmaxState{st.m + r0, st.l + r0, st.acc_orig + r0 * D, st.acc_rot + r0 * D};
+            };
+            // The fp16 tokens [t0, t1) of a part whose last `hidden(i)` tokens token i does not see (end: its length).
+            auto attend_fp16_part = [&](const uint16_t* k, const uint16_t* v, int64_t row_stride, int64_t t0, int64_t t1,
+                                        int64_t end, bool in_tail) {
+                const int64_t off = w.kv_head * (in_tail ? c.tail_head_stride : c.sink_head_stride) + t0 * row_stride;
+                if (std::min(t1, end - hidden(0, in_tail)) == t1) {  // token 0 hides the most: no cut in [t0, t1)
+                    kt->attend_dense_f16(q_scaled, n_q, D, k + off, v + off, t1 - t0, row_stride, st);
+                    return;
+                }
+                for (int i = 0; i < n_tokens; ++i) {
+                    const int64_t t1_i = std::min(t1, end - hidden(i, in_tail));
+                    if (t1_i > t0)
+                        kt->attend_dense_f16(q_scaled + (size_t)i * group_heads * D, group_heads, D, k + off, v + off,
+                                             t1_i - t0, row_stride, token_state(i));
+                }
+            };
             const int64_t su = sink_units(c);
             // Sink chunks [unit_begin, min(unit_end, su)).
             const int64_t s0 = std::min(w.unit_begin, su), s1 = std::min(w.unit_end, su);
-            if (s1 > s0) {
-                const int64_t t0 = s0 * kSinkChunk, t1 = std::min(s1 * kSinkChunk, c.sink_len);
-                const int64_t off = w.kv_head * c.sink_head_stride + t0 * c.sink_row_stride;
-                kt->attend_dense_f16(q_scaled, n_q, D, c.sink_k + off, c.sink_v + off, t1 - t0, c.sink_row_stride, st);
-            }
+            if (s1 > s0)
+                attend_fp16_part(c.sink_k, c.sink_v, c.sink_row_stride, s0 * kSinkChunk,
+                                 std::min(s1 * kSinkChunk, c.sink_len), c.sink_len, false);
             // Tiles [unit_begin - su, unit_end - su) clipped to [0, num_tiles).
             const int64_t tb = std::max<int64_t>(w.unit_begin - su, 0);
             const int64_t te = std::min<int64_t>(w.unit_end - su, c.num_tiles);
@@ -624,8 +676,7 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q, 
                                  te - tb, c.record_tile_stride, st);
             }
             if (c.tail_len > 0 && w.unit_end == total_units(c))
-                kt->attend_dense_f16(q_scaled, n_q, D, c.tail_k + w.kv_head * c.tail_head_stride,
-                                     c.tail_v + w.kv_head * c.tail_head_stride, c.tail_len, c.tail_row_stride, st);
+                attend_fp16_part(c.tail_k, c.tail_v, c.tail_row_stride, 0, c.tail_len, c.tail_len, true);
             // The last of the group's items to finish merges it (acq_rel: it sees the others' states).
             const int64_t g = (int64_t)w.seq * Hk + w.kv_head;
             if (group_left[g].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(g);

@@ -18,8 +18,8 @@ from ._ops import (
     set_num_threads,
     set_score_mode,
 )
-from .cache import KVCache, attend, attend_batch
-from .fp16cache import FP16Cache, attend_fp16_batch
+from .cache import KVCache, append_attend, append_attend_batch, attend, attend_batch
+from .fp16cache import FP16Cache, append_attend_fp16_batch, attend_fp16_batch
 from .tile import Tile, dequantize_tile, pack_codes, quantize_tile, unpack_codes
 
 __version__ = "0.1.0"
@@ -42,6 +42,9 @@ __all__ = [
     "KVCache",
     "Tile",
     "active_isa",
+    "append_attend",
+    "append_attend_batch",
+    "append_attend_fp16_batch",
     "attend",
     "attend_batch",
     "attend_fp16_batch",

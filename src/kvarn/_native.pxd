@@ -53,6 +53,8 @@ cdef extern from "kvarn/kvarn.h" nogil:
 
     int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
                      int32_t num_q_heads, float scale, float* out, int32_t num_threads)
+    int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n_tokens, const float* q,
+                            int32_t num_q_heads, float scale, float* out, int32_t num_threads)
     int kvarn_balance(const float* x, int32_t rows, int32_t cols, int32_t iters, float* r, float* c)
     int kvarn_scan_f32(const float* x, const int64_t* shape, const int64_t* x_strides, float* max_abs,
                        uint16_t* out, const int64_t* out_strides, float f16_limit)

@@ -264,14 +264,19 @@ def cache_view(dict parts):
                      parts["tail_k"], parts["tail_v"], parts["tail_len"])
 
 
-def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] out, int num_threads):
-    """parts: one CacheView, or a parts dict (see cache_view), per sequence; q, out: [batch, Hq, D]."""
+def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] out, int num_threads,
+           int n_tokens=1):
+    """parts: one CacheView, or a parts dict (see cache_view), per sequence; q, out: [batch, n_tokens * Hq, D],
+    each sequence's last n_tokens tokens' queries, token-major (kvarn_attend_tokens)."""
     cdef int batch = len(parts)
     cdef int rc
     cdef int i
     cdef CacheView view
     if q.shape[0] != batch or out.shape[0] != batch or out.shape[1] != q.shape[1] or out.shape[2] != q.shape[2]:
-        raise ValueError("attend: q and out must both be [batch, Hq, D]")
+        raise ValueError("attend: q and out must both be [batch, n_tokens * Hq, D]")
+    if n_tokens < 1 or q.shape[1] % n_tokens:
+        raise ValueError("attend: q's rows are not n_tokens tokens' heads")
+    cdef int num_q_heads = q.shape[1] // n_tokens
     views = [p if type(p) is CacheView else cache_view(p) for p in parts]  # held until the call returns
     cdef kvarn_cache_view* c_views = <kvarn_cache_view*>malloc(batch * sizeof(kvarn_cache_view))
     if c_views == NULL:
@@ -280,11 +285,11 @@ def attend(list parts, const float[:, :, ::1] q, float scale, float[:, :, ::1] o
         for i in range(batch):
             view = views[i]
             c_views[i] = view.view
-            if c_views[i].head_dim != q.shape[2] or q.shape[1] % c_views[i].num_kv_heads:
+            if c_views[i].head_dim != q.shape[2] or num_q_heads % c_views[i].num_kv_heads:
                 raise ValueError("attend: q's heads / head_dim do not match a cache view")
         with nogil:
-            rc = kvarn_attend(c_views, batch, &q[0, 0, 0], <int32_t>q.shape[1], scale,
-                              &out[0, 0, 0], num_threads)
+            rc = kvarn_attend_tokens(c_views, batch, n_tokens, &q[0, 0, 0], num_q_heads, scale,
+                                     &out[0, 0, 0], num_threads)
     finally:
         free(c_views)
     return rc

@@ -596,9 +596,9 @@ def check_scale(scale, head_dim: int) -> float:
     return scale
 
 
-def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
-    """Validates a batch (q [B, Hq, D], B caches of cache_type with equal heads and head_dim, none
-    empty) and runs the native decode attention over all of them in one call."""
+def check_caches(caches, cache_type, allow_empty: bool) -> None:
+    """A batch's caches: a non-empty list of cache_type with equal heads and head_dim (and tokens
+    unless allow_empty)."""
     type_name = cache_type.__name__
     if not isinstance(caches, (list, tuple)):
         raise TypeError(f"caches: expected a list of kvarn.{type_name}, got {type(caches).__name__}")
@@ -614,8 +614,15 @@ def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
                 f"caches[{i}]: {c.num_kv_heads} kv heads x {c.head_dim} does not match caches[0]'s "
                 f"{first.num_kv_heads} x {first.head_dim}"
             )
-        if len(c) == 0:
+        if not allow_empty and len(c) == 0:
             raise ValueError(f"caches[{i}]: the cache is empty; append tokens before attending")
+
+
+def attend_caches(q, caches, cache_type, scale, num_threads) -> np.ndarray:
+    """Validates a batch (q [B, Hq, D], B caches of cache_type with equal heads and head_dim, none
+    empty) and runs the native decode attention over all of them in one call."""
+    check_caches(caches, cache_type, allow_empty=False)
+    first = caches[0]
     scale = check_scale(scale, first.head_dim)
     q = check_queries(q, first.num_kv_heads, first.head_dim, ndim=3, scale=scale)
     if q.shape[0] != len(caches):
@@ -634,13 +641,81 @@ def attend_one(q, cache, cache_type, scale, num_threads) -> np.ndarray:
     return run_attend(q[None], [cache], scale, num_threads, ["cache"])[0]
 
 
+def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single=False) -> np.ndarray:
+    """Appends each sequence's n new tokens (k[b], v[b]: [Hk, n, D]) to caches[b] and returns the
+    queries' attention (q [B, n, Hq, D] -> float32, the same shape), token i's over its cache up to
+    and including token i: what appending the tokens one at a time and attending after each gives.
+    The tokens go in chunks that complete no tile, each attended causally in one native call (its
+    records read once for all its tokens); a token that completes a tile is attended alone after it.
+    All or nothing: a refused token or query rolls every cache back to where it was. single: one
+    cache, q [n, Hq, D], k and v [Hk, n, D] (the result [n, Hq, D])."""
+    if single:
+        if not isinstance(caches, cache_type):
+            raise TypeError(f"cache: expected a kvarn.{cache_type.__name__}, got {type(caches).__name__}")
+        caches, names = [caches], ["cache"]
+    else:
+        check_caches(caches, cache_type, allow_empty=True)
+        names = None
+    first = caches[0]
+    B, Hk, D = len(caches), first.num_kv_heads, first.head_dim
+    scale = check_scale(scale, D)
+    q = check_queries(q, Hk, D, ndim=3 if single else 4, scale=scale)
+    if single:
+        q, k, v = q[None], [k], [v]
+    elif q.shape[0] != B:
+        raise ValueError(f"q: batch of {q.shape[0]} sequences' queries for {B} caches")
+    if len(k) != B or len(v) != B:  # k[b], v[b] are each cache's to append (checked there)
+        raise ValueError(f"k, v: {len(k)} and {len(v)} sequences' tokens for {B} caches")
+    n, Hq = q.shape[1], q.shape[2]
+    shapes = {np.shape(x) for x in list(k) + list(v)}
+    if shapes != {(Hk, n, D)}:
+        what = "" if single else "each sequence's "
+        raise ValueError(f"k, v: {what}tokens must be [{Hk}, {n}, {D}] (kv heads, q's {n} tokens, head_dim), "
+                         f"got {', '.join(str(tuple(x)) for x in sorted(shapes))}")
+    out = np.empty((B, n, Hq, D), np.float32)
+    if n == 0:
+        return out[0] if single else out
+
+    def row_error(b, error):
+        return error if B == 1 else ValueError(f"sequence {b} ({_cache_name(names, b)}): {error}")
+
+    points = [c._undo_point() for c in caches]
+    try:
+        append_attend_chunks(q, caches, k, v, scale, num_threads, out, row_error, names)
+    except BaseException:
+        for c, point in zip(caches, points):
+            c._undo_to(point)
+        raise
+    return out[0] if single else out
+
+
+def append_attend_chunks(q, caches, k, v, scale: float, num_threads, out, row_error, names=None) -> None:
+    """append_attend_caches' steps, with nothing undone on an error (the caller's part): q [B, n, Hq, D]
+    checked, k[b] and v[b] [Hk, n, D] (append checks them; row_error(b, error) makes the error raised
+    for row b's), out [B, n, Hq, D] float32 written."""
+    B, n, Hq, D = q.shape
+    pos = 0
+    while pos < n:
+        # 0 free: the next token completes a tile (or, quantize_on="next", makes the full tail one): alone
+        m = max(1, min(n - pos, min(c._tokens_before_quantising() for c in caches)))
+        for b, c in enumerate(caches):
+            try:
+                c.append(k[b][:, pos : pos + m], v[b][:, pos : pos + m], num_threads=num_threads)
+            except ValueError as error:
+                raise row_error(b, error) from error
+        rows = np.ascontiguousarray(q[:, pos : pos + m]).reshape(B, m * Hq, D)
+        out[:, pos : pos + m] = run_attend(rows, caches, scale, num_threads, names, n_tokens=m).reshape(B, m, Hq, D)
+        pos += m
+
+
 def _cache_name(names, i: int) -> str:
     return f"caches[{i}]" if names is None else names[i]
 
 
-def run_attend(q, caches, scale: float, num_threads, names=None) -> np.ndarray:
-    """The native call for validated queries [B, Hq, D] and caches (names: what errors call them,
-    by default caches[i])."""
+def run_attend(q, caches, scale: float, num_threads, names=None, n_tokens: int = 1) -> np.ndarray:
+    """The native call for validated queries [B, n_tokens * Hq, D] (each sequence's last n_tokens
+    tokens', token-major, attending causally) and caches (names: what errors call them, by default
+    caches[i])."""
     q32 = np.ascontiguousarray(q, np.float32)
     if not q32.flags.aligned:  # refused by the native code; np.require would cost ~2 us on every call
         q32 = q32.copy()
@@ -649,7 +724,7 @@ def run_attend(q, caches, scale: float, num_threads, names=None) -> np.ndarray:
     for i, view in enumerate(views):
         if view.empty:  # emptied (truncated) by another thread
             raise ValueError(f"{_cache_name(names, i)}: the cache is empty; append tokens before attending")
-    rc = _native.attend(views, q32, scale, out, resolve_threads(num_threads))
+    rc = _native.attend(views, q32, scale, out, resolve_threads(num_threads), n_tokens)
     # check_queries bounds q * scale for keys below the norm real data stays far under; keys decoded
     # from extreme inputs or imported records can exceed it, and then the native call reports a
     # non-finite output (its merge checks each row: free, where a numpy scan cost 3-10 % of a call).

@@ -520,6 +520,20 @@ class KVCache:
             self._frozen_tail = [state[4], state[5]]  # settled at the next append once the checkpoint is dropped
             self._publish(*state)
 
+    # append_attend's hooks (as FP16Cache's): where a step's tokens can be attended together, and its undo
+    def _tokens_before_quantising(self) -> int:
+        """Tokens an append can take before one of them completes a tile (quantize_on="fill") or makes
+        the full tail a tile ("next"): up to there every new token stays in full precision."""
+        sink_len, _, tail_len = self._sizes()
+        room = self.preset.group - tail_len - (1 if self.quantize_on == "fill" else 0)
+        return max(0, self.sink_tokens - sink_len) + room
+
+    def _undo_point(self) -> "Checkpoint":
+        return self.checkpoint()
+
+    def _undo_to(self, point: "Checkpoint") -> None:
+        self.rollback(point)
+
     def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
         # from self._state and never see new records with an old count or the reverse.
@@ -779,6 +793,26 @@ def attend(q: ArrayLike, cache: KVCache, scale: float | None = None, *, num_thre
     head h // (Hq // Hk)). scale defaults to 1/sqrt(D). Returns float32 [Hq, D].
     """
     return _ops.attend_one(q, cache, KVCache, scale, num_threads)
+
+
+def append_attend(q: ArrayLike, cache: KVCache, k: ArrayLike, v: ArrayLike, scale: float | None = None, *,
+                  num_threads: int | None = None) -> np.ndarray:
+    """A decode step of n tokens (a speculative decoder's draft to verify, forced or prompt tokens):
+    appends k, v [Hk, n, D] and returns q [n, Hq, D]'s attention, float32 [n, Hq, D], token i's
+    query over the cache up to and including token i (causal). The same as ``append`` of one
+    token at a time with ``attend`` after each, bit for bit (README, Design decisions, names the
+    one exception), but each run of tokens that completes no tile reads the cache once for all of
+    them. Refused input (shapes, NaN/Inf, a query that could overflow) appends nothing.
+    """
+    return _ops.append_attend_caches(q, cache, k, v, KVCache, scale, num_threads, single=True)
+
+
+def append_attend_batch(q: ArrayLike, caches: Sequence[KVCache], k: Sequence[ArrayLike], v: Sequence[ArrayLike],
+                        scale: float | None = None, *, num_threads: int | None = None) -> np.ndarray:
+    """append_attend() for B sequences in one native call per chunk: q [B, n, Hq, D], k and v [B, Hk,
+    n, D] (or B arrays [Hk, n, D]), caches B KVCaches with the same kv heads and head_dim (any
+    lengths). Returns float32 [B, n, Hq, D]. All or nothing: a refused row appends nothing anywhere."""
+    return _ops.append_attend_caches(q, caches, k, v, KVCache, scale, num_threads)
 
 
 def attend_batch(q: ArrayLike, caches: Sequence[KVCache], scale: float | None = None, *,

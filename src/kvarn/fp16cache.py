@@ -61,9 +61,10 @@ class FP16Cache:
         """Bytes holding the cached tokens (K and V, fp16)."""
         return 2 * 2 * self.num_kv_heads * self.head_dim * len(self)
 
-    def append(self, k: ArrayLike, v: ArrayLike) -> None:
+    def append(self, k: ArrayLike, v: ArrayLike, *, num_threads: int | None = None) -> None:
         """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16, bfloat16, float32 or
-        float64, stored as their fp16 rounding."""
+        float64, stored as their fp16 rounding. (num_threads: KVCache.append's, for code written for
+        both; nothing here is quantised.)"""
         H, D = self.num_kv_heads, self.head_dim
         checked_on_store = plain_tokens(k, v, H, D)  # float32 / float16: checked as they are stored, below
         if not checked_on_store:
@@ -85,6 +86,20 @@ class FP16Cache:
             # Past the published length: no reader looks there (nor at what a refused token leaves).
             store_tokens(k, v, kbuf[:, length:need], vbuf[:, length:need], checked_on_store)
             self._state = (kbuf, vbuf, need)
+
+    # append_attend's hooks (as KVCache's)
+    def _tokens_before_quantising(self) -> int:
+        return 2**62  # nothing is quantised: a step's tokens are attended together
+
+    def _undo_point(self) -> tuple:
+        return self._state
+
+    def _undo_to(self, state: tuple) -> None:
+        kbuf, vbuf, length = state
+        with self._append_lock:
+            # Fresh buffers (a refused step only): an attend still running over the refused tokens reads the
+            # old ones past length, where the next append would write.
+            self._state = (kbuf.copy(), vbuf.copy(), length)
 
     def copy(self) -> "FP16Cache":
         """An independent cache with the same contents."""
@@ -174,6 +189,14 @@ def _empty_parts(num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarr
     records, tail = np.zeros((0, num_kv_heads, 1), np.uint8), np.zeros((num_kv_heads, 0, head_dim), np.float16)
     records.flags.writeable = tail.flags.writeable = False
     return records, tail
+
+
+def append_attend_fp16_batch(q: ArrayLike, caches: Sequence[FP16Cache], k: Sequence[ArrayLike],
+                             v: Sequence[ArrayLike], scale: float | None = None, *,
+                             num_threads: int | None = None) -> np.ndarray:
+    """kvarn.append_attend_batch over FP16Caches (the baseline for multi-token steps): q [B, n, Hq, D],
+    k and v [B, Hk, n, D]; returns float32 [B, n, Hq, D], each sequence's n tokens in one native call."""
+    return _ops.append_attend_caches(q, caches, k, v, FP16Cache, scale, num_threads)
 
 
 def attend_fp16_batch(q: ArrayLike, caches: Sequence[FP16Cache], scale: float | None = None, *,

@@ -305,6 +305,42 @@ int main()
         for (auto& t : pool_users) t.join();
         for (int i = 0; i < callers; ++i) CHECK(mismatches[i] == 0);
     }
+    {
+        // kvarn_attend_tokens: token i of n attends causally, bit-identical to kvarn_attend over the view cut
+        // n - 1 - i tokens short (the cut in the tail here); hidden tokens inside a record are refused.
+        const int G = 64, D = 32, Hk = 2, Hq = 8, tiles = 3, n = 4, tail = 9;
+        const size_t rec = kvarn_layout(4, 2, G, D).total;
+        std::vector<float> kk((size_t)tiles * Hk * G * D), vv(kk.size());
+        for (auto& x : kk) x = normal(gen);
+        for (auto& x : vv) x = normal(gen);
+        std::vector<uint8_t> records((size_t)tiles * Hk * rec);  // [tile][head] records
+        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), tiles * Hk, 4, 2, G, D, 8, records.data(), 1, nullptr) ==
+              KVARN_OK);
+        std::vector<uint16_t> tk((size_t)Hk * tail * D), tv(tk.size());
+        for (auto& x : tk) x = to_half(normal(gen));
+        for (auto& x : tv) x = to_half(normal(gen));
+        kvarn_cache_view c = tiles_view(records.data(), tiles, Hk, D, G, 4, 2, (int64_t)(Hk * rec), (int64_t)rec);
+        c.tail_k = tk.data();
+        c.tail_v = tv.data();
+        c.tail_len = tail;
+        c.tail_head_stride = tail * D;
+        c.tail_row_stride = D;
+        const size_t row = (size_t)Hq * D;  // one token's queries
+        std::vector<float> q(n * row), out(n * row, NAN), alone(row);
+        for (auto& x : q) x = normal(gen);
+        CHECK(kvarn_attend_tokens(&c, 1, n, q.data(), Hq, 0.125f, out.data(), 2) == KVARN_OK);
+        for (int i = 0; i < n; ++i) {
+            kvarn_cache_view cut = c;
+            cut.tail_len = tail - (n - 1 - i);
+            CHECK(kvarn_attend(&cut, 1, q.data() + i * row, Hq, 0.125f, alone.data(), 2) == KVARN_OK);
+            CHECK(std::memcmp(out.data() + i * row, alone.data(), row * sizeof(float)) == 0);
+        }
+        std::vector<float> many_q((tail + 2) * row, 0.5f), many_out(many_q.size());
+        // tail + 1 tokens: the first sees the records alone; one more would hide a record's last token
+        CHECK(kvarn_attend_tokens(&c, 1, tail + 1, many_q.data(), Hq, 0.125f, many_out.data(), 1) == KVARN_OK);
+        CHECK(kvarn_attend_tokens(&c, 1, tail + 2, many_q.data(), Hq, 0.125f, many_out.data(), 1) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_attend_tokens(&c, 1, 0, q.data(), Hq, 0.125f, out.data(), 1) == KVARN_ERR_ARGUMENT);
+    }
     // Argument checks return errors, never crash.
     float x[16] = {0};
     CHECK(kvarn_hadamard_f32(x, 1, 24) == KVARN_ERR_ARGUMENT);

@@ -1,0 +1,268 @@
+"""Multi-token decode steps (kvarn.append_attend, append_attend_batch, append_attend_fp16_batch): the
+same records and, bit for bit, the same outputs as appending one token at a time and attending after
+each; each token within float64 attention over the cache as it stood after that token; refused input
+appends nothing."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import kvarn
+import oracle
+from conftest import kv_like
+from kvarn import _native, _ops
+
+# (Hq, Hk, D): SmolLM2's grouping, the headline's at two kv heads, one query head per kv head, head_dim 48
+SHAPES = [(9, 3, 64), (8, 2, 128), (4, 4, 16), (6, 2, 48)]
+# (tokens before the step, tokens in the step, sink_tokens): a step inside the sink, one from the sink
+# into the tail, inside one tile, ending on a tile's completion, one crossing two tiles, one longer than
+# a tile that starts an empty cache with a 5-token sink, one without a sink
+STEPS = [(0, 5, 128), (100, 60, 128), (250, 7, 128), (376, 8, 128), (300, 200, 128), (0, 300, 5), (130, 140, 0)]
+
+
+def tokens(rng, Hk, n, D):
+    return kv_like(rng, (Hk, n, D)).astype(np.float16), rng.standard_normal((Hk, n, D)).astype(np.float16)
+
+
+def one_at_a_time(q, cache, k, v, **kw):
+    """The reference: append, attend, token by token."""
+    out = []
+    for i in range(q.shape[0]):
+        cache.append(k[:, i : i + 1], v[:, i : i + 1])
+        out.append(kvarn.attend(q[i], cache, **kw))
+    return np.stack(out)
+
+
+def assert_same_content(a, b):
+    assert len(a) == len(b)
+    pa, pb = a.to_parts(), b.to_parts()
+    for key in pa:
+        assert np.array_equal(pa[key], pb[key]), key
+
+
+def pair(Hk, D, start, k0, v0, **kw):
+    """Two caches holding the same first `start` tokens."""
+    caches = [kvarn.KVCache(Hk, D, **kw) for _ in range(2)]
+    for c in caches:
+        if start:
+            c.append(k0[:, :start], v0[:, :start])
+    return caches
+
+
+@pytest.mark.parametrize("mode", ["float", "int16", "int8"])
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+@pytest.mark.parametrize("Hq, Hk, D", SHAPES)
+def test_matches_one_token_at_a_time_bit_for_bit(isa, mode, quantize_on, Hq, Hk, D, rng):
+    _native.set_score_mode(mode)  # int8 where this ISA lacks it: whatever it runs instead, on both sides
+    for start, n, sink in STEPS:
+        k, v = tokens(rng, Hk, start + n, D)
+        q = rng.standard_normal((n, Hq, D)).astype(np.float32)
+        ref_cache, cache = pair(Hk, D, start, k, v, sink_tokens=sink, quantize_on=quantize_on)
+        ref = one_at_a_time(q, ref_cache, k[:, start:], v[:, start:], num_threads=2)
+        out = kvarn.append_attend(q, cache, k[:, start:], v[:, start:], num_threads=2)
+        assert out.shape == (n, Hq, D) and out.dtype == np.float32
+        assert np.array_equal(out, ref), (start, n, sink, float(np.abs(out - ref).max()))
+        assert_same_content(cache, ref_cache)
+
+
+@given(start=st.integers(0, 600), n=st.integers(1, 280), sink=st.sampled_from([0, 1, 7, 128]),
+       quantize_on=st.sampled_from(["fill", "next"]), group_heads=st.integers(1, 6), threads=st.integers(1, 4),
+       preset=st.sampled_from(["k4v2_g128", "k4v4_g64", "k2v2_g128"]), seed=st.integers(0, 2**32 - 1))
+def test_any_step_matches_one_token_at_a_time(start, n, sink, quantize_on, group_heads, threads, preset, seed):
+    rng = np.random.default_rng(seed)
+    Hk, D = 2, 32
+    k, v = tokens(rng, Hk, start + n, D)
+    q = rng.standard_normal((n, Hk * group_heads, D)).astype(np.float32)
+    ref_cache, cache = pair(Hk, D, start, k, v, sink_tokens=sink, quantize_on=quantize_on, preset=preset)
+    ref = one_at_a_time(q, ref_cache, k[:, start:], v[:, start:], num_threads=threads)
+    out = kvarn.append_attend(q, cache, k[:, start:], v[:, start:], num_threads=threads)
+    assert np.array_equal(out, ref)
+    assert_same_content(cache, ref_cache)
+
+
+@pytest.mark.parametrize("start, n", [(0, 20), (120, 150), (1000, 9)])
+def test_each_token_within_float64_attention_over_its_prefix(isa, start, n, rng):
+    """Token i's output against float64 attention over the cache after token i, decoded by the oracle
+    (a second cache, appended to token by token, gives each moment's records)."""
+    Hq, Hk, D = 8, 2, 64
+    k, v = tokens(rng, Hk, start + n, D)
+    q = rng.standard_normal((n, Hq, D)).astype(np.float32)
+    witness, cache = pair(Hk, D, start, k, v)
+    out = kvarn.append_attend(q, cache, k[:, start:], v[:, start:])
+    for i in range(n):
+        witness.append(k[:, start + i : start + i + 1], v[:, start + i : start + i + 1])
+        k_hat, v_hat = oracle.dequantize_cache(witness, k[:, : start + i + 1], v[:, : start + i + 1])
+        ref = oracle.attention(q[i], k_hat, v_hat, 1 / np.sqrt(D))
+        err = np.linalg.norm(out[i] - ref) / np.linalg.norm(ref)
+        assert err <= 1e-5, (i, err)
+
+
+def test_batch_matches_attend_batch_token_by_token(rng):
+    """Rows of different lengths complete tiles at different tokens of the step: the chunks break wherever
+    any row's does, and every row gets what attend_batch after each token gives."""
+    Hq, Hk, D, n = 9, 3, 64, 40
+    starts = [0, 100, 255, 1000]
+    data = [tokens(rng, Hk, s + n, D) for s in starts]
+    ref_caches, caches = [], []
+    for s, (k, v) in zip(starts, data):
+        a, b = pair(Hk, D, s, k, v)
+        ref_caches.append(a)
+        caches.append(b)
+    q = rng.standard_normal((len(starts), n, Hq, D)).astype(np.float32)
+    new_k = np.stack([k[:, s:] for s, (k, _) in zip(starts, data)])
+    new_v = np.stack([v[:, s:] for s, (_, v) in zip(starts, data)])
+    ref = []
+    for i in range(n):
+        for c, kk, vv in zip(ref_caches, new_k, new_v):
+            c.append(kk[:, i : i + 1], vv[:, i : i + 1])
+        ref.append(kvarn.attend_batch(q[:, i], ref_caches))
+    out = kvarn.append_attend_batch(q, caches, new_k, new_v)
+    assert np.array_equal(out, np.stack(ref, axis=1))
+    for a, b in zip(caches, ref_caches):
+        assert_same_content(a, b)
+
+
+def test_fp16_caches_match_one_token_at_a_time_and_float64(rng):
+    Hq, Hk, D, n = 9, 3, 64, 33
+    starts = [0, 500]
+    caches = [kvarn.FP16Cache(Hk, D) for _ in starts]
+    ref_caches = [kvarn.FP16Cache(Hk, D) for _ in starts]
+    data = [tokens(rng, Hk, s + n, D) for s in starts]
+    for s, (k, v), a, b in zip(starts, data, caches, ref_caches):
+        if s:
+            a.append(k[:, :s], v[:, :s])
+            b.append(k[:, :s], v[:, :s])
+    q = rng.standard_normal((len(starts), n, Hq, D)).astype(np.float32)
+    new_k = [k[:, s:] for s, (k, _) in zip(starts, data)]
+    new_v = [v[:, s:] for s, (_, v) in zip(starts, data)]
+    ref = []
+    for i in range(n):
+        for c, kk, vv in zip(ref_caches, new_k, new_v):
+            c.append(kk[:, i : i + 1], vv[:, i : i + 1])
+        ref.append(kvarn.attend_fp16_batch(q[:, i], ref_caches))
+    out = kvarn.append_attend_fp16_batch(q, caches, new_k, new_v)
+    assert np.array_equal(out, np.stack(ref, axis=1))
+    for b, (s, (k, v)) in enumerate(zip(starts, data)):
+        for i in (0, n // 2, n - 1):
+            kk, vv = (x[:, : s + i + 1].astype(np.float64) for x in (k, v))
+            ref64 = oracle.attention(q[b, i], kk, vv, 1 / np.sqrt(D))
+            assert np.linalg.norm(out[b, i] - ref64) / np.linalg.norm(ref64) <= 1e-5
+
+
+def test_zero_tokens_return_nothing_and_append_nothing(rng):
+    k, v = tokens(rng, 2, 300, 32)
+    cache = kvarn.KVCache(2, 32)
+    cache.append(k, v)
+    before = cache.checkpoint()
+    out = kvarn.append_attend(np.zeros((0, 4, 32), np.float32), cache, k[:, :0], v[:, :0])
+    assert out.shape == (0, 4, 32)
+    assert len(cache) == len(before) == 300
+
+
+def _filled(rng, Hk=2, D=32, n=250):
+    k, v = tokens(rng, Hk, n, D)
+    cache = kvarn.KVCache(Hk, D)
+    cache.append(k, v)
+    return cache, cache.to_parts()
+
+
+def _bad_steps(rng, Hk=2, D=32, n=140):
+    """(what, q, k, v, the error's words): each refused; n = 140 crosses a tile's completion at 250 tokens,
+    so where the bad token sits late, chunks before it have been appended and attended."""
+    k, v = tokens(rng, Hk, n, D)
+    q = rng.standard_normal((n, 2 * Hk, D)).astype(np.float32)
+    late_nan_k = k.copy()
+    late_nan_k[1, 130, 3] = np.nan
+    late_inf_v = v.copy()
+    late_inf_v[0, 139, 0] = np.inf
+    nan_q = q.copy()
+    nan_q[100, 1, 5] = np.nan
+    return [
+        ("a NaN in k after a tile completed", q, late_nan_k, v, "k"),
+        ("an Inf in v, the last token", q, k, late_inf_v, "v"),
+        ("a NaN in q", nan_q, k, v, "q"),
+        ("q beyond the overflow bound", q * 1e33, k, v, "q"),
+        ("q with 3 heads for 2 kv heads", q[:, :3], k, v, "q"),
+        ("q of the wrong head_dim", q[..., :16], k, v, "head_dim"),
+        ("q as [Hq, D]", q[0], k, v, "q"),
+        ("k with a token fewer than q", q, k[:, :-1], v[:, :-1], "k, v"),
+        ("v shaped unlike k", q, k, v[:, :, :16], "k, v"),
+        ("k with 3 kv heads", q, np.concatenate([k, k[:1]]), np.concatenate([v, v[:1]]), "k, v"),
+    ]
+
+
+def test_refused_steps_append_nothing(rng):
+    cache, parts = _filled(rng)
+    for what, q, k, v, words in _bad_steps(rng):
+        with pytest.raises(ValueError, match=words):
+            kvarn.append_attend(q, cache, k, v)
+        after = cache.to_parts()
+        assert len(cache) == 250, what
+        for key in parts:
+            assert np.array_equal(parts[key], after[key]), (what, key)
+    # and the cache still takes a good step, as a fresh copy of it does token by token
+    k, v = tokens(rng, 2, 140, 32)
+    q = rng.standard_normal((140, 4, 32)).astype(np.float32)
+    ref_cache = kvarn.KVCache.from_parts(**parts)
+    assert np.array_equal(kvarn.append_attend(q, cache, k, v), one_at_a_time(q, ref_cache, k, v))
+
+
+def test_a_refused_row_rolls_back_every_row(rng):
+    caches = [_filled(rng, n=n)[0] for n in (250, 10)]
+    parts = [c.to_parts() for c in caches]
+    k, v = tokens(rng, 2, 140, 32)
+    k2 = k.copy()
+    k2[0, 120, 0] = np.nan  # row 1's token 120: row 0 completed a tile at its token 5 before it
+    q = rng.standard_normal((2, 140, 4, 32)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"sequence 1 \(caches\[1\]\): k"):
+        kvarn.append_attend_batch(q, caches, [k, k2], [v, v])
+    for c, p, n in zip(caches, parts, (250, 10)):
+        assert len(c) == n
+        for key, value in c.to_parts().items():
+            assert np.array_equal(p[key], value), key
+    with pytest.raises(ValueError, match="batch of 1"):
+        kvarn.append_attend_batch(q[:1], caches, [k, k], [v, v])
+    with pytest.raises(ValueError, match="2 and 1 sequences"):
+        kvarn.append_attend_batch(q, caches, [k, k], [v])
+    with pytest.raises(TypeError, match=r"caches\[1\]"):
+        kvarn.append_attend_batch(q, [caches[0], kvarn.FP16Cache(2, 32)], [k, k], [v, v])
+    with pytest.raises(ValueError, match=r"caches\[1\]: 1 kv heads"):
+        kvarn.append_attend_batch(q, [caches[0], kvarn.KVCache(1, 32)], [k, k], [v, v])
+    with pytest.raises(TypeError, match="cache: expected a kvarn.KVCache"):
+        kvarn.append_attend(q[0], caches, k, v)
+
+
+def test_refused_fp16_step_keeps_the_cache(rng):
+    cache = kvarn.FP16Cache(2, 32)
+    k, v = tokens(rng, 2, 300, 32)  # past the first 256-token buffer: the refused step grew it
+    cache.append(k[:, :200], v[:, :200])
+    bad_v = v[:, 200:].copy()
+    bad_v[1, 99, 0] = np.nan
+    q = rng.standard_normal((1, 100, 4, 32)).astype(np.float32)
+    with pytest.raises(ValueError, match="v"):
+        kvarn.append_attend_fp16_batch(q, [cache], [k[:, 200:]], [bad_v])
+    assert len(cache) == 200
+    assert np.array_equal(cache.keys_values()[0], k[:, :200]) and np.array_equal(cache.keys_values()[1], v[:, :200])
+
+
+def test_native_call_refuses_hidden_tokens_outside_full_precision(rng):
+    """kvarn_attend_tokens attends token i without the last n_tokens - 1 - i tokens: they must lie in the
+    tail (or the sink while there are no tiles), and the sequence must hold n_tokens tokens."""
+    cache, _ = _filled(rng, n=256 + 3)  # sink 128, one tile, 3 tail tokens
+    view = _ops.native_view(cache)
+    scale = 1 / np.sqrt(32)
+
+    def call(n_tokens, view=view):
+        q = rng.standard_normal((1, n_tokens * 4, 32)).astype(np.float32)
+        return _native.attend([view], q, scale, np.empty_like(q), 1, n_tokens)
+
+    assert call(4) == _native.OK  # the 3 hidden tokens are the tail
+    assert call(5) == _native.ERR_ARGUMENT  # the 4th would be the tile's last
+    sink_only, _ = _filled(rng, n=100)
+    assert call(100, _ops.native_view(sink_only)) == _native.OK  # no tiles: the sink's tokens may be hidden
+    assert call(101, _ops.native_view(sink_only)) == _native.ERR_ARGUMENT  # more tokens than the sequence
+    with pytest.raises(ValueError, match="n_tokens"):
+        call_q = rng.standard_normal((1, 6, 32)).astype(np.float32)
+        _native.attend([view], call_q, scale, np.empty_like(call_q), 1, 4)  # 6 rows are not 4 tokens' heads
+    with pytest.raises(ValueError, match="n_tokens"):
+        call(0)
