@@ -52,7 +52,7 @@ def fp16_kernel_layer_class():
     import torch
 
     import kvarn
-    from kvarn._ops import check_queries, check_scale, run_attend
+    from kvarn._ops import append_attend_chunks, check_queries, check_scale
     from kvarn.integrations.transformers import KVarNLayer, _to_numpy
 
     class FP16KernelLayer(KVarNLayer):
@@ -72,11 +72,8 @@ def fp16_kernel_layer_class():
             out = out_tensor.numpy()
             # The same host path as KVarNLayer.attend_pending: the query checked, the caches not again.
             scale = check_scale(scaling, D)
-            for i in range(n):
-                for b, c in enumerate(self.caches):
-                    c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
-                qi = check_queries(q[:, :, i], self.caches[0].num_kv_heads, D, ndim=3, scale=scale)
-                out[:, i] = run_attend(qi, self.caches, scale, None)
+            qs = check_queries(q.transpose(0, 2, 1, 3), self.caches[0].num_kv_heads, D, ndim=4, scale=scale)
+            append_attend_chunks(qs, self.caches, k, v, scale, None, out, lambda b, error: error)
             self.cumulative_length += n
             if query.dtype is torch.float32 and query.is_cpu:
                 return out_tensor

@@ -98,7 +98,7 @@ except ImportError as e:  # torch or transformers missing, or a transformers wit
 
 import kvarn
 from .._ops import check_head_dim as kvarn_check_head_dim
-from .._ops import check_positive_int, check_queries, check_scale, run_attend
+from .._ops import append_attend_chunks, check_positive_int, check_queries, check_scale
 
 if TYPE_CHECKING:  # annotations only
     from .._ops import PresetLike
@@ -617,17 +617,12 @@ class KVarNLayer(CacheLayerMixin):
         # holding it: every row returns to its checkpoint, exactly (also across a tile quantised since).
         before = [c.checkpoint() for c in self.caches]
         try:
-            # kvarn.attend_batch without its checks of the caches, which this layer made alike (heads,
-            # head_dim) and has just appended to: per layer and step they cost more than the query's.
+            # kvarn.append_attend_batch without its checks of the caches, which this layer made alike (heads,
+            # head_dim): per layer and step they cost more than the query's. The step's tokens are attended
+            # as if appended one at a time, in chunks that complete no tile (one native call each).
             scale = check_scale(scaling, D)
-            for i in range(n):
-                for b, c in enumerate(self.caches):
-                    try:
-                        c.append(k[b, :, i : i + 1], v[b, :, i : i + 1])
-                    except ValueError as e:
-                        raise self._row_error(b, e) from e
-                qi = check_queries(q[:, :, i], self.caches[0].num_kv_heads, D, ndim=3, scale=scale)
-                out[:, i] = run_attend(qi, self.caches, scale, None)
+            qs = check_queries(q.transpose(0, 2, 1, 3), self.caches[0].num_kv_heads, D, ndim=4, scale=scale)
+            append_attend_chunks(qs, self.caches, k, v, scale, None, out, self._row_error)
         except BaseException as e:
             for c, checkpoint in zip(self.caches, before):
                 c.rollback(checkpoint)
