@@ -511,6 +511,93 @@ def test_decode_cold(benchmark, shape, ctx, batch, isa):
         check_output(dd, name, np.asarray(outs[name], np.float32)[0], float(1.0 / np.sqrt(d)), mode, label=f"cold {name}")
 
 
+# Multi-token steps (a speculative decoder's draft of n tokens verified at once): up to 32K (each case
+# dequantises its cache once for the float64 check).
+STEP_TOKENS = [4] if QUICK else [2, 4, 8]
+STEP_CASES = [pytest.param(shape, ctx, n, id=f"{shape}-{ctx}-{n}") for shape in SHAPES for ctx in CONTEXTS
+              for n in STEP_TOKENS if ctx <= 32768]
+
+
+@pytest.mark.parametrize("shape, ctx, n", STEP_CASES)
+def test_multi_token_step(benchmark, shape, ctx, n):
+    """A step of n new tokens, each attending causally: kvarn.append_attend (one native call per run of
+    tokens that completes no tile) against append + attend token by token, and the same two over the fp16
+    cache (append_attend_fp16_batch), interleaved in one series as test_decode_warm_interleaved's rows
+    (best ISA, default score mode, batch 1, warm). Each call starts from the same cache: it is rolled back
+    after it (outside the timing). Rows: per-step minima / medians; the note: the one-call speed-ups
+    and kvarn's over the fp16 kernel per form. Checks: one call equal to token by token, bit for bit, for
+    both caches, and the last token's output within the float64 references' tolerance."""
+    hq, hk, d = SHAPES[shape]
+    dd = data(shape, ctx)
+    best = "avx512" if "avx512" in ISAS else ISAS[-1]
+    mode = use_default_mode(best)
+    rng = np.random.default_rng(n)
+    k = (rng.standard_normal((hk, n, d), dtype=np.float32) * 2).astype(np.float16)
+    v = rng.standard_normal((hk, n, d), dtype=np.float32).astype(np.float16)
+    q = rng.standard_normal((n, hq, d), dtype=np.float32)
+    kv = clone(dd["cache"])
+    f16 = FP16Cache(hk, d, capacity=ctx + n)  # room for the step: a clone's exact buffers would grow every call
+    f16.append(dd["k"], dd["v"])
+
+    def token_by_token(c, attend):
+        out = []
+        for i in range(n):
+            c.append(k[:, i : i + 1], v[:, i : i + 1])
+            out.append(attend(q[i][None], [c], num_threads=THREADS)[0])
+        return np.stack(out)
+
+    calls = {
+        "kvarn-one-call": (kv, lambda: kvarn.append_attend(q, kv, k, v, num_threads=THREADS)),
+        "kvarn-token-by-token": (kv, lambda: token_by_token(kv, kvarn.attend_batch)),
+        "fp16-one-call": (f16, lambda: kvarn.append_attend_fp16_batch(q[None], [f16], k[None], v[None],
+                                                                      num_threads=THREADS)[0]),
+        "fp16-token-by-token": (f16, lambda: token_by_token(f16, attend_fp16_batch)),
+    }
+    times = {name: [] for name in calls}
+    outs = {}
+
+    def run(name):
+        c, fn = calls[name]
+        point = c._state  # restored whole below: a KVCache rollback would freeze its tail, an FP16Cache's copy
+        t = time.perf_counter()
+        outs[name] = fn()
+        times[name].append(time.perf_counter() - t)
+        if name.startswith("kvarn") and "ref" not in outs:  # the float64 check's cache: after the step
+            outs["ref"] = attend64(q[-1], *c.dequantize(), 1.0 / np.sqrt(d))
+        c._state = point
+
+    order, rotation = list(calls), [0]
+
+    def step():
+        first = rotation[0] % len(order)
+        rotation[0] += 1
+        for name in order[first:] + order[:first]:
+            run(name)
+
+    for name in order:  # warm-up
+        run(name)
+    benchmark.group = f"step {shape} ctx={ctx} tokens={n}"
+    rounds = max(5, rounds_for(step))
+    benchmark.pedantic(step, rounds=rounds, iterations=1, warmup_rounds=1)
+    mins = {name: min(t[-rounds:]) for name, t in times.items()}
+    record(benchmark, kv.nbytes + f16.nbytes, impl=f"step-round-all-4-impls-{best}", compare=False, rate=False,
+           step_ms={name: round(m * 1e3, 4) for name, m in mins.items()},
+           one_call_speedup={"kvarn": round(mins["kvarn-token-by-token"] / mins["kvarn-one-call"], 3),
+                             "fp16": round(mins["fp16-token-by-token"] / mins["fp16-one-call"], 3)},
+           kvarn_vs_fp16={"one-call": round(mins["fp16-one-call"] / mins["kvarn-one-call"], 3),
+                          "token-by-token": round(mins["fp16-token-by-token"] / mins["kvarn-token-by-token"], 3)})
+    for name in order:
+        record_calls(benchmark, f"{name}-{best}", times[name][-rounds:], (kv if name.startswith("kvarn") else f16).nbytes,
+                     compare=False)  # the note line gives the like-for-like ratios
+    assert np.array_equal(outs["kvarn-one-call"], outs["kvarn-token-by-token"])
+    assert np.array_equal(outs["fp16-one-call"], outs["fp16-token-by-token"])
+    ref = outs["ref"]
+    err = np.linalg.norm(outs["kvarn-one-call"][-1] - ref) / np.linalg.norm(ref)
+    assert err < KVARN_RTOL[mode], err
+    f16_ref = attend64(q[-1], np.concatenate([dd["k"], k], axis=1), np.concatenate([dd["v"], v], axis=1), 1.0 / np.sqrt(d))
+    assert np.abs(outs["fp16-one-call"][-1] - f16_ref).max() / np.abs(f16_ref).max() < 1e-3
+
+
 @pytest.mark.parametrize("ctx", CONTEXTS)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_quantize_share(benchmark, shape, ctx):

@@ -125,6 +125,12 @@ def _table():
                     "int8 score mode, same series: kvarn-int8 " + f"{extra['warm_ms']['kvarn-int8']} ms -> "
                     + ", ".join(f"{r}x {name}" for name, r in extra["warm_ratios_int8"].items())
                 )
+            if "one_call_speedup" in extra:
+                lines.append(
+                    "multi-token step, interleaved: one call " + ", ".join(
+                        f"{extra['one_call_speedup'][c]}x faster than token by token for {c}" for c in ("kvarn", "fp16"))
+                    + "; kvarn " + ", ".join(f"{r}x fp16 ({form})" for form, r in extra["kvarn_vs_fp16"].items())
+                )
             if "share_pct" in extra:
                 lines.append(
                     f"quantise per generated token {extra['quant_us_per_token']} us = {extra['share_pct']}% of a "
