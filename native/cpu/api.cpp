@@ -508,8 +508,11 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
     if (!caches || !q || !out || batch <= 0 || n_tokens <= 0 || num_q_heads <= 0 || !std::isfinite(scale) ||
         !threads_ok(num_threads) || !aligned(q, 4) || !aligned(out, 4))
         return KVARN_ERR_ARGUMENT;
+    // Rows of a call (n_tokens * num_q_heads) fit an int, and so do a group's; the head_dim bound keeps the byte
+    // count below 2^64 for fits() (views with another head_dim are refused below anyway).
     const int D = caches[0].head_dim;
-    if (!fits(batch, (uint64_t)n_tokens * (uint64_t)num_q_heads * (uint64_t)(D > 0 ? D : 0) * sizeof(float)))
+    if (!kvarn_head_dim_supported(D) || (int64_t)n_tokens * num_q_heads > INT32_MAX ||
+        !fits(batch, (uint64_t)n_tokens * (uint64_t)num_q_heads * (uint64_t)D * sizeof(float)))
         return KVARN_ERR_ARGUMENT;
     for (int32_t b = 0; b < batch; ++b)
         if (!view_ok(caches[b], num_q_heads) || caches[b].head_dim != D ||
@@ -564,6 +567,7 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
             }
         }
         const int64_t n_items = (int64_t)items.size();
+        if (items.size() > (size_t)PTRDIFF_MAX / sizeof(float) / state_floats) return (int)KVARN_ERR_ARGUMENT;
         std::unique_ptr<float[]> states(new float[items.size() * state_floats]);
         // The rotated frame serves only the quantised tiles: an all-fp16 batch (the FP16Cache,
         // short sequences still in their sink) needs no Hadamard and no rotated sum.

@@ -340,6 +340,7 @@ int main()
         CHECK(kvarn_attend_tokens(&c, 1, tail + 1, many_q.data(), Hq, 0.125f, many_out.data(), 1) == KVARN_OK);
         CHECK(kvarn_attend_tokens(&c, 1, tail + 2, many_q.data(), Hq, 0.125f, many_out.data(), 1) == KVARN_ERR_ARGUMENT);
         CHECK(kvarn_attend_tokens(&c, 1, 0, q.data(), Hq, 0.125f, out.data(), 1) == KVARN_ERR_ARGUMENT);
+        CHECK(kvarn_attend_tokens(&c, 1, INT32_MAX / 4, q.data(), Hq, 0.125f, out.data(), 1) == KVARN_ERR_ARGUMENT);
     }
     // Argument checks return errors, never crash.
     float x[16] = {0};
