@@ -2,6 +2,8 @@
 same records and, bit for bit, the same outputs as appending one token at a time and attending after
 each; each token within float64 attention over the cache as it stood after that token; refused input
 appends nothing."""
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -224,6 +226,8 @@ def test_a_refused_row_rolls_back_every_row(rng):
         kvarn.append_attend_batch(q[:1], caches, [k, k], [v, v])
     with pytest.raises(ValueError, match="2 and 1 sequences"):
         kvarn.append_attend_batch(q, caches, [k, k], [v])
+    with pytest.raises(TypeError, match="v: expected the sequences' tokens"):
+        kvarn.append_attend_batch(q, caches, [k, k], 3.0)
     with pytest.raises(TypeError, match=r"caches\[1\]"):
         kvarn.append_attend_batch(q, [caches[0], kvarn.FP16Cache(2, 32)], [k, k], [v, v])
     with pytest.raises(ValueError, match=r"caches\[1\]: 1 kv heads"):
@@ -266,3 +270,66 @@ def test_native_call_refuses_hidden_tokens_outside_full_precision(rng):
         _native.attend([view], call_q, scale, np.empty_like(call_q), 1, 4)  # 6 rows are not 4 tokens' heads
     with pytest.raises(ValueError, match="n_tokens"):
         call(0)
+
+
+def _writer_between_chunks(monkeypatch, cache, marker, fail_on_call=None):
+    """Makes the step's first native call start another thread appending `marker` to the cache and give it
+    0.2 s to do so before the step goes on (and the fail_on_call-th call raise): a step that let writers in
+    between its chunks would take that token inside the step."""
+    real, calls, threads = _ops.run_attend, [], []
+
+    def run_attend(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            t = threading.Thread(target=cache.append, args=(marker, marker))
+            t.start()
+            t.join(0.2)
+            threads.append(t)
+        if len(calls) == fail_on_call:
+            raise ValueError("q: refused by the test")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_ops, "run_attend", run_attend)
+    return threads
+
+
+def test_another_threads_append_waits_for_a_step(monkeypatch, rng):
+    """A step of several chunks (tile completions inside it) holds the cache's append lock: another thread's
+    append lands after all of its tokens, as if the step were one append."""
+    Hk, D, n = 2, 32, 300
+    k, v = tokens(rng, Hk, 200 + n, D)
+    marker = np.full((Hk, 1, D), 0.5, np.float16)
+    q = rng.standard_normal((n, 4, D)).astype(np.float32)
+    ref_cache, cache = pair(Hk, D, 200, k, v)
+    ref = one_at_a_time(q, ref_cache, k[:, 200:], v[:, 200:])
+    ref_cache.append(marker, marker)
+    threads = _writer_between_chunks(monkeypatch, cache, marker)
+    out = kvarn.append_attend(q, cache, k[:, 200:], v[:, 200:])
+    threads[0].join()
+    assert np.array_equal(out, ref)
+    assert_same_content(cache, ref_cache)
+
+
+def test_an_undone_step_keeps_another_threads_append(monkeypatch, rng):
+    """A step refused after its first chunk is undone under the lock: an append another thread made meanwhile
+    (it waited) is kept, not rolled back with the step's tokens."""
+    Hk, D, n = 2, 32, 300
+    k, v = tokens(rng, Hk, 200 + n, D)
+    marker = np.full((Hk, 1, D), 0.5, np.float16)
+    q = rng.standard_normal((n, 4, D)).astype(np.float32)
+    ref_cache, cache = pair(Hk, D, 200, k, v)
+    ref_cache.append(marker, marker)
+    threads = _writer_between_chunks(monkeypatch, cache, marker, fail_on_call=2)
+    with pytest.raises(ValueError, match="refused by the test"):
+        kvarn.append_attend(q, cache, k[:, 200:], v[:, 200:])
+    threads[0].join()
+    assert_same_content(cache, ref_cache)
+
+
+def test_the_same_cache_twice_in_a_step_is_refused(rng):
+    cache, parts = _filled(rng)
+    k, v = tokens(rng, 2, 3, 32)
+    q = rng.standard_normal((2, 3, 4, 32)).astype(np.float32)
+    with pytest.raises(ValueError, match="appears twice"):
+        kvarn.append_attend_batch(q, [cache, cache], [k, k], [v, v])
+    assert len(cache) == 250

@@ -6,6 +6,7 @@ input gets an exception that names the argument and the problem.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -664,6 +665,10 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
         q, k, v = q[None], [k], [v]
     elif q.shape[0] != B:
         raise ValueError(f"q: batch of {q.shape[0]} sequences' queries for {B} caches")
+    for name, x in (("k", k), ("v", v)):
+        if not hasattr(x, "__len__") or isinstance(x, (str, bytes)):
+            raise TypeError(f"{name}: expected the sequences' tokens, [B, Hk, n, D] or B arrays [Hk, n, D], got "
+                            f"{type(x).__name__}")
     if len(k) != B or len(v) != B:  # k[b], v[b] are each cache's to append (checked there)
         raise ValueError(f"k, v: {len(k)} and {len(v)} sequences' tokens for {B} caches")
     n, Hq = q.shape[1], q.shape[2]
@@ -673,34 +678,45 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
         raise ValueError(f"k, v: {what}tokens must be [{Hk}, {n}, {D}] (kv heads, q's {n} tokens, head_dim), "
                          f"got {', '.join(str(tuple(x)) for x in sorted(shapes))}")
     out = np.empty((B, n, Hq, D), np.float32)
+    if len({id(c) for c in caches}) != B:
+        raise ValueError("caches: a cache appears twice (each sequence's tokens go to its own cache)")
     if n == 0:
         return out[0] if single else out
 
     def row_error(b, error):
         return error if B == 1 else ValueError(f"sequence {b} ({_cache_name(names, b)}): {error}")
 
-    points = [c._undo_point() for c in caches]
-    try:
-        append_attend_chunks(q, caches, k, v, scale, num_threads, out, row_error, names)
-    except BaseException:
-        for c, point in zip(caches, points):
-            c._undo_to(point)
-        raise
+    # The step is several appends: the caches' append locks are held throughout (taken in one global
+    # order, so that two steps over shared caches cannot deadlock), so that no other writer comes between
+    # them, and an undo cannot take another thread's append with it. Attends by others read published states.
+    held = sorted(caches, key=id)
+    with contextlib.ExitStack() as locks:
+        for c in held:
+            locks.enter_context(c._append_lock)
+        points = [c._undo_point() for c in caches]
+        try:
+            append_attend_chunks(q, caches, k, v, scale, num_threads, out, row_error, names, locked=True)
+        except BaseException:
+            for c, point in zip(caches, points):
+                c._undo_locked(point)
+            raise
     return out[0] if single else out
 
 
-def append_attend_chunks(q, caches, k, v, scale: float, num_threads, out, row_error, names=None) -> None:
+def append_attend_chunks(q, caches, k, v, scale: float, num_threads, out, row_error, names=None,
+                         locked: bool = False) -> None:
     """append_attend_caches' steps, with nothing undone on an error (the caller's part): q [B, n, Hq, D]
     checked, k[b] and v[b] [Hk, n, D] (append checks them; row_error(b, error) makes the error raised
-    for row b's), out [B, n, Hq, D] float32 written."""
+    for row b's), out [B, n, Hq, D] float32 written. locked: the caller holds every cache's append lock."""
     B, n, Hq, D = q.shape
     pos = 0
     while pos < n:
         # 0 free: the next token completes a tile (or, quantize_on="next", makes the full tail one): alone
         m = max(1, min(n - pos, min(c._tokens_before_quantising() for c in caches)))
         for b, c in enumerate(caches):
+            append = c._append_locked if locked else c.append
             try:
-                c.append(k[b][:, pos : pos + m], v[b][:, pos : pos + m], num_threads=num_threads)
+                append(k[b][:, pos : pos + m], v[b][:, pos : pos + m], num_threads=num_threads)
             except ValueError as error:
                 raise row_error(b, error) from error
         rows = np.ascontiguousarray(q[:, pos : pos + m]).reshape(B, m * Hq, D)

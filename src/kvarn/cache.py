@@ -222,9 +222,9 @@ class KVCache:
         state, so a rejected append leaves the cache exactly as it was.
         """
         with self._append_lock:
-            self._append(k, v, num_threads)
+            self._append_locked(k, v, num_threads)
 
-    def _append(self, k, v, num_threads) -> None:
+    def _append_locked(self, k, v, num_threads) -> None:  # append's work; the caller holds the append lock
         H, G, D = self.num_kv_heads, self.preset.group, self.head_dim
         # float32 or float16 tokens (a model's K/V) that only go into the tail are checked and stored as fp16
         # in one native pass per tensor, below; anything else is checked by check_kv first.
@@ -510,15 +510,19 @@ class KVCache:
         if checkpoint._cache is not self:
             raise ValueError("checkpoint: taken from another cache")
         with self._append_lock:
-            state = checkpoint._state
-            records, num_tiles = state[2], state[3]
-            # The records need no freeze when no state ever held more tiles in that buffer (a
-            # speculative draft that completed no tile): copying them on every rollback made a
-            # checkpoint / draft / rollback step cost O(context).
-            clean = records is self._records_seen and self._records_high_water <= num_tiles
-            self._frozen_records = None if clean else records
-            self._frozen_tail = [state[4], state[5]]  # settled at the next append once the checkpoint is dropped
-            self._publish(*state)
+            self._rollback_locked(checkpoint)
+
+    def _rollback_locked(self, checkpoint: "Checkpoint") -> None:
+        """rollback's work; the caller holds the append lock."""
+        state = checkpoint._state
+        records, num_tiles = state[2], state[3]
+        # The records need no freeze when no state ever held more tiles in that buffer (a
+        # speculative draft that completed no tile): copying them on every rollback made a
+        # checkpoint / draft / rollback step cost O(context).
+        clean = records is self._records_seen and self._records_high_water <= num_tiles
+        self._frozen_records = None if clean else records
+        self._frozen_tail = [state[4], state[5]]  # settled at the next append once the checkpoint is dropped
+        self._publish(*state)
 
     # append_attend's hooks (as FP16Cache's): where a step's tokens can be attended together, and its undo
     def _tokens_before_quantising(self) -> int:
@@ -531,8 +535,8 @@ class KVCache:
     def _undo_point(self) -> "Checkpoint":
         return self.checkpoint()
 
-    def _undo_to(self, point: "Checkpoint") -> None:
-        self.rollback(point)
+    def _undo_locked(self, point: "Checkpoint") -> None:  # the caller holds the append lock, as for _append
+        self._rollback_locked(point)
 
     def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:
         # One tuple assignment is atomic under the GIL: readers (attend) take the whole state
@@ -802,12 +806,13 @@ def append_attend(q: ArrayLike, cache: KVCache, k: ArrayLike, v: ArrayLike, scal
     query over the cache up to and including token i (causal). The same as ``append`` of one
     token at a time with ``attend`` after each, bit for bit (README, Design decisions, names the
     one exception), but each run of tokens that completes no tile reads the cache once for all of
-    them. Refused input (shapes, NaN/Inf, a query that could overflow) appends nothing.
+    them. Refused input (shapes, NaN/Inf, a query that could overflow) appends nothing. The step
+    holds the cache's append lock: other threads' appends land wholly before or after it.
     """
     return _ops.append_attend_caches(q, cache, k, v, KVCache, scale, num_threads, single=True)
 
 
-def append_attend_batch(q: ArrayLike, caches: Sequence[KVCache], k: Sequence[ArrayLike], v: Sequence[ArrayLike],
+def append_attend_batch(q: ArrayLike, caches: Sequence[KVCache], k: ArrayLike, v: ArrayLike,
                         scale: float | None = None, *, num_threads: int | None = None) -> np.ndarray:
     """append_attend() for B sequences in one native call per chunk: q [B, n, Hq, D], k and v [B, Hk,
     n, D] (or B arrays [Hk, n, D]), caches B KVCaches with the same kv heads and head_dim (any

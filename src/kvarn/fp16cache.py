@@ -65,6 +65,11 @@ class FP16Cache:
         """Appends n tokens: k, v of shape [num_kv_heads, n, head_dim], float16, bfloat16, float32 or
         float64, stored as their fp16 rounding. (num_threads: KVCache.append's, for code written for
         both; nothing here is quantised.)"""
+        with self._append_lock:
+            self._append_locked(k, v)
+
+    def _append_locked(self, k, v, num_threads: int | None = None) -> None:
+        """append's work; the caller holds the append lock."""
         H, D = self.num_kv_heads, self.head_dim
         checked_on_store = plain_tokens(k, v, H, D)  # float32 / float16: checked as they are stored, below
         if not checked_on_store:
@@ -72,20 +77,19 @@ class FP16Cache:
         n = k.shape[1]
         if n == 0:
             return
-        with self._append_lock:
-            kbuf, vbuf, length = self._state
-            need = length + n
-            if need > kbuf.shape[1]:
-                cap = max(need, 2 * kbuf.shape[1], 256)
-                grown = []
-                for old in (kbuf, vbuf):
-                    new = np.zeros((H, cap, D), np.float16)
-                    new[:, :length] = old[:, :length]
-                    grown.append(new)
-                kbuf, vbuf = grown
-            # Past the published length: no reader looks there (nor at what a refused token leaves).
-            store_tokens(k, v, kbuf[:, length:need], vbuf[:, length:need], checked_on_store)
-            self._state = (kbuf, vbuf, need)
+        kbuf, vbuf, length = self._state
+        need = length + n
+        if need > kbuf.shape[1]:
+            cap = max(need, 2 * kbuf.shape[1], 256)
+            grown = []
+            for old in (kbuf, vbuf):
+                new = np.zeros((H, cap, D), np.float16)
+                new[:, :length] = old[:, :length]
+                grown.append(new)
+            kbuf, vbuf = grown
+        # Past the published length: no reader looks there (nor at what a refused token leaves).
+        store_tokens(k, v, kbuf[:, length:need], vbuf[:, length:need], checked_on_store)
+        self._state = (kbuf, vbuf, need)
 
     # append_attend's hooks (as KVCache's)
     def _tokens_before_quantising(self) -> int:
@@ -94,12 +98,11 @@ class FP16Cache:
     def _undo_point(self) -> tuple:
         return self._state
 
-    def _undo_to(self, state: tuple) -> None:
+    def _undo_locked(self, state: tuple) -> None:  # the caller holds the append lock
         kbuf, vbuf, length = state
-        with self._append_lock:
-            # Fresh buffers (a refused step only): an attend still running over the refused tokens reads the
-            # old ones past length, where the next append would write.
-            self._state = (kbuf.copy(), vbuf.copy(), length)
+        # Fresh buffers (a refused step only): an attend still running over the refused tokens reads the
+        # old ones past length, where the next append would write.
+        self._state = (kbuf.copy(), vbuf.copy(), length)
 
     def copy(self) -> "FP16Cache":
         """An independent cache with the same contents."""
@@ -191,8 +194,8 @@ def _empty_parts(num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarr
     return records, tail
 
 
-def append_attend_fp16_batch(q: ArrayLike, caches: Sequence[FP16Cache], k: Sequence[ArrayLike],
-                             v: Sequence[ArrayLike], scale: float | None = None, *,
+def append_attend_fp16_batch(q: ArrayLike, caches: Sequence[FP16Cache], k: ArrayLike,
+                             v: ArrayLike, scale: float | None = None, *,
                              num_threads: int | None = None) -> np.ndarray:
     """kvarn.append_attend_batch over FP16Caches (the baseline for multi-token steps): q [B, n, Hq, D],
     k and v [B, Hk, n, D]; returns float32 [B, n, Hq, D], each sequence's n tokens in one native call."""

@@ -20,3 +20,5 @@ kvarn.attend(q, cache).no_such_attribute  # error: attr-defined
 cache.dequantize()[1].no_such_attribute  # error: attr-defined
 kvarn.hadamard(q).no_such_attribute  # error: attr-defined
 kvarn.FP16Cache(2, 64).attend(q).no_such_attribute  # error: attr-defined
+kvarn.append_attend(q, cache, q, q, num_threads="1")  # error: arg-type
+kvarn.append_attend_batch(q, cache, [q], [q])  # error: arg-type

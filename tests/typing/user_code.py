@@ -37,6 +37,10 @@ def main() -> None:
     by_method: Array = cache.attend(q)
     batch: Array = kvarn.attend_batch(np.stack([q, q]), [cache, cache.copy()])
     assert by_method.shape == out.shape and batch.shape == (2, 4, 64)
+    step: Array = kvarn.append_attend(np.stack([q, q, q]), cache, k[:, :3], v[:, :3], num_threads=1)
+    step_batch: Array = kvarn.append_attend_batch(np.stack([q, q])[:, None], [cache, cache.copy()], [k[:, :1]] * 2,
+                                                  [v[:, :1]] * 2)
+    assert step.shape == (3, 4, 64) and step_batch.shape == (2, 1, 4, 64)
 
     point = cache.truncation_point(250)
     assert_type(point, int)
@@ -69,6 +73,9 @@ def main() -> None:
     dense: Array = fp16.attend(q, num_threads=1)
     dense_batch: Array = kvarn.attend_fp16_batch(np.stack([q]), [fp16])
     assert dense_batch.shape == (1,) + dense.shape
+    dense_step: Array = kvarn.append_attend_fp16_batch(np.stack([q])[:, None], [fp16], np.stack([k[:, :1]]),
+                                                       np.stack([v[:, :1]]))
+    assert dense_step.shape == (1, 1, 4, 64)
 
     isas = assert_type(kvarn.available_isas(), "list[str]")
     active = assert_type(kvarn.active_isa(), str)
