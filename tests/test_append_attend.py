@@ -35,6 +35,16 @@ def one_at_a_time(q, cache, k, v, **kw):
     return np.stack(out)
 
 
+def batch_one_at_a_time(q, caches, k, v, attend_batch):
+    """The batch reference: each row's next token appended, then one attend_batch call, token by token."""
+    out = []
+    for i in range(q.shape[1]):
+        for c, kk, vv in zip(caches, k, v):
+            c.append(kk[:, i : i + 1], vv[:, i : i + 1])
+        out.append(attend_batch(q[:, i], caches))
+    return np.stack(out, axis=1)
+
+
 def assert_same_content(a, b):
     assert len(a) == len(b)
     pa, pb = a.to_parts(), b.to_parts()
@@ -113,13 +123,9 @@ def test_batch_matches_attend_batch_token_by_token(rng):
     q = rng.standard_normal((len(starts), n, Hq, D)).astype(np.float32)
     new_k = np.stack([k[:, s:] for s, (k, _) in zip(starts, data)])
     new_v = np.stack([v[:, s:] for s, (_, v) in zip(starts, data)])
-    ref = []
-    for i in range(n):
-        for c, kk, vv in zip(ref_caches, new_k, new_v):
-            c.append(kk[:, i : i + 1], vv[:, i : i + 1])
-        ref.append(kvarn.attend_batch(q[:, i], ref_caches))
+    ref = batch_one_at_a_time(q, ref_caches, new_k, new_v, kvarn.attend_batch)
     out = kvarn.append_attend_batch(q, caches, new_k, new_v)
-    assert np.array_equal(out, np.stack(ref, axis=1))
+    assert np.array_equal(out, ref)
     for a, b in zip(caches, ref_caches):
         assert_same_content(a, b)
 
@@ -137,13 +143,9 @@ def test_fp16_caches_match_one_token_at_a_time_and_float64(rng):
     q = rng.standard_normal((len(starts), n, Hq, D)).astype(np.float32)
     new_k = [k[:, s:] for s, (k, _) in zip(starts, data)]
     new_v = [v[:, s:] for s, (_, v) in zip(starts, data)]
-    ref = []
-    for i in range(n):
-        for c, kk, vv in zip(ref_caches, new_k, new_v):
-            c.append(kk[:, i : i + 1], vv[:, i : i + 1])
-        ref.append(kvarn.attend_fp16_batch(q[:, i], ref_caches))
+    ref = batch_one_at_a_time(q, ref_caches, new_k, new_v, kvarn.attend_fp16_batch)
     out = kvarn.append_attend_fp16_batch(q, caches, new_k, new_v)
-    assert np.array_equal(out, np.stack(ref, axis=1))
+    assert np.array_equal(out, ref)
     for b, (s, (k, v)) in enumerate(zip(starts, data)):
         for i in (0, n // 2, n - 1):
             kk, vv = (x[:, : s + i + 1].astype(np.float64) for x in (k, v))

@@ -69,6 +69,38 @@ static kvarn_cache_view tiles_view(const uint8_t* records, int64_t num_tiles, in
     return c;
 }
 
+// k4v2 tiles quantised from random tokens ([tile][head] records) and an fp16 tail of random tokens, as one view of
+// Hk heads. The view points into the struct's own vectors: use it while the struct lives, and do not copy the struct.
+struct TiledTail {
+    std::vector<float> k, v;  // the tiles' input tokens
+    std::vector<uint8_t> records;
+    std::vector<uint16_t> tail_k, tail_v;
+    kvarn_cache_view view{};
+};
+
+static void make_tiled_tail(TiledTail& t, std::mt19937& gen, int G, int D, int Hk, int tiles, int tail)
+{
+    std::normal_distribution<float> normal(0.f, 1.f);
+    const size_t rec = kvarn_layout(4, 2, G, D).total;
+    t.k.resize((size_t)tiles * Hk * G * D);
+    t.v.resize(t.k.size());
+    for (auto& x : t.k) x = normal(gen);
+    for (auto& x : t.v) x = normal(gen);
+    t.records.resize((size_t)tiles * Hk * rec);
+    CHECK(kvarn_quantize_tiles(t.k.data(), t.v.data(), tiles * Hk, 4, 2, G, D, 8, t.records.data(), 1, nullptr) ==
+          KVARN_OK);
+    t.tail_k.resize((size_t)Hk * tail * D);
+    t.tail_v.resize(t.tail_k.size());
+    for (auto& x : t.tail_k) x = to_half(normal(gen));
+    for (auto& x : t.tail_v) x = to_half(normal(gen));
+    t.view = tiles_view(t.records.data(), tiles, Hk, D, G, 4, 2, (int64_t)(Hk * rec), (int64_t)rec);
+    t.view.tail_k = t.tail_k.data();
+    t.view.tail_v = t.tail_v.data();
+    t.view.tail_len = tail;
+    t.view.tail_head_stride = (int64_t)tail * D;
+    t.view.tail_row_stride = D;
+}
+
 // kvarn_scan_f32: max |x| with NaN / Inf, and the fp16 copy written only within the limit, over
 // strided and reversed views (exact-size buffers, so that ASan sees any access outside them).
 void scan_checks()
@@ -265,20 +297,11 @@ int main()
         // scripts/tsan.sh runs this under ThreadSanitizer. Results are compared after the joins: CHECK's
         // counter is not for several threads.
         const int G = 64, D = 32, Hk = 2, Hq = 8, tiles = 5, callers = 4, rounds = 40;
-        const size_t rec = kvarn_layout(4, 2, G, D).total;
-        std::vector<float> kk((size_t)tiles * Hk * G * D), vv(kk.size());
-        for (auto& x : kk) x = normal(gen);
-        for (auto& x : vv) x = normal(gen);
-        std::vector<uint8_t> records((size_t)tiles * Hk * rec);  // [tile][head] records
-        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), tiles * Hk, 4, 2, G, D, 8, records.data(), 1, nullptr) ==
-              KVARN_OK);
-        std::vector<uint16_t> tk((size_t)Hk * 9 * D, 0x3c00), tv(tk.size(), 0xbc00);  // 9 fp16 tail tokens
-        kvarn_cache_view c = tiles_view(records.data(), tiles, Hk, D, G, 4, 2, (int64_t)(Hk * rec), (int64_t)rec);
-        c.tail_k = tk.data();
-        c.tail_v = tv.data();
-        c.tail_len = 9;
-        c.tail_head_stride = 9 * D;
-        c.tail_row_stride = D;
+        TiledTail cache;
+        make_tiled_tail(cache, gen, G, D, Hk, tiles, 9);
+        const kvarn_cache_view& c = cache.view;
+        const std::vector<float>&kk = cache.k, &vv = cache.v;
+        const std::vector<uint8_t>& records = cache.records;
         std::vector<float> q((size_t)callers * Hq * D);
         for (auto& x : q) x = normal(gen);
         std::vector<float> alone(q.size());
@@ -309,22 +332,9 @@ int main()
         // kvarn_attend_tokens: token i of n attends causally, bit-identical to kvarn_attend over the view cut
         // n - 1 - i tokens short (the cut in the tail here); hidden tokens inside a record are refused.
         const int G = 64, D = 32, Hk = 2, Hq = 8, tiles = 3, n = 4, tail = 9;
-        const size_t rec = kvarn_layout(4, 2, G, D).total;
-        std::vector<float> kk((size_t)tiles * Hk * G * D), vv(kk.size());
-        for (auto& x : kk) x = normal(gen);
-        for (auto& x : vv) x = normal(gen);
-        std::vector<uint8_t> records((size_t)tiles * Hk * rec);  // [tile][head] records
-        CHECK(kvarn_quantize_tiles(kk.data(), vv.data(), tiles * Hk, 4, 2, G, D, 8, records.data(), 1, nullptr) ==
-              KVARN_OK);
-        std::vector<uint16_t> tk((size_t)Hk * tail * D), tv(tk.size());
-        for (auto& x : tk) x = to_half(normal(gen));
-        for (auto& x : tv) x = to_half(normal(gen));
-        kvarn_cache_view c = tiles_view(records.data(), tiles, Hk, D, G, 4, 2, (int64_t)(Hk * rec), (int64_t)rec);
-        c.tail_k = tk.data();
-        c.tail_v = tv.data();
-        c.tail_len = tail;
-        c.tail_head_stride = tail * D;
-        c.tail_row_stride = D;
+        TiledTail cache;
+        make_tiled_tail(cache, gen, G, D, Hk, tiles, tail);
+        const kvarn_cache_view& c = cache.view;
         const size_t row = (size_t)Hq * D;  // one token's queries
         std::vector<float> q(n * row), out(n * row, NAN), alone(row);
         for (auto& x : q) x = normal(gen);
