@@ -712,15 +712,18 @@ def append_attend_chunks(q, caches, k, v, scale: float, num_threads, out, row_er
     pos = 0
     while pos < n:
         # 0 free: the next token completes a tile (or, quantize_on="next", makes the full tail one): alone
-        m = max(1, min(n - pos, min(c._tokens_before_quantising() for c in caches)))
+        m = 1 if pos == n - 1 else max(1, min(n - pos, min(c._tokens_before_quantising() for c in caches)))
         for b, c in enumerate(caches):
             append = c._append_locked if locked else c.append
             try:
                 append(k[b][:, pos : pos + m], v[b][:, pos : pos + m], num_threads=num_threads)
             except ValueError as error:
                 raise row_error(b, error) from error
-        rows = np.ascontiguousarray(q[:, pos : pos + m]).reshape(B, m * Hq, D)
-        out[:, pos : pos + m] = run_attend(rows, caches, scale, num_threads, names, n_tokens=m).reshape(B, m, Hq, D)
+        if m == 1:  # a decode step's one token: the plain call
+            out[:, pos] = run_attend(q[:, pos], caches, scale, num_threads, names)
+        else:
+            rows = np.ascontiguousarray(q[:, pos : pos + m]).reshape(B, m * Hq, D)
+            out[:, pos : pos + m] = run_attend(rows, caches, scale, num_threads, names, n_tokens=m).reshape(B, m, Hq, D)
         pos += m
 
 
