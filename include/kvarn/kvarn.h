@@ -177,9 +177,10 @@ int kvarn_attend(const kvarn_cache_view* caches, int32_t batch, const float* q,
  * tokens. Those last n_tokens - 1 tokens must lie in full precision, in the tail (and in the
  * sink while the view has no tiles): a sequence whose hidden tokens reach into a record, or
  * shorter than n_tokens, is KVARN_ERR_ARGUMENT (a caller appends up to a tile's completion,
- * attends, and attends the completing token on its own). With the same work split (it depends
- * on num_threads, the shapes and n_tokens, through the split-state budget alone), token i's output
- * is bit-identical to kvarn_attend's over the view cut after token i. */
+ * attends, and attends the completing token on its own), as is n_tokens * num_q_heads above
+ * INT32_MAX. With the same work split (it depends on num_threads, the shapes and n_tokens,
+ * through the split-state budget alone), token i's output is bit-identical to kvarn_attend's
+ * over the view cut after token i. */
 int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n_tokens, const float* q,
                         int32_t num_q_heads, float scale, float* out, int32_t num_threads);
 
