@@ -238,17 +238,27 @@ def test_a_refused_row_rolls_back_every_row(rng):
         kvarn.append_attend(q[0], caches, k, v)
 
 
-def test_refused_fp16_step_keeps_the_cache(rng):
-    cache = kvarn.FP16Cache(2, 32)
-    k, v = tokens(rng, 2, 300, 32)  # past the first 256-token buffer: the refused step grew it
-    cache.append(k[:, :200], v[:, :200])
+def test_refused_fp16_step_keeps_the_caches(rng):
+    """Row 1's bad token is found after row 0's tokens went in (past row 0's first 256-token buffer, which
+    grew): row 0 is undone too, and both keep their tokens."""
+    caches = [kvarn.FP16Cache(2, 32), kvarn.FP16Cache(2, 32)]
+    k, v = tokens(rng, 2, 300, 32)
+    for c in caches:
+        c.append(k[:, :200], v[:, :200])
     bad_v = v[:, 200:].copy()
     bad_v[1, 99, 0] = np.nan
-    q = rng.standard_normal((1, 100, 4, 32)).astype(np.float32)
-    with pytest.raises(ValueError, match="v"):
-        kvarn.append_attend_fp16_batch(q, [cache], [k[:, 200:]], [bad_v])
-    assert len(cache) == 200
-    assert np.array_equal(cache.keys_values()[0], k[:, :200]) and np.array_equal(cache.keys_values()[1], v[:, :200])
+    q = rng.standard_normal((2, 100, 4, 32)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"sequence 1 \(caches\[1\]\): v"):
+        kvarn.append_attend_fp16_batch(q, caches, [k[:, 200:]] * 2, [v[:, 200:], bad_v])
+    for c in caches:
+        assert len(c) == 200
+        assert np.array_equal(c.keys_values()[0], k[:, :200]) and np.array_equal(c.keys_values()[1], v[:, :200])
+    # and they still take a step: the same as token by token
+    ref = [kvarn.FP16Cache(2, 32) for _ in caches]
+    for c in ref:
+        c.append(k[:, :200], v[:, :200])
+    want = batch_one_at_a_time(q, ref, [k[:, 200:]] * 2, [v[:, 200:]] * 2, kvarn.attend_fp16_batch)
+    assert np.array_equal(kvarn.append_attend_fp16_batch(q, caches, [k[:, 200:]] * 2, [v[:, 200:]] * 2), want)
 
 
 def test_native_call_refuses_hidden_tokens_outside_full_precision(rng):
