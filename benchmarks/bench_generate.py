@@ -52,7 +52,7 @@ def fp16_kernel_layer_class():
     import torch
 
     import kvarn
-    from kvarn._ops import append_attend_chunks, check_queries, check_scale
+    from kvarn._ops import append_attend_chunks, check_scale, check_step_queries
     from kvarn.integrations.transformers import KVarNLayer, _to_numpy
 
     class FP16KernelLayer(KVarNLayer):
@@ -72,9 +72,7 @@ def fp16_kernel_layer_class():
             out = out_tensor.numpy()
             # The same host path as KVarNLayer.attend_pending: the query checked, the caches not again.
             scale = check_scale(scaling, D)
-            Hk = self.caches[0].num_kv_heads
-            qs = check_queries(q[:, :, 0], Hk, D, ndim=3, scale=scale)[:, None] if n == 1 else \
-                check_queries(q.transpose(0, 2, 1, 3), Hk, D, ndim=4, scale=scale)
+            qs = check_step_queries(q, self.caches[0].num_kv_heads, D, scale)
             append_attend_chunks(qs, self.caches, k, v, scale, None, out, lambda b, error: error)
             self.cumulative_length += n
             if query.dtype is torch.float32 and query.is_cpu:

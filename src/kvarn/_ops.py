@@ -581,6 +581,15 @@ def check_queries(q, num_kv_heads: int, head_dim: int, ndim: int, scale: float, 
     return q
 
 
+def check_step_queries(q, num_kv_heads: int, head_dim: int, scale: float) -> np.ndarray:
+    """check_queries for a model's step queries [B, Hq, n, D] (transformers' layout), returned as [B, n, Hq, D]
+    (append_attend_chunks' layout). A one-token step is checked as [B, Hq, D]: the transposed view's check
+    copies it, 3.5-5 us per layer and decode step."""
+    if q.shape[2] == 1:
+        return check_queries(q[:, :, 0], num_kv_heads, head_dim, ndim=3, scale=scale)[:, None]
+    return check_queries(q.transpose(0, 2, 1, 3), num_kv_heads, head_dim, ndim=4, scale=scale)
+
+
 def check_scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)

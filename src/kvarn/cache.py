@@ -535,7 +535,7 @@ class KVCache:
     def _undo_point(self) -> "Checkpoint":
         return self.checkpoint()
 
-    def _undo_locked(self, point: "Checkpoint") -> None:  # the caller holds the append lock, as for _append
+    def _undo_locked(self, point: "Checkpoint") -> None:  # the caller holds the append lock
         self._rollback_locked(point)
 
     def _publish(self, sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len) -> None:

@@ -98,7 +98,7 @@ except ImportError as e:  # torch or transformers missing, or a transformers wit
 
 import kvarn
 from .._ops import check_head_dim as kvarn_check_head_dim
-from .._ops import append_attend_chunks, check_positive_int, check_queries, check_scale
+from .._ops import append_attend_chunks, check_positive_int, check_scale, check_step_queries
 
 if TYPE_CHECKING:  # annotations only
     from .._ops import PresetLike
@@ -621,10 +621,7 @@ class KVarNLayer(CacheLayerMixin):
             # head_dim): per layer and step they cost more than the query's. The step's tokens are attended
             # as if appended one at a time, in chunks that complete no tile (one native call each).
             scale = check_scale(scaling, D)
-            Hk = self.caches[0].num_kv_heads
-            # [B, n, Hq, D]; a decode step's one token checked as [B, Hq, D], contiguous (the transpose's check copies)
-            qs = check_queries(q[:, :, 0], Hk, D, ndim=3, scale=scale)[:, None] if n == 1 else \
-                check_queries(q.transpose(0, 2, 1, 3), Hk, D, ndim=4, scale=scale)
+            qs = check_step_queries(q, self.caches[0].num_kv_heads, D, scale)
             append_attend_chunks(qs, self.caches, k, v, scale, None, out, self._row_error)
         except BaseException as e:
             for c, checkpoint in zip(self.caches, before):
