@@ -279,19 +279,22 @@ def attend_scratch_bytes(int batch, int num_q_heads, int head_dim, int splits):
 def attend(dict cache, int layer, uintptr_t meta, size_t meta_bytes, int batch, tuple q, int num_q_heads,
            double scale, tuple out, uintptr_t scratch, size_t scratch_bytes, int splits, int tiles_per_split,
            uintptr_t stream):
-    """meta: int32 [batch][4] in meta_bytes; q, out [batch, num_q_heads, head_dim]; scratch: scratch_bytes."""
+    """meta: int32 [batch][4] in meta_bytes; q, out [batch, num_q_heads, head_dim], or [S, T, num_q_heads,
+    head_dim] with S x T = batch (meta row s * T + t: token t of sequence s); scratch: scratch_bytes."""
     cdef kvarn_cuda_cache c
     cdef kvarn_cuda_tensor tq, to
     cdef int i
     fill_cache(&c, cache)
     fill_tensor(&tq, q)
     fill_tensor(&to, out)
-    if tq.ndim != 3 or to.ndim != 3:
-        raise ValueError("q, out: expected 3-D tensors [B, Hq, D]")
-    if (tq.shape[0], tq.shape[1], tq.shape[2]) != (batch, num_q_heads, c.head_dim):
-        raise ValueError(f"q: shape ({tq.shape[0]}, {tq.shape[1]}, {tq.shape[2]}) is not "
-                         f"({batch}, {num_q_heads}, {c.head_dim})")
-    for i in range(3):
+    if tq.ndim not in (3, 4) or to.ndim != tq.ndim:
+        raise ValueError("q, out: expected 3-D tensors [B, Hq, D] or 4-D [S, T, Hq, D], both alike")
+    rows = tq.shape[0] if tq.ndim == 3 else tq.shape[0] * tq.shape[1]
+    heads, dim = (tq.shape[1], tq.shape[2]) if tq.ndim == 3 else (tq.shape[2], tq.shape[3])
+    if (rows, heads, dim) != (batch, num_q_heads, c.head_dim) or (tq.ndim == 4 and tq.shape[1] < 1):
+        shape = [tq.shape[i] for i in range(tq.ndim)]  # a list comprehension: no closure over tq
+        raise ValueError(f"q: shape {tuple(shape)} does not give {batch} rows of ({num_q_heads}, {c.head_dim})")
+    for i in range(tq.ndim):
         if to.shape[i] != tq.shape[i]:
             raise ValueError("out: shape differs from q's")
     if not 0 <= layer < c.num_layers:

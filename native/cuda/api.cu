@@ -23,8 +23,8 @@ namespace {
 
 struct MergeArgs {
     const float* states;
-    int num_q_heads, splits, head_dim;
-    Strided4 out;  // [1, B, Hq, D]
+    int num_q_heads, splits, head_dim, q_tokens;
+    Strided4 out;  // [B, T, Hq, D] (AttendArgs::out)
 };
 
 // One block per (query head, sequence), one thread per channel: weights of the
@@ -69,8 +69,23 @@ __global__ void merge_kernel(MergeArgs a)
         __syncthreads();
     }
     const float y = (rot[d] * rsqrtf((float)blk) + dense_part) / L;
-    store_elem(const_cast<void*>(a.out.ptr), a.out.dtype, b * a.out.stride[1] + hq * a.out.stride[2] + d * a.out.stride[3],
+    store_elem(const_cast<void*>(a.out.ptr), a.out.dtype, row_offset(a.out, b, a.q_tokens) + hq * a.out.stride[2] + d * a.out.stride[3],
                y);
+}
+
+// q or out [B, Hq, D] (one token per sequence) or [B, T, Hq, D] (T tokens per sequence) as the
+// kernels' [B, T, Hq, D]; false for any other rank.
+bool as_batch_tokens(const kvarn_cuda_tensor& t, Strided4& s)
+{
+    if (t.ndim != 3 && t.ndim != 4) return false;
+    s = as_strided4(t);
+    if (t.ndim == 3) {
+        s.shape[0] = t.shape[0];
+        s.stride[0] = t.stride[0];
+        s.shape[1] = 1;
+        s.stride[1] = 0;
+    }
+    return true;
 }
 
 int max_dynamic_smem(int& out)
@@ -212,7 +227,14 @@ int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, 
     a.L = record_layout(c->kbits, c->vbits, c->group, c->head_dim);
     a.layer = layer;
     a.meta = reinterpret_cast<const int*>(meta);
-    a.q = as_strided4(*q);
+    if (!as_batch_tokens(*q, a.q) || !as_batch_tokens(*out, a.out)) return KVARN_CUDA_ERR_ARGUMENT;
+    // meta has a row per token of each sequence: batch = B x T
+    if (a.q.shape[1] < 1 || a.q.shape[0] * a.q.shape[1] != batch || a.q.shape[2] != num_q_heads ||
+        a.q.shape[3] != c->head_dim)
+        return KVARN_CUDA_ERR_ARGUMENT;
+    for (int i = 0; i < 4; ++i)
+        if (a.out.shape[i] != a.q.shape[i]) return KVARN_CUDA_ERR_ARGUMENT;
+    a.q_tokens = (int)a.q.shape[1];
     a.num_q_heads = num_q_heads;
     a.scale = scale;
     a.states = reinterpret_cast<float*>(scratch);
@@ -230,7 +252,6 @@ int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, 
         return e ? std::atoi(e) : 1;
     }();
     a.direct = direct_mode != 0 && splits <= 8 && (splits > 1 || tiles_per_split <= 64 || direct_mode == 2) ? 1 : 0;
-    a.out = as_strided4(*out);
     cudaStream_t s = (cudaStream_t)stream;
     int rc;
     switch (c->head_dim) {
@@ -247,7 +268,8 @@ int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, 
     m.num_q_heads = num_q_heads;
     m.splits = splits;
     m.head_dim = c->head_dim;
-    m.out = as_strided4(*out);
+    m.out = a.out;
+    m.q_tokens = a.q_tokens;
     merge_kernel<<<dim3((unsigned)num_q_heads, (unsigned)batch), c->head_dim, c->head_dim * sizeof(float), s>>>(m);
     KVARN_CUDA_TRY(cudaGetLastError(), "merge kernel launch");
     return KVARN_CUDA_OK;

@@ -51,7 +51,8 @@ struct AttendArgs {
     RecordLayout L;
     int layer;
     const int* meta;  // [B][4]: slot, num_tiles, sink_len, tail_len
-    Strided4 q;       // [1, B, Hq, D]
+    Strided4 q;       // [B, T, Hq, D]: meta row b is token b % T of sequence b / T (row_offset)
+    int q_tokens;     // T
     int num_q_heads;
     float scale;      // softmax scale; q_scaled applies it, then log2(e): scores in the log2 domain
     float* states;    // [B][Hq][2 * splits][D + 2]: m, l, acc[D] (tiles, then sink/tail, per split)
@@ -60,7 +61,7 @@ struct AttendArgs {
     // of `splits` CTAs (<= 8) and merge their states through distributed shared memory, writing
     // `out` themselves: no states in global memory, no merge kernel.
     int direct;
-    Strided4 out;     // [1, B, Hq, D] (direct only)
+    Strided4 out;     // [B, T, Hq, D], as q (direct only)
 };
 
 template <int KB, int VB, int G, int D, int NIPC = 16>
@@ -430,11 +431,12 @@ __device__ __forceinline__ float q_scaled(float x, float scale) { return (x * sc
 template <int D>
 __device__ __forceinline__ void load_q(const AttendArgs& a, float* qs, int qld, int b, int h0, int nq)
 {
+    const int64_t q_row = row_offset(a.q, b, a.q_tokens);
     for (int idx = threadIdx.x; idx < 8 * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
         float x = 0.0f;
         if (h < nq)
-            x = q_scaled(load_elem(a.q.ptr, a.q.dtype, b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] +
+            x = q_scaled(load_elem(a.q.ptr, a.q.dtype, q_row + (int64_t)(h0 + h) * a.q.stride[2] +
                                                        d * a.q.stride[3]),
                          a.scale);
         qs[h * qld + d] = x;
@@ -549,6 +551,7 @@ __device__ __forceinline__ void merge_store(const AttendArgs& a, const float* bu
     const float* Ls = buf + 16 * D;
     constexpr int NB = D / 32;  // butterfly inputs per output in the cross-warp stages
     const float norm = rsqrtf((float)D);
+    const int64_t out_row = row_offset(a.out, b, a.q_tokens);
     for (int idx = threadIdx.x; idx < n_items; idx += blockDim.x) {
         const int hl = idx / D, d = idx % D, h = h_lo + hl;
         // the remaining stages for output d: sum_j (-1)^popc(j & (d / 32)) x[d % 32 + 32 j]
@@ -561,7 +564,7 @@ __device__ __forceinline__ void merge_store(const AttendArgs& a, const float* bu
         }
         y = (y * norm + dense[hl * D + d]) / Ls[hl];
         store_elem(const_cast<void*>(a.out.ptr), a.out.dtype,
-                   b * a.out.stride[1] + (int64_t)(h0 + h) * a.out.stride[2] + d * a.out.stride[3], y);
+                   out_row + (int64_t)(h0 + h) * a.out.stride[2] + d * a.out.stride[3], y);
     }
 }
 
@@ -1267,9 +1270,11 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
 
     // q, pre-scaled: channels lane * DPL + i of every head (rows >= nq zero)
     float qd[HQ][DPL];
+    const int64_t q_row = row_offset(a.q, b, a.q_tokens);
     bool q_vec = false;
     if constexpr (FAST && DPL == 4)
         q_vec = a.q.dtype != KVARN_F32 && a.q.stride[3] == 1 && (a.q.stride[2] & 3) == 0 && (a.q.stride[1] & 3) == 0 &&
+                (a.q.stride[0] & 3) == 0 &&
                 (reinterpret_cast<uintptr_t>(a.q.ptr) & 7) == 0;
     if (q_vec) {  // 4 channels of a head in one 8-byte load
         const bool bf = a.q.dtype != KVARN_F16;
@@ -1277,7 +1282,7 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
         for (int h = 0; h < HQ; ++h) {
             uint2 raw = make_uint2(0u, 0u);
             if (h < nq)
-                raw = *reinterpret_cast<const uint2*>(reinterpret_cast<const uint16_t*>(a.q.ptr) + b * a.q.stride[1] +
+                raw = *reinterpret_cast<const uint2*>(reinterpret_cast<const uint16_t*>(a.q.ptr) + q_row +
                                                       (int64_t)(h0 + h) * a.q.stride[2] + lane * DPL);
             const uint32_t w2[2] = {raw.x, raw.y};
 #pragma unroll
@@ -1293,7 +1298,7 @@ __device__ __forceinline__ void attend_early(const AttendArgs& a, uint8_t* smem,
 #pragma unroll
         for (int i = 0; i < DPL; ++i)
             qd[h][i] = h < nq ? q_scaled(load_elem(a.q.ptr, a.q.dtype,
-                                                   b * a.q.stride[1] + (int64_t)(h0 + h) * a.q.stride[2] +
+                                                   q_row + (int64_t)(h0 + h) * a.q.stride[2] +
                                                        (lane * DPL + i) * a.q.stride[3]),
                                          a.scale)
                               : 0.0f;

@@ -104,9 +104,11 @@ int kvarn_cuda_store(const kvarn_cuda_cache* c, const kvarn_cuda_tensor* k, cons
                      uintptr_t stream);
 
 /* Decode attention for B sequences of one layer. meta: device int32 [B][4] =
- * {slot, num_tiles, sink_len, tail_len}. q [B, Hq, D] and out [B, Hq, D] strided.
+ * {slot, num_tiles, sink_len, tail_len}. q [B, Hq, D] and out [B, Hq, D] strided; or q and
+ * out [S, T, Hq, D] with B = S x T: meta row s * T + t is then query token t of sequence s
+ * (a multi-token step: each token's row gives the lengths that token attends to).
  * scratch: device float, at least kvarn_cuda_attend_scratch(...) bytes.
- * tiles_per_split: tiles one program reads (0: choose). */
+ * splits, tiles_per_split (>= 1): programs per (sequence, kv head) and the tiles each reads. */
 size_t kvarn_cuda_attend_scratch(int32_t batch, int32_t num_q_heads, int32_t head_dim, int32_t splits);
 int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, int32_t batch,
                       const kvarn_cuda_tensor* q, int32_t num_q_heads, float scale, const kvarn_cuda_tensor* out,
