@@ -5,6 +5,7 @@ Run on a GPU machine by scripts/gpu_run.sh, which also runs the sanitizer
 workload at the bottom of this file under compute-sanitizer:
     python tests/test_cuda.py --sanitize
 """
+import gc
 import os
 import subprocess
 import sys
@@ -254,26 +255,30 @@ def build(preset, head_dim, hk, lengths, rng, dtype=None, decode_steps=1):
 
 
 def check_attention(cache, ids, q_np, out_gpu, scale, layer=0):
-    errs = []
-    for b, sid in enumerate(ids):
-        cpu = cache.to_cpu(sid, layer)  # the CPU path reads the GPU's records, sink and tail
-        K, V = cpu.dequantize()
-        ref = oracle.attention(q_np[b], K, V, scale)
-        # The CPU's float path, whose error is the fp32 floor (its int16 default would let the GPU off with
-        # 4x the int16 rounding: up to 1.4e-3 here, h52's audit): the 4x escape is for fp32's own error.
-        mode = kvarn.score_mode()
-        kvarn.set_score_mode("float")
-        try:
-            cpu_out = kvarn.attend(q_np[b], cpu, scale)
-        finally:
-            kvarn.set_score_mode(mode)
-        got = out_gpu[b].astype(np.float64)
-        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        cpu_err = np.linalg.norm(cpu_out - ref) / np.linalg.norm(ref)
-        errs.append(err)
-        assert np.isfinite(got).all()
-        assert err < max(REL_TOL, 4 * cpu_err), (b, cache.length(sid), err, cpu_err)
-    return max(errs)
+    # the CPU path reads the GPU's records, sink and tail
+    return max(check_against_cpu(cache.to_cpu(sid, layer), q_np[b], out_gpu[b], scale, (b, cache.length(sid)))
+               for b, sid in enumerate(ids))
+
+
+def check_against_cpu(cpu, q, got, scale, what):
+    """GPU attention `got` of q [Hq, D] against the float64 oracle over a CPU cache of the same content;
+    returns the relative error."""
+    K, V = cpu.dequantize()
+    ref = oracle.attention(q, K, V, scale)
+    # The CPU's float path, whose error is the fp32 floor (its int16 default would let the GPU off with
+    # 4x the int16 rounding: up to 1.4e-3 here, h52's audit): the 4x escape is for fp32's own error.
+    mode = kvarn.score_mode()
+    kvarn.set_score_mode("float")
+    try:
+        cpu_out = kvarn.attend(q, cpu, scale)
+    finally:
+        kvarn.set_score_mode(mode)
+    got = got.astype(np.float64)
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    cpu_err = np.linalg.norm(cpu_out - ref) / np.linalg.norm(ref)
+    assert np.isfinite(got).all()
+    assert err < max(REL_TOL, 4 * cpu_err), (what, err, cpu_err)
+    return err
 
 
 EDGE = [1, 127, 128, 129, 255, 256, 257, 1000]  # sink=128 and G=128: every boundary
@@ -1187,6 +1192,19 @@ def test_cython_wrapper_checks_sizes_before_native_code():
         attend(q=(0, 0, (2, 8, 128), (1024, 128, 1)))
     with pytest.raises(ValueError, match="1 to 4 dims"):
         attend(q=(4096, 0, (1, 2, 8, 128, 1), (1, 1024, 128, 1, 1)))
+    # a multi-token step's [S, T, Hq, D]: S x T rows of meta
+    q4 = (4096, 0, (1, 2, 8, 128), (2048, 1024, 128, 1))
+    with pytest.raises(ValueError, match="^q, out"):
+        attend(q=q4)  # out still 3-D
+    with pytest.raises(ValueError, match="^q, out"):
+        attend(q=(4096, 0, (16, 128), (128, 1)), out=(4096, 0, (16, 128), (128, 1)))
+    with pytest.raises(ValueError, match="^q: shape"):
+        attend(q=(4096, 0, (2, 2, 8, 128), (2048, 1024, 128, 1)), out=(4096, 0, (2, 2, 8, 128), (2048, 1024, 128, 1)))
+    with pytest.raises(ValueError, match="^q: shape"):
+        attend(q=(4096, 0, (2, 0, 8, 128), (0, 1024, 128, 1)), out=(4096, 0, (2, 0, 8, 128), (0, 1024, 128, 1)),
+               batch=0)
+    with pytest.raises(ValueError, match="^out: shape"):
+        attend(q=q4, out=(4096, 0, (2, 1, 8, 128), (1024, 1024, 128, 1)))
     kv = (4096, 0, (2, 5, 2, 128), (1280, 256, 128, 1))
     with pytest.raises(ValueError, match="^meta"):
         c.write_tokens(desc, 0, kv, kv, 4096, 23, 2, 4096, 0)
@@ -1296,6 +1314,14 @@ class FakeCuda:
         buf[off:off + len(src)] = np.asarray(src)
         return 0
 
+    def memcpy_dtod(self, dst, src, n, stream):
+        if self.log_copies:
+            self.stream_ops.append(("memcpy_dtod",))
+        sbuf, soff = self._find(src, n)
+        dbuf, doff = self._find(dst, n)
+        dbuf[doff:doff + n] = sbuf[soff:soff + n]
+        return 0
+
     def memcpy_dtoh(self, dst, src, stream):
         if self.log_copies:
             self.stream_ops.append(("memcpy_dtoh",))
@@ -1363,7 +1389,11 @@ class FakeDevArray:
 def fake(monkeypatch):
     f = FakeCuda()
     monkeypatch.setattr(kc, "_cuda", f)
-    return f
+    yield f
+    # Objects made on the fake (DeviceArrays at its addresses, events with its handles) must die while it is
+    # installed: freed later by the real module they would hand it bogus pointers (a GPU run segfaulted at exit
+    # after the step tests, whose pytest.raises tracebacks keep their caches alive in reference cycles).
+    gc.collect()
 
 
 def test_kvarn_cuda_is_reachable_after_a_plain_import():
@@ -2427,6 +2457,31 @@ def sanitizer_workload():
     plan = cache.plan(ids)
     eager = cache.attend(q, ids).to_numpy()
     np.testing.assert_array_equal(cache.attend(q, plan=plan, validate=False).to_numpy(), eager)
+    # multi-token steps (q and out [B, n, Hq, D], a launch's rows = (sequence, token)) through tile completions
+    # at different tokens, GQA 4 and 16, and one refused late (its undo's copies back)
+    cache = kc.PagedKVCache(2, 128, "k4v2_g128", max_seqs=2, max_seq_len=700)
+    ids = [cache.add_sequence() for _ in range(2)]
+    for sid, n in zip(ids, (250, 600)):
+        x = kc.DeviceArray.from_numpy(kv_like(rng, (1, n, 2, 128)))
+        cache.append([sid], x, x)
+    for hq in (8, 32):
+        kv = kc.DeviceArray.from_numpy(kv_like(rng, (2, 20, 2, 128)))
+        out = cache.append_attend(kc.DeviceArray.from_numpy(kv_like(rng, (2, 20, hq, 128))), ids, kv, kv).to_numpy()
+        assert np.isfinite(out).all()
+    cache = kc.PagedKVCache(1, 64, "k4v2_g128", max_seqs=2, max_seq_len=700)
+    ids = [cache.add_sequence() for _ in range(2)]
+    for sid, n in zip(ids, (250, 256)):  # a completes a tile at the step's 6th token, b (tail empty) at its 128th
+        x = kc.DeviceArray.from_numpy(kv_like(rng, (1, n, 1, 64)))
+        cache.append([sid], x, x)
+    k = kv_like(rng, (2, 130, 1, 64))
+    k[1, :128, 0] = _spiky_keys(12)[0]  # b's tile: refused by the store kernel, a's consumed tail copied back
+    try:
+        cache.append_attend(kc.DeviceArray.from_numpy(kv_like(rng, (2, 130, 4, 64))), ids,
+                            kc.DeviceArray.from_numpy(k), kc.DeviceArray.from_numpy(k))
+        raise AssertionError("the step was not refused")
+    except ValueError as e:
+        assert str(e).startswith("k: a tile's keys decode"), e
+    assert [cache.length(s) for s in ids] == [250, 256]
     print("sanitizer workload: ok")
 
 

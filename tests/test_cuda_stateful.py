@@ -5,7 +5,8 @@ interleave them: sequences added and freed (slots and pages reused), batched app
 and dtypes to any subset of the live sequences in any layer, truncation (to lengths it accepts, through
 the truncation_point recipe, and to lengths it must refuse), plans made and used while or after the
 lengths they were made for change, and appends it must refuse (a NaN, a sequence past max_seq_len, the
-pool out of pages) with the cache left exactly as it was.
+pool out of pages) with the cache left exactly as it was, and multi-token steps (append_attend) taken or
+refused alike.
 
 The model keeps, per sequence and layer, every token the cache was given, rounded to fp16 as the cache
 stores it, and the pages each sequence holds (a page per tile that some layer of the sequence still
@@ -33,7 +34,7 @@ import kvarn.cuda as kc
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_cache_stateful import expect  # noqa: E402
-from test_cuda import check_attention  # noqa: E402
+from test_cuda import check_against_cpu, check_attention  # noqa: E402
 
 try:
     import torch
@@ -51,6 +52,7 @@ SEEDS = st.integers(0, 2**32 - 1)
 # Token counts that end on, cross or stop short of tile boundaries (G 64 / 128, sinks 0 / 37 / G).
 COUNTS = st.sampled_from([1, 1, 2, 17, 63, 64, 65, 127, 128, 129, 200, 300])
 DTYPES = st.sampled_from(["float16", "float32", "bfloat16"])
+STEP_COUNTS = st.sampled_from([1, 2, 3, 5, 17, 64, 65, 129])  # append_attend's tokens per sequence
 
 
 def tokens(seed, B, T, H, D, dtype):
@@ -173,6 +175,47 @@ class PagedMachine(RuleBasedStateMachine):
             return  # the invariants check that nothing changed
         self.cache.append(chosen, k, v, layer=layer)
         for b, s in enumerate(chosen):
+            self.set_tokens(s, layer, np.concatenate([self.k[s][layer], k16[b]], axis=1),
+                            np.concatenate([self.v[s][layer], v16[b]], axis=1))
+
+    @precondition(lambda self: self.k)
+    @rule(i=IDX, mask=st.integers(1, 7), layer=st.integers(0, LAYERS - 1), n=STEP_COUNTS, gqa=st.sampled_from([1, 3]),
+          seed=SEEDS, dtype=DTYPES, bad=st.sampled_from([None] * 6 + ["q", "k", "v"]))
+    def append_attend(self, i, mask, layer, n, gqa, seed, dtype, bad):
+        """A multi-token step: the tokens land as append() would put them, the step is refused as append() is
+        (the lengths and pages on the host first, then NaN in q, k or v), and each token's output is within
+        check_attention's bound of attention over the model's tokens up to it (a CPU cache of them)."""
+        seqs = self.live()
+        chosen = [s for j, s in enumerate(seqs) if mask >> ((i + j) % 3) & 1] or [self.pick(i)]
+        k, v, k16, v16 = tokens(seed, len(chosen), n, self.H, self.D, dtype)
+        rng = np.random.default_rng(seed + 1)
+        q = torch.from_numpy(rng.standard_normal((len(chosen), n, self.H * gqa, self.D)).astype(np.float32))
+        q = q.cuda().to(getattr(torch, dtype))
+        if bad:
+            x = {"q": q, "k": k, "v": v}[bad]
+            x[tuple(rng.integers(0, x.shape))] = float("nan")
+        too_long = [s for s in chosen if self.n(s, layer) + n > MAX_SEQ_LEN]
+        new_pages = sum(max(0, self.tiles(self.n(s, layer) + n) - self.pages_held(s)) for s in chosen)
+        if bad or too_long or new_pages > self.free_pages():
+            error, match = ((ValueError, "max_seq_len") if too_long else
+                            (RuntimeError, "out of pages") if new_pages > self.free_pages() else
+                            (ValueError, f"^{bad}: contains NaN or Inf"))
+            with pytest.raises(error, match=match):
+                self.cache.append_attend(q, chosen, k, v, layer=layer)
+            return  # the invariants check that nothing changed
+        out = torch.empty(q.shape, dtype=torch.float32, device="cuda")  # not q's dtype: no output rounding
+        self.cache.append_attend(q, chosen, k, v, layer=layer, out=out)
+        out = out.cpu().numpy()
+        q32 = q.float().cpu().numpy()
+        checked = set(range(n)) if n <= 5 else {0, 1, n - 1, *rng.integers(0, n, 4).tolist()}
+        for b, s in enumerate(chosen):
+            cpu = kvarn.KVCache(self.H, self.D, self.preset, sink_tokens=self.sink)
+            if self.n(s, layer):
+                cpu.append(self.k[s][layer], self.v[s][layer])
+            for t in range(n):
+                cpu.append(k16[b][:, t : t + 1], v16[b][:, t : t + 1])
+                if t in checked:
+                    check_against_cpu(cpu, q32[b, t], out[b, t], 1 / np.sqrt(self.D), (s, layer, t))
             self.set_tokens(s, layer, np.concatenate([self.k[s][layer], k16[b]], axis=1),
                             np.concatenate([self.v[s][layer], v16[b]], axis=1))
 

@@ -5,6 +5,8 @@
     a, b = cache.add_sequence(), cache.add_sequence()
     cache.append([a, b], k, v)              # k, v: [B, T, Hk, D] (or [B, Hk, D]) bf16/fp16/fp32 CUDA
     out = cache.attend(q, [a, b])           # q: [B, Hq, D] -> [B, Hq, D], q's dtype and library
+    out_n = cache.append_attend(q_n, [a, b], k_n, v_n)  # n new tokens each: q_n [B, n, Hq, D], k_n/v_n
+                                            # [B, n, Hk, D] -> [B, n, Hq, D]; token i sees up to token i
     cache.free(a)
 
 Tensors are taken and returned without host copies: torch CUDA tensors directly,
@@ -45,6 +47,8 @@ _DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 _DTYPE_BYTES = {0: 4, 1: 2, 2: 2}
 MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's y and z dimensions
 MAX_ATTEND_BATCH = MAX_GRID_YZ  # sequences per attend: the batch is a grid dimension
+# The checking kernel's bits for q: above k's and v's (FLAG_*), so that one flag word holds all three.
+_Q_NONFINITE, _Q_RANGE = 1 << 8, 1 << 9
 
 
 # ---- availability -------------------------------------------------------------
@@ -460,6 +464,17 @@ def _order_after(stream, view, what):
         _cuda.event_destroy(event)  # released once the recorded work is done
 
 
+def _token_slice(view, pos, m):
+    """Tokens [pos, pos + m) of a [B, T, ...] view, without copying."""
+    sub = _View()
+    for attr in _View.__slots__:
+        setattr(sub, attr, getattr(view, attr))
+    sub.ptr = view.ptr + pos * view.strides[1] * _DTYPE_BYTES[view.dtype]
+    sub.shape = (view.shape[0], m) + tuple(view.shape[2:])
+    sub.shape0 = sub.shape
+    return sub
+
+
 def _check_device(view, name, device):
     """A tensor on another GPU than the kernels run on would be read through a wrong address space."""
     if view.device is not None and int(view.device) != int(device):
@@ -541,6 +556,7 @@ class _StreamState:
     def __init__(self):
         self.flag = DeviceArray((1,), np.int32)
         self.append_meta, self.attend_meta, self.scratch = _Scratch(), _Scratch(), _Scratch()
+        self.undo = _Scratch()  # append_attend's copies of the tails its step consumes
         self.done = _Event()
         self.records = 0  # how many times `done` was recorded
         self.waited = {}  # id(other state) -> its `records` when this stream last waited for it
@@ -934,38 +950,56 @@ class PagedKVCache(_OwnsDeviceResources):
         the cache unchanged. validate=False skips the checks and the wait."""
         layer = self._layer(layer)
         slots = self._slots(seq_ids)
-        vk, vv = _view(k, "k"), _view(v, "v")
-        H, D, G = self.num_kv_heads, self.head_dim, self.preset.group
-        for name, view in (("k", vk), ("v", vv)):
-            _check_device(view, name, self.device)
-            if len(view.shape) == 3:  # [B, Hk, D]: one token each
-                view.shape = (view.shape[0], 1) + view.shape[1:]
-                view.strides = (view.strides[0], 0) + view.strides[1:]
-            if len(view.shape) != 4 or view.shape[2] != H or view.shape[3] != D:
-                raise ValueError(
-                    f"{name}: expected shape [B, T, {H}, {D}] (or [B, {H}, {D}]), got {view.shape0}")
-            if view.shape[0] != len(slots):
-                raise ValueError(f"{name}: batch of {view.shape[0]} for {len(slots)} sequences")
-        if vv.shape != vk.shape:
-            raise ValueError(f"v: shape {vv.shape} does not match k's {vk.shape}")
-        B, T = vk.shape[0], vk.shape[1]
+        vk, vv = self._token_views(k, v, len(slots), one_token_form=True)
+        T = vk.shape[1]
         if T == 0:
             return
-        if B * T * H > 2**31 - 1:  # write_tokens launches a block per token and head (a grid dimension)
-            raise ValueError(f"k: {B} x {T} tokens x {H} kv heads is more than one append launches (2**31 - 1 "
-                             "token rows); append in parts")
         stream = vk.stream
         if _capturing(stream, "append"):
             raise RuntimeError("append: cannot be captured in a CUDA graph (it uploads host metadata and takes "
                                "pages); capture attend(q, plan=...) only")
         _order_after(stream, vv, "append")
-        lens0 = self._lengths[layer, slots]
-        lens1 = lens0 + T
+        self._check_room(layer, slots, T, "k")
+        self._append_tokens(layer, slots, vk, vv, stream, check_input=validate, check_store=validate)
+
+    def _token_views(self, k, v, n_seqs, one_token_form):
+        """Views of k, v [B, T, Hk, D] (one_token_form: or [B, Hk, D], as T = 1) for n_seqs sequences."""
+        vk, vv = _view(k, "k"), _view(v, "v")
+        H, D = self.num_kv_heads, self.head_dim
+        for name, view in (("k", vk), ("v", vv)):
+            _check_device(view, name, self.device)
+            if one_token_form and len(view.shape) == 3:  # [B, Hk, D]: one token each
+                view.shape = (view.shape[0], 1) + view.shape[1:]
+                view.strides = (view.strides[0], 0) + view.strides[1:]
+            if len(view.shape) != 4 or view.shape[2] != H or view.shape[3] != D:
+                also = f" (or [B, {H}, {D}])" if one_token_form else ""
+                raise ValueError(f"{name}: expected shape [B, T, {H}, {D}]{also}, got {view.shape0}")
+            if view.shape[0] != n_seqs:
+                raise ValueError(f"{name}: batch of {view.shape[0]} for {n_seqs} sequences")
+        if vv.shape != vk.shape:
+            raise ValueError(f"v: shape {vv.shape} does not match k's {vk.shape}")
+        B, T = vk.shape[0], vk.shape[1]
+        if B * T * H > 2**31 - 1:  # write_tokens launches a block per token and head (a grid dimension)
+            raise ValueError(f"k: {B} x {T} tokens x {H} kv heads is more than one append launches (2**31 - 1 "
+                             "token rows); append in parts")
+        return vk, vv
+
+    def _check_room(self, layer, slots, n_tokens, name):
+        lens1 = self._lengths[layer, slots] + n_tokens
         over = np.nonzero(lens1 > self.max_seq_len)[0]
         if over.size:
             i = int(over[0])
-            raise ValueError(f"k: sequence {slots[i]} would hold {int(lens1[i])} tokens; "
+            raise ValueError(f"{name}: sequence {slots[i]} would hold {int(lens1[i])} tokens; "
                              f"this cache was made for max_seq_len={self.max_seq_len}")
+
+    def _append_tokens(self, layer, slots, vk, vv, stream, *, check_input, check_store):
+        """append() of checked views k, v [B, T, Hk, D] on `stream`, room checked. check_input: the
+        NaN/Inf and fp16-range checks on the GPU; check_store: wait for the store kernel's flags (key
+        norm, scale overflow) where tiles complete. Either raises with this call's pages returned and
+        the tails and lengths unchanged (write_tokens skips a flagged batch)."""
+        B, T, G = vk.shape[0], vk.shape[1], self.preset.group
+        lens0 = self._lengths[layer, slots]
+        lens1 = lens0 + T
         tiles0, tiles1 = self._tile_counts(lens0), self._tile_counts(lens1)
 
         # Host bookkeeping first (pages), undone if the GPU rejects the input.
@@ -977,9 +1011,7 @@ class PagedKVCache(_OwnsDeviceResources):
                 for ti in range(int(tiles0[b]), int(tiles1[b])):
                     if ti == len(self._pages[slot]):  # no layer has this tile yet
                         if not self._free_pages:
-                            raise RuntimeError(
-                                f"PagedKVCache: out of pages ({self.num_pages} in the pool); free() sequences "
-                                "or make the cache with more num_pages")
+                            raise self._out_of_pages()
                         page = self._free_pages.pop()
                         self._pages[slot].append(page)
                         new_pages.append((slot, page))
@@ -1004,7 +1036,7 @@ class PagedKVCache(_OwnsDeviceResources):
             self._wait_for_other_streams(stream, st, "append")
             _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
             _check(_cuda.memset(flag.ptr, 0, 4, stream), "append")
-            if validate:
+            if check_input:
                 _check(_cuda.check(vk.spec(), flag.ptr, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE, stream),
                        "append")
                 _check(_cuda.check(vv.spec(), flag.ptr, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE, stream),
@@ -1014,9 +1046,10 @@ class PagedKVCache(_OwnsDeviceResources):
             if jobs:
                 _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, meta_bytes - meta.nbytes,
                                    len(jobs), self.iters, True, flag.ptr, stream), "append")
+            checked = check_input or (check_store and jobs)
             _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B,
-                                      flag.ptr if validate else self._never_set.ptr, stream), "append")
-            if validate:
+                                      flag.ptr if checked else self._never_set.ptr, stream), "append")
+            if checked:
                 err = _flag_error(int(flag.to_numpy(stream)[0]))
                 if err is not None:
                     raise err
@@ -1027,6 +1060,10 @@ class PagedKVCache(_OwnsDeviceResources):
         self._epoch += 1
         # After the commit: the kernels are queued, so the host state must say so whatever this raises.
         self._done(st, stream, "append")
+
+    def _out_of_pages(self):
+        return RuntimeError(f"PagedKVCache: out of pages ({self.num_pages} in the pool); free() sequences or make "
+                            "the cache with more num_pages")
 
     def _undo_pages(self, new_pages):
         for slot, page in reversed(new_pages):
@@ -1057,13 +1094,18 @@ class PagedKVCache(_OwnsDeviceResources):
         empty = np.nonzero(lens == 0)[0]
         if empty.size:
             raise ValueError(f"seq_ids: sequence {slots[int(empty[0])]} is empty; append tokens before attending")
-        tiles = self._tile_counts(lens)
-        sink_len = np.minimum(lens, self.sink_tokens)
-        tail_len = lens - sink_len - tiles * self.preset.group
-        meta = np.empty((len(slots), 4), np.int32)
-        meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] = slots, tiles, sink_len, tail_len
+        meta, tiles = self._meta_rows(slots, lens)
         splits, tps = self._choose_splits(tiles, self.num_kv_heads)
         return layer, meta, splits, tps, lens.copy()
+
+    def _meta_rows(self, slots, lens):
+        """The attend kernels' metadata int32 [n][4] (slot, tiles, sink_len, tail_len) of slots attending
+        their first lens tokens, and the tile counts."""
+        tiles = self._tile_counts(lens)
+        sink_len = np.minimum(lens, self.sink_tokens)
+        meta = np.empty((len(lens), 4), np.int32)
+        meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] = slots, tiles, sink_len, lens - sink_len - tiles * self.preset.group
+        return meta, tiles
 
     @_on_own_device
     def plan(self, seq_ids, *, layer: int = 0, stream=0) -> AttendPlan:
@@ -1113,19 +1155,11 @@ class PagedKVCache(_OwnsDeviceResources):
         validate=True checks q for NaN/Inf on the GPU (one synchronisation). With a plan
         (see plan()) nothing is copied from the host, so the call can be captured in a CUDA graph."""
         vq = _view(q, "q")
-        H, D = self.num_kv_heads, self.head_dim
+        D = self.head_dim
         if len(vq.shape) != 3:
             raise ValueError(f"q: expected a 3-D array [B, Hq, D], got shape {vq.shape}")
-        B, Hq, Dq = vq.shape
-        if Dq != D:
-            raise ValueError(f"q: last dimension {Dq} does not match the cache's head_dim {D}")
-        if Hq == 0 or Hq % H:
-            raise ValueError(f"q: {Hq} query heads is not a positive multiple of the cache's {H} kv heads")
-        programs = H * -(-(Hq // H) // 8)  # per split: <= 8 query heads each; a grid dimension
-        if programs > MAX_GRID_YZ:
-            raise ValueError(f"q: {Hq} query heads over {H} kv heads need {programs} programs per split; the CUDA "
-                             f"launch takes at most {MAX_GRID_YZ}")
-        _check_device(vq, "q", self.device)
+        B, Hq, _ = vq.shape
+        self._check_query_heads(vq)
         scale = check_scale(scale, D)
         stream = vq.stream
         capturing = _capturing(stream, "attend")
@@ -1157,36 +1191,13 @@ class PagedKVCache(_OwnsDeviceResources):
                 raise RuntimeError("attend: pass out= when capturing with a non-torch q (a new output array "
                                    "would be allocated inside the capture)")
             out = _empty_like(vq, (B, Hq, D), vq.dtype)
-        vo = _view(out, "out")
-        if vo.shape != (B, Hq, D):
-            raise ValueError(f"out: expected shape {(B, Hq, D)}, got {vo.shape}")
-        _check_device(vo, "out", self.device)
-        if vo.readonly:
-            raise ValueError("out: the array is read-only")
-        qr, orng = vq.byte_range(), vo.byte_range()
-        if orng[0] < qr[1] and qr[0] < orng[1]:
-            raise ValueError("out: overlaps q (the kernels read q while they write out); pass another array")
-        if _elements_overlap(vo.shape, vo.strides):
-            raise ValueError(f"out: its elements may overlap (shape {vo.shape}, strides {vo.strides}; the check accepts "
-                             "layouts it can prove disjoint, as any slicing or transposition of a dense array): the "
-                             "kernels would write several results to one place")
+        vo = self._out_view(out, vq)
         if not capturing:
             _order_after(stream, vo, "attend")
         if validate:
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "attend")
-            _check(_cuda.check(vq.spec(), st.flag.ptr, 1, 2, stream), "attend")  # 2: some |q| > 65504
-            flag = int(st.flag.to_numpy(stream)[0])
-            if flag & 1:
-                raise ValueError("q: contains NaN or Inf")
-            # As check_queries on the CPU: q * scale must not overflow the float32 scores, which the
-            # kernels hold in the log2 domain (x log2(e)): the limit is the CPU's / log2(e).
-            limit = FLOAT32_MAX / (D * 2.0**17 * math.log2(math.e))
-            if (flag & 2) or FP16_MAX * abs(scale) > limit:
-                q_max = vq.max_abs(stream)
-                if q_max * abs(scale) > limit:
-                    raise ValueError(
-                        f"q: max |q| x |scale| = {q_max * abs(scale):.3g} could overflow the float32 attention "
-                        f"scores (limit {limit:.3g} at head_dim {D}); scale the queries down")
+            _check(_cuda.check(vq.spec(), st.flag.ptr, _Q_NONFINITE, _Q_RANGE, stream), "attend")
+            self._refuse_queries(vq, int(st.flag.to_numpy(stream)[0]), scale, stream)
         if meta is not None:  # uploaded once every check passed: a refused call leaves nothing queued
             _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "attend")
         # Split states: the plan's own buffer (a captured graph keeps writing it, so it must not be
@@ -1211,6 +1222,196 @@ class PagedKVCache(_OwnsDeviceResources):
         if isinstance(out, DeviceArray):
             out.stream = stream
         return out
+
+    @_on_own_device
+    def append_attend(self, q, seq_ids, k, v, *, layer: int = 0, scale=None, out=None, validate: bool = True):
+        """A multi-token step (a draft to verify in speculative decoding, a chunk of prompt): appends n
+        tokens to each listed sequence, k, v [B, n, Hk, D], and attends their queries q [B, n, Hq, D]
+        causally, query token i over every cached token up to and including new token i. Returns
+        [B, n, Hq, D] in q's dtype and library (or writes into out).
+
+        Token i reads what attend() reads after appending the tokens one at a time: the step runs in
+        chunks that complete no tile (a token completing one on its own, after its tile is quantised),
+        each one append and one attend launch whose rows are the chunk's (sequence, token) pairs. The
+        outputs equal one-at-a-time attends bit for bit where the launch splits the tiles alike (the
+        split is chosen for the whole launch, as attend() chooses it for its batch).
+
+        validate=True checks q, k and v on the GPU first (one synchronisation) and waits for the store
+        kernel where a tile completes; a refused step raises and leaves the cache as it was (lengths,
+        pages, and the tails the step's completed tiles consumed, restored from a copy). validate=False
+        checks nothing on the GPU and never waits."""
+        layer = self._layer(layer)
+        slots = self._slots(seq_ids)
+        vq = _view(q, "q")
+        if len(vq.shape) != 4:
+            raise ValueError(f"q: expected a 4-D array [B, n, Hq, D], got shape {vq.shape0}")
+        B, n, Hq, D = vq.shape
+        if B != len(slots):
+            raise ValueError(f"q: batch of {B} queries for {len(slots)} sequences")
+        self._check_query_heads(vq)
+        vk, vv = self._token_views(k, v, len(slots), one_token_form=False)
+        if vk.shape[1] != n:
+            raise ValueError(f"k: {vk.shape[1]} tokens per sequence for q's {n}")
+        if B * n > MAX_ATTEND_BATCH:
+            raise ValueError(f"q: {B} sequences x {n} tokens are more rows than one attend launches "
+                             f"({MAX_ATTEND_BATCH}, a grid dimension); split the step")
+        scale = check_scale(scale, D)
+        stream = vq.stream
+        if _capturing(stream, "append_attend"):
+            raise RuntimeError("append_attend: cannot be captured in a CUDA graph (it appends: host metadata, "
+                               "pages)")
+        self._check_room(layer, slots, n, "k")
+        lens0 = self._lengths[layer, slots].copy()
+        # the pages the step's tiles take, counted before anything changes (as append finds out on the host)
+        tiles1 = self._tile_counts(lens0 + n)
+        if sum(max(0, int(t) - len(self._pages[slot])) for slot, t in zip(slots, tiles1)) > len(self._free_pages):
+            raise self._out_of_pages()
+        if out is None:
+            out = _empty_like(vq, vq.shape, vq.dtype)
+        vo = self._out_view(out, vq, vk, vv)
+        if n == 0:
+            return out
+        for view in (vk, vv, vo):
+            _order_after(stream, view, "append_attend")
+        st = self._stream_state(stream)
+        if validate:  # q, k and v whole, before anything changes
+            _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "append_attend")
+            for view, nonfinite, out_of_range in ((vq, _Q_NONFINITE, _Q_RANGE),
+                                                  (vk, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE),
+                                                  (vv, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE)):
+                _check(_cuda.check(view.spec(), st.flag.ptr, nonfinite, out_of_range, stream), "append_attend")
+            flag = int(st.flag.to_numpy(stream)[0])
+            self._refuse_queries(vq, flag, scale, stream)
+            err = _flag_error(flag)
+            if err is not None:
+                raise err
+        pages0 = [len(self._pages[slot]) for slot in slots]
+        saved = self._save_tails(layer, slots, lens0, n, st, stream) if validate else []
+        G = self.preset.group
+        pos = 0
+        try:
+            while pos < n:
+                lens = self._lengths[layer, slots]
+                # tokens each sequence takes before one completes a tile; 0: the next one does, alone
+                free = self.sink_tokens + (self._tile_counts(lens) + 1) * G - lens - 1
+                m = max(1, min(n - pos, int(free.min())))
+                self._append_tokens(layer, slots, _token_slice(vk, pos, m), _token_slice(vv, pos, m), stream,
+                                    check_input=False, check_store=validate)
+                # row b * m + i: token pos + i of sequence b, attending its first lens + i + 1 tokens
+                seen = (lens[:, None] + np.arange(1, m + 1)).reshape(-1)
+                meta, tiles = self._meta_rows(np.repeat(slots, m), seen)
+                splits, tps = self._choose_splits(tiles, self.num_kv_heads)
+                self._launch_attend(st, stream, layer, meta, _token_slice(vq, pos, m), _token_slice(vo, pos, m),
+                                    scale, splits, tps)
+                pos += m
+        except BaseException:
+            self._undo_step(layer, slots, lens0, pages0, saved, st, stream)
+            raise
+        self._done(st, stream, "append_attend")
+        if isinstance(out, DeviceArray):
+            out.stream = stream
+        return out
+
+    def _save_tails(self, layer, slots, lens0, n, st, stream):
+        """Device copies of the layer's tails that a later refusal in the step would need back, for
+        _undo_step: [(tail address, copy, bytes)]. A completed tile's rows leave the tail and newer tokens
+        reuse it; a store that flags its tile skips that reuse, so only the sequences completing a tile
+        before the step's last completing token are copied (none, where the step completes tiles at one
+        token only)."""
+        G = self.preset.group
+        first = self.sink_tokens + (self._tile_counts(lens0) + 1) * G - lens0 - 1  # step token completing a tile
+        completes = first < n
+        if not completes.any():
+            return []
+        last = int((first + (n - 1 - first) // G * G)[completes].max())  # the step's last completing token
+        done = np.flatnonzero(completes & (first < last)).tolist()
+        tail_rows = lens0 - np.minimum(lens0, self.sink_tokens) - self._tile_counts(lens0) * G
+        H, D = self.num_kv_heads, self.head_dim
+        # the rows in use, head by head (rows past them were never written: initcheck reads those copies as
+        # uninitialised, and nothing needs them back)
+        copies = [(self._slot_rows_offset(layer, slots[b], h), int(tail_rows[b]) * D * 2) for b in done for h in range(H)]
+        copies = [(offset, nbytes) for offset, nbytes in copies if nbytes]
+        if not copies:
+            return []
+        base = st.undo.get(2 * sum(nbytes for _, nbytes in copies))
+        saved = []
+        for tail in (self._tail_k, self._tail_v):
+            for offset, nbytes in copies:
+                _check(_cuda.memcpy_dtod(base, tail.ptr + offset, nbytes, stream), "append_attend")
+                saved.append((tail.ptr + offset, base, nbytes))
+                base += nbytes
+        return saved
+
+    def _slot_rows_offset(self, layer, slot, head):
+        """Byte offset of (layer, slot, head)'s first tail row in the tail buffers ([L, S, Hk, G, D] fp16)."""
+        return (((layer * self.max_seqs + slot) * self.num_kv_heads + head) * self.preset.group) * self.head_dim * 2
+
+    def _undo_step(self, layer, slots, lens0, pages0, saved, st, stream):
+        """Puts a refused append_attend's layer back as it was before the step: tails, lengths, pages."""
+        for tail, copy, nbytes in saved:
+            _check(_cuda.memcpy_dtod(tail, copy, nbytes, stream), "append_attend")
+        self._lengths[layer, slots] = lens0
+        self._undo_pages([(slot, page) for slot, p0 in zip(slots, pages0) for page in self._pages[slot][p0:]])
+        self._epoch += 1
+        self._done(st, stream, "append_attend")
+
+    def _launch_attend(self, st, stream, layer, meta, vq, vo, scale, splits, tps):
+        """One attend launch of checked views q, out [S, T, Hq, D] over meta's S x T rows (the stream's buffers)."""
+        meta_ptr = st.attend_meta.get(meta.nbytes)
+        _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "append_attend")
+        rows, Hq, D = len(meta), vq.shape[-2], vq.shape[-1]
+        scratch = st.scratch.get(_cuda.attend_scratch_bytes(rows, Hq, D, splits))
+        _check(_cuda.attend(self._desc, layer, meta_ptr, st.attend_meta.buf.nbytes, rows, vq.spec(), Hq, scale,
+                            vo.spec(), scratch, st.scratch.buf.nbytes, splits, tps, stream), "append_attend")
+
+    def _check_query_heads(self, vq):
+        """q's last two dimensions [Hq, D]: Hq a multiple of the kv heads within the launch's limit."""
+        H, D = self.num_kv_heads, self.head_dim
+        Hq, Dq = vq.shape[-2:]
+        if Dq != D:
+            raise ValueError(f"q: last dimension {Dq} does not match the cache's head_dim {D}")
+        if Hq == 0 or Hq % H:
+            raise ValueError(f"q: {Hq} query heads is not a positive multiple of the cache's {H} kv heads")
+        programs = H * -(-(Hq // H) // 8)  # per split: <= 8 query heads each; a grid dimension
+        if programs > MAX_GRID_YZ:
+            raise ValueError(f"q: {Hq} query heads over {H} kv heads need {programs} programs per split; the CUDA "
+                             f"launch takes at most {MAX_GRID_YZ}")
+        _check_device(vq, "q", self.device)
+
+    def _out_view(self, out, vq, *inputs):
+        """The view of an output array of q's shape that the kernels may write while reading q (and inputs)."""
+        vo = _view(out, "out")
+        if vo.shape != vq.shape:
+            raise ValueError(f"out: expected shape {vq.shape}, got {vo.shape}")
+        _check_device(vo, "out", self.device)
+        if vo.readonly:
+            raise ValueError("out: the array is read-only")
+        orng = vo.byte_range()
+        for vi in (vq,) + inputs:
+            r = vi.byte_range()
+            if orng is not None and r is not None and orng[0] < r[1] and r[0] < orng[1]:
+                raise ValueError(f"out: overlaps {vi.name} (the kernels read {vi.name} while they write out); "
+                                 "pass another array")
+        if _elements_overlap(vo.shape, vo.strides):
+            raise ValueError(f"out: its elements may overlap (shape {vo.shape}, strides {vo.strides}; the check accepts "
+                             "layouts it can prove disjoint, as any slicing or transposition of a dense array): the "
+                             "kernels would write several results to one place")
+        return vo
+
+    def _refuse_queries(self, vq, flag, scale, stream):
+        """Raises for what the checking kernel found in q (flag: its _Q_NONFINITE / _Q_RANGE bits)."""
+        if flag & _Q_NONFINITE:
+            raise ValueError("q: contains NaN or Inf")
+        # As check_queries on the CPU: q * scale must not overflow the float32 scores, which the
+        # kernels hold in the log2 domain (x log2(e)): the limit is the CPU's / log2(e).
+        D = self.head_dim
+        limit = FLOAT32_MAX / (D * 2.0**17 * math.log2(math.e))
+        if (flag & _Q_RANGE) or FP16_MAX * abs(scale) > limit:
+            q_max = vq.max_abs(stream)
+            if q_max * abs(scale) > limit:
+                raise ValueError(
+                    f"q: max |q| x |scale| = {q_max * abs(scale):.3g} could overflow the float32 attention "
+                    f"scores (limit {limit:.3g} at head_dim {D}); scale the queries down")
 
     # ---- CPU interop -------------------------------------------------------------
     @_on_own_device
