@@ -1238,8 +1238,8 @@ class PagedKVCache(_OwnsDeviceResources):
 
         validate=True checks q, k and v on the GPU first (one synchronisation) and waits for the store
         kernel where a tile completes; a refused step raises and leaves the cache as it was (lengths,
-        pages, and the tails the step's completed tiles consumed, restored from a copy). validate=False
-        checks nothing on the GPU and never waits."""
+        pages, and the tails the step's completed tiles consumed, restored from a copy; an `out` given may hold
+        the outputs of the chunks before the refusal). validate=False checks nothing on the GPU and never waits."""
         layer = self._layer(layer)
         slots = self._slots(seq_ids)
         vq = _view(q, "q")
@@ -1347,12 +1347,13 @@ class PagedKVCache(_OwnsDeviceResources):
         return (((layer * self.max_seqs + slot) * self.num_kv_heads + head) * self.preset.group) * self.head_dim * 2
 
     def _undo_step(self, layer, slots, lens0, pages0, saved, st, stream):
-        """Puts a refused append_attend's layer back as it was before the step: tails, lengths, pages."""
-        for tail, copy, nbytes in saved:
-            _check(_cuda.memcpy_dtod(tail, copy, nbytes, stream), "append_attend")
+        """Puts a refused append_attend's layer back as it was before the step: lengths, pages, tails (the host's
+        bookkeeping first: a failing copy, a CUDA error, must not leave it saying the step happened)."""
         self._lengths[layer, slots] = lens0
         self._undo_pages([(slot, page) for slot, p0 in zip(slots, pages0) for page in self._pages[slot][p0:]])
         self._epoch += 1
+        for tail, copy, nbytes in saved:
+            _check(_cuda.memcpy_dtod(tail, copy, nbytes, stream), "append_attend")
         self._done(st, stream, "append_attend")
 
     def _launch_attend(self, st, stream, layer, meta, vq, vo, scale, splits, tps):
