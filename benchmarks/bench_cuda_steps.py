@@ -62,7 +62,8 @@ def launch_fn(cache, ids, length, n, n_layers):
 
     def fn(i):
         rc = kc._cuda.attend(cache._desc, i % n_layers, meta_dev.ptr, meta_dev.nbytes, B * n, qs, HQ, scale, os_,
-                             scratch.ptr, scratch.nbytes, splits, tps, torch.cuda.current_stream().cuda_stream)
+                             scratch.ptr, scratch.nbytes, splits, tps, cache._choose_q_rows(HQ, B * n, splits, tps),
+                             torch.cuda.current_stream().cuda_stream)
         assert rc == 0, rc
 
     fn.keep = (meta_dev, scratch, q, out)

@@ -483,6 +483,52 @@ def test_attend_forced_splits(preset, head_dim, gqa, splits):
     check_attention(cache, ids, q, out, 1.0 / np.sqrt(head_dim))
 
 
+def force_q_rows(cache, rows):
+    """Makes cache's attends give programs at most `rows` query rows (the kernels take 4 or 8)."""
+    cache._choose_q_rows = lambda num_q_heads, batch, splits, tiles_per_split: rows
+
+
+@gpu
+@need_torch
+@pytest.mark.parametrize("preset,head_dim", [("k4v2_g128", 128), ("k4v4_g64", 64), ("k2v2_g128", 256)])
+@pytest.mark.parametrize("gqa", [5, 6, 8, 16])
+@pytest.mark.parametrize("splits", [None, 2, 3, 12])
+def test_attend_four_row_programs(preset, head_dim, gqa, splits):
+    """A kv head's query group over programs of at most 4 rows (ceil(group / 4) of them: k4v2_g128 at D 128 then
+    runs its swapped-operand tiles at GQA > 4, elsewhere the row-split tiles take fewer rows), and over the usual
+    programs of 8, each against float64; ragged lengths, one with a tail; the heuristic's splits and forced ones
+    (clusters of 2 and 3, the merge kernel)."""
+    rng = np.random.default_rng(_seed("q_rows", preset, head_dim, gqa, splits))
+    hk = 2
+    lengths = [3000, 130, 1200 + 70, 2] if head_dim != 256 else [900, 130]
+    cache, ids = build(preset, head_dim, hk, lengths, rng)
+    if splits:
+        force_splits(cache, splits)
+    q = kv_like(rng, (len(ids), hk * gqa, head_dim))
+    for rows in (4, 8):
+        force_q_rows(cache, rows)
+        out = cache.attend(dev(q), ids).cpu().numpy()
+        check_attention(cache, ids, q, out, 1.0 / np.sqrt(head_dim))
+
+
+@gpu
+@need_torch
+def test_attend_four_row_programs_4k_warp_pairs():
+    """Hk 8, Hq 64 at 4K tokens in programs of 4 rows: two programs per kv head, each on the warp pairs (and
+    bf16 / fp16 q by vector loads), against float64 and against the same rounded q in fp32."""
+    rng = np.random.default_rng(_seed("q_rows-4k"))
+    for lengths in ([4096], [4096 + 70]):
+        cache, ids = build("k4v2_g128", 128, 8, lengths, rng)
+        force_q_rows(cache, 4)
+        q = kv_like(rng, (len(ids), 64, 128))
+        out = cache.attend(dev(q), ids).cpu().numpy()
+        check_attention(cache, ids, q, out, 1.0 / np.sqrt(128))
+        for dt, tol in ((torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
+            qt = dev(q, dt)
+            np.testing.assert_allclose(cache.attend(qt, ids).float().cpu().numpy(),
+                                       cache.attend(qt.float(), ids).cpu().numpy(), rtol=tol, atol=tol)
+
+
 @gpu
 @need_torch
 def test_attend_warp_pairs_4k():
@@ -1161,11 +1207,11 @@ def test_cython_wrapper_checks_sizes_before_native_code():
                 max_tiles=4, num_pages=8, pool=16, sink_k=16, sink_v=16, tail_k=16, tail_v=16, block_table=16)
     q = (4096, 0, (2, 8, 128), (1024, 128, 1))
     scratch = c.attend_scratch_bytes(2, 8, 128, 3)
-    ok = (desc, 0, 4096, 32, 2, q, 8, 0.1, q, 4096, scratch, 3, 1, 0)
+    ok = (desc, 0, 4096, 32, 2, q, 8, 0.1, q, 4096, scratch, 3, 1, 8, 0)
 
     def attend(**kw):
         names = ["cache", "layer", "meta", "meta_bytes", "batch", "q", "num_q_heads", "scale", "out", "scratch",
-                 "scratch_bytes", "splits", "tiles_per_split", "stream"]
+                 "scratch_bytes", "splits", "tiles_per_split", "q_rows", "stream"]
         args = dict(zip(names, ok))
         args.update(kw)
         return c.attend(*[args[n] for n in names])
@@ -1186,6 +1232,8 @@ def test_cython_wrapper_checks_sizes_before_native_code():
         attend(layer=1)
     with pytest.raises(ValueError, match="^scale"):
         attend(scale=1e39)
+    with pytest.raises(ValueError, match="^q_rows: 6 query rows per program"):
+        attend(q_rows=6)
     with pytest.raises(ValueError, match="dtype code 7"):
         attend(q=(4096, 7, (2, 8, 128), (1024, 128, 1)))
     with pytest.raises(ValueError, match="null pointer"):
@@ -1488,6 +1536,34 @@ def test_split_choice_equals_the_loop_and_is_remembered(fake, monkeypatch):
     for layer in (0, 1, 0, 1):
         cache.attend(q, ids, layer=layer)
     assert len(asked) == 1
+
+
+def test_query_rows_per_program_choice(fake, monkeypatch):
+    """4 rows per program only for a k4v2_g128 head_dim-128 group of more than 4 heads whose programs are short
+    (<= 8 tiles) and still one wave when split in 4s (s93c's measured win: 4K x 1); 8 otherwise; and attend passes
+    the choice to the kernels."""
+    cache = kc.PagedKVCache(8, 128, max_seqs=8, max_seq_len=8192)  # 132 SMs on the fake
+    choose = cache._choose_q_rows
+    assert choose(64, 1, 4, 8) == 4      # 4K x 1, GQA 8: 4 splits x 8 kv heads x 2 programs = 64
+    assert choose(128, 1, 4, 8) == 4     # GQA 16: 4 programs per kv head, 128 <= 132
+    assert choose(40, 1, 4, 8) == 4      # GQA 5: 4 + 1 rows
+    assert choose(32, 1, 4, 8) == 8      # GQA 4 fits one program of 4 rows anyway
+    assert choose(64, 1, 16, 16) == 8    # 32K x 1: programs of 16 tiles
+    assert choose(64, 8, 2, 8) == 8      # 8 sequences: 2 x 8 x 2 x 8 = 256 programs, two waves
+    assert choose(128, 2, 4, 8) == 8     # 256 programs
+    other = kc.PagedKVCache(8, 128, "k4v4_g128", max_seqs=1, max_seq_len=8192)
+    assert other._choose_q_rows(64, 1, 4, 8) == 8  # no swapped-operand tiles for this format
+    assert kc.PagedKVCache(8, 64, max_seqs=1, max_seq_len=8192)._choose_q_rows(64, 1, 4, 8) == 8
+    rng = np.random.default_rng(_seed("q_rows-choice"))
+    sid = cache.add_sequence()
+    k = FakeDevArray(fake, kv_like(rng, (1, 4096, 8, 128)))
+    cache.append([sid], k, k)
+    got = []
+    monkeypatch.setattr(fake, "attend", lambda *a: got.append(a[-2]) or 0)  # (..., tiles_per_split, q_rows, stream)
+    for hq in (64, 32):
+        cache.attend(FakeDevArray(fake, kv_like(rng, (1, hq, 128))), [sid])
+    splits, tps = cache._choose_splits(cache._tile_counts(np.array([4096])), 8)
+    assert got == [cache._choose_q_rows(64, 1, splits, tps), 8] and (splits, tps) == (4, 8) and got[0] == 4
 
 
 def test_load_cpu_takes_a_full_tail_as_a_tile(fake):
@@ -2457,6 +2533,12 @@ def sanitizer_workload():
     plan = cache.plan(ids)
     eager = cache.attend(q, ids).to_numpy()
     np.testing.assert_array_equal(cache.attend(q, plan=plan, validate=False).to_numpy(), eager)
+    # a group of 8 query heads in programs of 4 rows (swapped-operand tiles, warp pairs where they fit)
+    q16 = kc.DeviceArray.from_numpy(kv_like(rng, (2, 16, 128)))
+    force_q_rows(cache, 4)
+    for splits in (1, 3):
+        force_splits(cache, splits)
+        assert np.isfinite(cache.attend(q16, ids).to_numpy()).all()
     # multi-token steps (q and out [B, n, Hq, D], a launch's rows = (sequence, token)) through tile completions
     # at different tokens, GQA 4 and 16, and one refused late (its undo's copies back)
     cache = kc.PagedKVCache(2, 128, "k4v2_g128", max_seqs=2, max_seq_len=700)

@@ -61,7 +61,7 @@ cdef extern from "kvarn_cuda.h" nogil:
     int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, int32_t batch,
                           const kvarn_cuda_tensor* q, int32_t num_q_heads, float scale,
                           const kvarn_cuda_tensor* out, uintptr_t scratch, int32_t splits,
-                          int32_t tiles_per_split, uintptr_t stream)
+                          int32_t tiles_per_split, int32_t q_rows, uintptr_t stream)
 
 # Streams and events straight from the runtime: kvarn orders its own calls across the caller's
 # streams with them (kvarn/cuda.py), so they need nothing from the kernels' library.
@@ -278,9 +278,10 @@ def attend_scratch_bytes(int batch, int num_q_heads, int head_dim, int splits):
 
 def attend(dict cache, int layer, uintptr_t meta, size_t meta_bytes, int batch, tuple q, int num_q_heads,
            double scale, tuple out, uintptr_t scratch, size_t scratch_bytes, int splits, int tiles_per_split,
-           uintptr_t stream):
+           int q_rows, uintptr_t stream):
     """meta: int32 [batch][4] in meta_bytes; q, out [batch, num_q_heads, head_dim], or [S, T, num_q_heads,
-    head_dim] with S x T = batch (meta row s * T + t: token t of sequence s); scratch: scratch_bytes."""
+    head_dim] with S x T = batch (meta row s * T + t: token t of sequence s); scratch: scratch_bytes; q_rows: 4 or 8
+    query rows per program."""
     cdef kvarn_cuda_cache c
     cdef kvarn_cuda_tensor tq, to
     cdef int i
@@ -305,8 +306,10 @@ def attend(dict cache, int layer, uintptr_t meta, size_t meta_bytes, int batch, 
         raise ValueError(f"scratch: {scratch_bytes} bytes are too few for {splits} splits")
     if not (-3.4028234663852886e38 <= scale <= 3.4028234663852886e38):  # also NaN
         raise ValueError("scale: not a finite float32")
+    if q_rows not in (4, 8):
+        raise ValueError(f"q_rows: {q_rows} query rows per program; the kernels take 4 or 8")
     return kvarn_cuda_attend(&c, layer, meta, batch, &tq, num_q_heads, scale, &to, scratch, splits,
-                             tiles_per_split, stream)
+                             tiles_per_split, q_rows, stream)
 
 
 # ---- events and capture state (runtime calls; the codes are cudaError_t, 0 = success) -----------

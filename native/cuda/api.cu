@@ -212,9 +212,11 @@ size_t kvarn_cuda_attend_scratch(int32_t batch, int32_t num_q_heads, int32_t hea
 
 int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, int32_t batch,
                       const kvarn_cuda_tensor* q, int32_t num_q_heads, float scale, const kvarn_cuda_tensor* out,
-                      uintptr_t scratch, int32_t splits, int32_t tiles_per_split, uintptr_t stream)
+                      uintptr_t scratch, int32_t splits, int32_t tiles_per_split, int32_t q_rows,
+                      uintptr_t stream)
 {
-    if (!c || !q || !out || !meta || !scratch || batch <= 0 || splits < 1 || tiles_per_split < 1)
+    if (!c || !q || !out || !meta || !scratch || batch <= 0 || splits < 1 || tiles_per_split < 1 ||
+        (q_rows != 4 && q_rows != 8))
         return KVARN_CUDA_ERR_ARGUMENT;
     if (!kvarn_cuda_format_supported(c->kbits, c->vbits, c->group, c->head_dim)) return KVARN_CUDA_ERR_ARGUMENT;
     if (c->num_kv_heads <= 0 || num_q_heads % c->num_kv_heads != 0 || layer < 0 || layer >= c->num_layers)
@@ -241,7 +243,8 @@ int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, 
     a.splits = splits;
     a.tiles_per_split = tiles_per_split;
     const int group_q = num_q_heads / c->num_kv_heads;
-    a.q_chunks = (group_q + 7) / 8;
+    a.q_rows = q_rows;
+    a.q_chunks = (group_q + q_rows - 1) / q_rows;
     a.stages_per_warp = 1;
     // Direct path (splits <= 8: one cluster per head group merges in shared memory, no merge
     // kernel). With one split only for short splits: s5 A/B, 4K x 32 (31 tiles) 81.7 -> 80.6 us,

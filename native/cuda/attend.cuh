@@ -57,6 +57,8 @@ struct AttendArgs {
     float scale;      // softmax scale; q_scaled applies it, then log2(e): scores in the log2 domain
     float* states;    // [B][Hq][2 * splits][D + 2]: m, l, acc[D] (tiles, then sink/tail, per split)
     int splits, tiles_per_split, q_chunks, stages_per_warp;
+    int q_rows;  // the most query rows a program takes: 8, or 4 (a group of 5-8 in two programs of the
+                 // swapped-operand tiles, which short launches run faster; PagedKVCache chooses)
     // direct = 1: the programs of one (sequence, kv head, query chunk) form a thread-block cluster
     // of `splits` CTAs (<= 8) and merge their states through distributed shared memory, writing
     // `out` themselves: no states in global memory, no merge kernel.
@@ -1478,8 +1480,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attend_kernel(AttendArgs a)
     const int kvh = blockIdx.y / a.q_chunks, chunk = blockIdx.y % a.q_chunks;
     const int Hk = a.c.num_kv_heads;
     const int group_q = a.num_q_heads / Hk;
-    const int h0 = kvh * group_q + chunk * 8;
-    const int nq = min(8, group_q - chunk * 8);
+    const int h0 = kvh * group_q + chunk * a.q_rows;
+    const int nq = min(a.q_rows, group_q - chunk * a.q_rows);
     const int slot = a.meta[4 * b], n_tiles = a.meta[4 * b + 1];
     const int sink_len = a.meta[4 * b + 2], tail_len = a.meta[4 * b + 3];
     const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1927,7 +1929,7 @@ int launch_attend_t(AttendArgs& args, int batch, int max_smem, cudaStream_t stre
     AttendArgs a = args;
     const int R = (int)a.L.total;
     // VAR 14 / 16: the receive area sized for this launch's splits (8 warps x 2 stages leave ~7 KB)
-    const int rrows = PAIR ? kRecvRows : push_recv_rows(a.splits, min(8, a.num_q_heads / a.c.num_kv_heads));
+    const int rrows = PAIR ? kRecvRows : push_recv_rows(a.splits, min(a.q_rows, a.num_q_heads / a.c.num_kv_heads));
     // As many warps (<= WARPS) and stages per warp (<= 2) as shared memory holds.
     int nw = WARPS, nsw = 2;
     while (nsw > 1 && attend_smem_bytes<D, EARLY, PAIR, PUSH>(nw, nsw, R, rrows) > (size_t)max_smem) --nsw;

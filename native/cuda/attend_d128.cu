@@ -25,7 +25,7 @@ int launch_attend_d128(int kbits, int vbits, int group, AttendArgs& a, int batch
             const char* e = std::getenv("KVARN_ATTEND_VARIANT");
             return e ? std::atoi(e) : 16;
         }();
-        const int group_q = a.num_q_heads / a.c.num_kv_heads;
+        const int group_q = min(a.q_rows, a.num_q_heads / a.c.num_kv_heads);  // rows per program
         if (group_q <= 4 && (variant == 5 || variant == 6 || variant == 12 || variant == 14 || variant == 16)) {
             if ((variant == 12 || variant == 16) && a.tiles_per_split <= 8 && a.splits <= 4) {
                 const int rc = launch_attend_t<4, 2, 128, 128, 8, 16, 12>(a, batch, max_smem, stream, true);

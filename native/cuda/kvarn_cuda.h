@@ -108,11 +108,13 @@ int kvarn_cuda_store(const kvarn_cuda_cache* c, const kvarn_cuda_tensor* k, cons
  * out [S, T, Hq, D] with B = S x T: meta row s * T + t is then query token t of sequence s
  * (a multi-token step: each token's row gives the lengths that token attends to).
  * scratch: device float, at least kvarn_cuda_attend_scratch(...) bytes.
- * splits, tiles_per_split (>= 1): programs per (sequence, kv head) and the tiles each reads. */
+ * splits, tiles_per_split (>= 1): programs per (sequence, kv head) and the tiles each reads; q_rows (4 or 8):
+ * the most query rows a program takes (a kv head's group in ceil(group / q_rows) programs). */
 size_t kvarn_cuda_attend_scratch(int32_t batch, int32_t num_q_heads, int32_t head_dim, int32_t splits);
 int kvarn_cuda_attend(const kvarn_cuda_cache* c, int32_t layer, uintptr_t meta, int32_t batch,
                       const kvarn_cuda_tensor* q, int32_t num_q_heads, float scale, const kvarn_cuda_tensor* out,
-                      uintptr_t scratch, int32_t splits, int32_t tiles_per_split, uintptr_t stream);
+                      uintptr_t scratch, int32_t splits, int32_t tiles_per_split, int32_t q_rows,
+                      uintptr_t stream);
 
 #ifdef __cplusplus
 }

@@ -760,6 +760,9 @@ class PagedKVCache(_OwnsDeviceResources):
         _check(rc, "device")
         self._num_sms = int(props["multiprocessors"])
         self._record_bytes = int(_cuda.record_layout(self.preset.kbits, self.preset.vbits, G, self.head_dim)["total"])
+        # the kernels' swapped-operand tiles (attend_d128.cu): k4v2_g128 at head_dim 128, programs of <= 4 query rows
+        p = self.preset
+        self._swapped_tiles = (p.kbits, p.vbits, G, self.head_dim) == (4, 2, 128, 128)
         L, S, H, D = self.num_layers, self.max_seqs, self.num_kv_heads, self.head_dim
         # A sequence never holds more than max_seq_len tokens, so neither does its sink: a larger
         # sink_tokens (no token is ever quantised) needs no rows beyond that.
@@ -1084,6 +1087,18 @@ class PagedKVCache(_OwnsDeviceResources):
             self._split_choices[key] = choice
         return choice
 
+    def _choose_q_rows(self, num_q_heads, batch, splits, tiles_per_split):
+        """The most query rows an attend program takes (the kernels: 4 or 8). 4 for a k4v2_g128 head_dim-128 group
+        of more than 4 query heads where its programs are short (<= 8 tiles) and, split in programs of 4 rows, still
+        one wave: there the swapped-operand tiles (and warp pairs, where they fit) serve them, which the row-split
+        tiles that take 8 rows do not (s93c, an H100, Hk 8: 4K x 1 at 5-16 heads per kv head 1.5-2.0x faster);
+        elsewhere 8 (longer programs: 4-row programs read each record twice as often, 0.71-0.96x)."""
+        group = num_q_heads // self.num_kv_heads
+        if group <= 4 or tiles_per_split > 8 or not self._swapped_tiles:
+            return 8
+        programs = splits * self.num_kv_heads * -(-group // 4) * batch
+        return 4 if programs <= self.num_sms and self.num_kv_heads * -(-group // 4) <= MAX_GRID_YZ else 8
+
     def _plan_host(self, seq_ids, layer):
         layer = self._layer(layer)
         slots = self._slots(seq_ids)
@@ -1211,7 +1226,7 @@ class PagedKVCache(_OwnsDeviceResources):
         if plan is not None and not capturing and plan._stream not in (None, stream):
             _check_runtime(_cuda.stream_wait_event(stream, plan._done.handle), "attend")  # shared split states
         _check(_cuda.attend(self._desc, layer, meta_ptr, meta_bytes, B, vq.spec(), Hq, scale, vo.spec(), scratch,
-                            holder.buf.nbytes, splits, tps, stream), "attend")
+                            holder.buf.nbytes, splits, tps, self._choose_q_rows(Hq, B, splits, tps), stream), "attend")
         if st is not None:
             self._done(st, stream, "attend")
             if plan is not None:
@@ -1363,7 +1378,8 @@ class PagedKVCache(_OwnsDeviceResources):
         rows, Hq, D = len(meta), vq.shape[-2], vq.shape[-1]
         scratch = st.scratch.get(_cuda.attend_scratch_bytes(rows, Hq, D, splits))
         _check(_cuda.attend(self._desc, layer, meta_ptr, st.attend_meta.buf.nbytes, rows, vq.spec(), Hq, scale,
-                            vo.spec(), scratch, st.scratch.buf.nbytes, splits, tps, stream), "append_attend")
+                            vo.spec(), scratch, st.scratch.buf.nbytes, splits, tps,
+                            self._choose_q_rows(Hq, rows, splits, tps), stream), "append_attend")
 
     def _check_query_heads(self, vq):
         """q's last two dimensions [Hq, D]: Hq a multiple of the kv heads within the launch's limit."""
