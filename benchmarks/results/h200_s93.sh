@@ -8,6 +8,9 @@
 #   4. one-token decode, old vs new kernels, alternating (bench_cuda.py --kvarn-only, three points, two rounds);
 #   5. scripts/gpu_run.sh sanitize (memcheck, racecheck, synccheck, initcheck over the fixed workload, which now
 #      runs steps, and the state machine).
+# h200_s93_old_native/ held the five files as of 8678b5c, made before the call and not kept (copies of tracked history):
+#   mkdir -p benchmarks/results/h200_s93_old_native && for f in attend.cuh api.cu common.cuh _cuda.pyx kvarn_cuda.h; do
+#     git show 8678b5c:native/cuda/$f > benchmarks/results/h200_s93_old_native/$f; done
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/machine.txt"

@@ -3,6 +3,8 @@
 # still 8). The CUDA build, and beside it the previous commit's kernels and cuda.py (h200_s93c_old_native/) into
 # /tmp/site_old; the GPU tests (new: test_attend_four_row_programs*); the 8-vs-4-row timings (h200_s93c_qrows.py);
 # one-token decode at Hq 32, old vs new kernels, alternating (the kernels now read q_rows at run time).
+# h200_s93c_old_native/ held native/cuda/{attend.cuh,api.cu,kvarn_cuda.h,_cuda.pyx,attend_d128.cu} and src/kvarn/cuda.py
+# as of 5953c28, made with `git show 5953c28:PATH` before the call and not kept (copies of tracked history).
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$OUT/machine.txt"
