@@ -158,19 +158,24 @@ class PagedMachine(RuleBasedStateMachine):
         for lay in range(LAYERS) if layer == "every" else [layer]:
             self.append_one_layer(chosen, lay, T, seed + lay, dtype, bad)
 
+    def refusal(self, chosen, layer, T, nan_in):
+        """(error type, message pattern) of an append of T tokens to the chosen sequences in one layer, with a NaN in
+        the array named nan_in (or none), that the cache must refuse; None if it must take it. Checked in this order:
+        the lengths and the pages on the host, then the values on the GPU."""
+        if any(self.n(s, layer) + T > MAX_SEQ_LEN for s in chosen):
+            return ValueError, "max_seq_len"
+        if sum(max(0, self.tiles(self.n(s, layer) + T) - self.pages_held(s)) for s in chosen) > self.free_pages():
+            return RuntimeError, "out of pages"
+        return (ValueError, f"^{nan_in}: contains NaN or Inf") if nan_in else None
+
     def append_one_layer(self, chosen, layer, T, seed, dtype, bad):
         k, v, k16, v16 = tokens(seed, len(chosen), T, self.H, self.D, dtype)
         if bad:
             at = np.random.default_rng(seed).integers(0, [len(chosen), T, self.H, self.D])
             (k if seed % 2 else v)[tuple(at)] = float(bad)
-        too_long = [s for s in chosen if self.n(s, layer) + T > MAX_SEQ_LEN]
-        new_pages = sum(max(0, self.tiles(self.n(s, layer) + T) - self.pages_held(s)) for s in chosen)
-        if bad or too_long or new_pages > self.free_pages():
-            # Checked in this order: the lengths and the pages on the host, then the values on the GPU.
-            error, match = ((ValueError, "max_seq_len") if too_long else
-                            (RuntimeError, "out of pages") if new_pages > self.free_pages() else
-                            (ValueError, f"^{'k' if seed % 2 else 'v'}: contains NaN or Inf"))
-            with pytest.raises(error, match=match):
+        refusal = self.refusal(chosen, layer, T, bad and ("k" if seed % 2 else "v"))
+        if refusal:
+            with pytest.raises(refusal[0], match=refusal[1]):
                 self.cache.append(chosen, k, v, layer=layer)
             return  # the invariants check that nothing changed
         self.cache.append(chosen, k, v, layer=layer)
@@ -194,16 +199,12 @@ class PagedMachine(RuleBasedStateMachine):
         if bad:
             x = {"q": q, "k": k, "v": v}[bad]
             x[tuple(rng.integers(0, x.shape))] = float("nan")
-        too_long = [s for s in chosen if self.n(s, layer) + n > MAX_SEQ_LEN]
-        new_pages = sum(max(0, self.tiles(self.n(s, layer) + n) - self.pages_held(s)) for s in chosen)
-        if bad or too_long or new_pages > self.free_pages():
-            error, match = ((ValueError, "max_seq_len") if too_long else
-                            (RuntimeError, "out of pages") if new_pages > self.free_pages() else
-                            (ValueError, f"^{bad}: contains NaN or Inf"))
-            with pytest.raises(error, match=match):
+        refusal = self.refusal(chosen, layer, n, bad)
+        if refusal:
+            with pytest.raises(refusal[0], match=refusal[1]):
                 self.cache.append_attend(q, chosen, k, v, layer=layer)
             return  # the invariants check that nothing changed
-        out = torch.empty(q.shape, dtype=torch.float32, device="cuda")  # not q's dtype: no output rounding
+        out = torch.empty_like(q, dtype=torch.float32)  # not q's dtype: no output rounding
         self.cache.append_attend(q, chosen, k, v, layer=layer, out=out)
         out = out.cpu().numpy()
         q32 = q.float().cpu().numpy()
