@@ -489,6 +489,18 @@ def _check_no_gpu_head_dim(head_dim, name="head_dim"):
         )
 
 
+def _queue_checks(checks, flag_ptr, stream, what):
+    """Queues the checking kernel over each (view, NaN/Inf bit, |x| > 65504 bit) of checks; the bits land in
+    the int32 at flag_ptr."""
+    for view, nonfinite, out_of_range in checks:
+        _check(_cuda.check(view.spec(), flag_ptr, nonfinite, out_of_range, stream), what)
+
+
+def _kv_checks(vk, vv):
+    """k's and v's checks for _queue_checks, with the bits _flag_error reads."""
+    return ((vk, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE), (vv, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE))
+
+
 def _flag_error(flag):
     # In the CPU path's order: k is checked whole (NaN/Inf, then range) before v.
     for name, nonfinite, out_of_range in (("k", _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE),
@@ -612,9 +624,7 @@ def quantize_tiles(k, v, preset: PresetLike = DEFAULT_PRESET, *, iters: int = SI
     _order_after(stream, vv, "quantize_tiles")
     flag = DeviceArray((1,), np.int32).zero_(stream)
     if validate:  # as quantize_tile on the CPU: NaN/Inf and values beyond fp16 are refused
-        for view, nf, rng in ((vk, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE),
-                              (vv, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE)):
-            _check(_cuda.check(view.spec(), flag.ptr, nf, rng, stream), "quantize_tiles")
+        _queue_checks(_kv_checks(vk, vv), flag.ptr, stream, "quantize_tiles")
     # As a cache of one head: tile i -> page i; [n, G, D] seen as [B=n, T=G, Hk=1, D].
     jobs = np.zeros((n, 7), np.int32)
     jobs[:, 2] = np.arange(n)
@@ -1040,16 +1050,13 @@ class PagedKVCache(_OwnsDeviceResources):
             _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
             _check(_cuda.memset(flag.ptr, 0, 4, stream), "append")
             if check_input:
-                _check(_cuda.check(vk.spec(), flag.ptr, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE, stream),
-                       "append")
-                _check(_cuda.check(vv.spec(), flag.ptr, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE, stream),
-                       "append")
+                _queue_checks(_kv_checks(vk, vv), flag.ptr, stream, "append")
             # Store first: completed tiles read their older rows from the tail, which write_tokens
             # then reuses for the newest tokens (and skips if validation flagged anything).
             if jobs:
                 _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, meta_bytes - meta.nbytes,
                                    len(jobs), self.iters, True, flag.ptr, stream), "append")
-            checked = check_input or (check_store and jobs)
+            checked = check_input or (check_store and bool(jobs))
             _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B,
                                       flag.ptr if checked else self._never_set.ptr, stream), "append")
             if checked:
@@ -1211,7 +1218,7 @@ class PagedKVCache(_OwnsDeviceResources):
             _order_after(stream, vo, "attend")
         if validate:
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "attend")
-            _check(_cuda.check(vq.spec(), st.flag.ptr, _Q_NONFINITE, _Q_RANGE, stream), "attend")
+            _queue_checks(((vq, _Q_NONFINITE, _Q_RANGE),), st.flag.ptr, stream, "attend")
             self._refuse_queries(vq, int(st.flag.to_numpy(stream)[0]), scale, stream)
         if meta is not None:  # uploaded once every check passed: a refused call leaves nothing queued
             _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "attend")
@@ -1291,10 +1298,7 @@ class PagedKVCache(_OwnsDeviceResources):
         st = self._stream_state(stream)
         if validate:  # q, k and v whole, before anything changes
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "append_attend")
-            for view, nonfinite, out_of_range in ((vq, _Q_NONFINITE, _Q_RANGE),
-                                                  (vk, _cuda.FLAG_K_NONFINITE, _cuda.FLAG_K_RANGE),
-                                                  (vv, _cuda.FLAG_V_NONFINITE, _cuda.FLAG_V_RANGE)):
-                _check(_cuda.check(view.spec(), st.flag.ptr, nonfinite, out_of_range, stream), "append_attend")
+            _queue_checks(((vq, _Q_NONFINITE, _Q_RANGE),) + _kv_checks(vk, vv), st.flag.ptr, stream, "append_attend")
             flag = int(st.flag.to_numpy(stream)[0])
             self._refuse_queries(vq, flag, scale, stream)
             err = _flag_error(flag)
@@ -1302,14 +1306,12 @@ class PagedKVCache(_OwnsDeviceResources):
                 raise err
         pages0 = [len(self._pages[slot]) for slot in slots]
         saved = self._save_tails(layer, slots, lens0, n, st, stream) if validate else []
-        G = self.preset.group
         pos = 0
         try:
             while pos < n:
                 lens = self._lengths[layer, slots]
-                # tokens each sequence takes before one completes a tile; 0: the next one does, alone
-                free = self.sink_tokens + (self._tile_counts(lens) + 1) * G - lens - 1
-                m = max(1, min(n - pos, int(free.min())))
+                # as many tokens as complete no tile; 0 free: the next token completes one, alone
+                m = max(1, min(n - pos, int(self._tokens_before_a_tile(lens).min())))
                 self._append_tokens(layer, slots, _token_slice(vk, pos, m), _token_slice(vv, pos, m), stream,
                                     check_input=False, check_store=validate)
                 # row b * m + i: token pos + i of sequence b, attending its first lens + i + 1 tokens
@@ -1334,13 +1336,13 @@ class PagedKVCache(_OwnsDeviceResources):
         before the step's last completing token are copied (none, where the step completes tiles at one
         token only)."""
         G = self.preset.group
-        first = self.sink_tokens + (self._tile_counts(lens0) + 1) * G - lens0 - 1  # step token completing a tile
+        first = self._tokens_before_a_tile(lens0)  # the step token that completes a tile
         completes = first < n
         if not completes.any():
             return []
         last = int((first + (n - 1 - first) // G * G)[completes].max())  # the step's last completing token
         done = np.flatnonzero(completes & (first < last)).tolist()
-        tail_rows = lens0 - np.minimum(lens0, self.sink_tokens) - self._tile_counts(lens0) * G
+        tail_rows = self._meta_rows(slots, lens0)[0][:, 3]
         H, D = self.num_kv_heads, self.head_dim
         # the rows in use, head by head (rows past them were never written: initcheck reads those copies as
         # uninitialised, and nothing needs them back)
@@ -1356,6 +1358,10 @@ class PagedKVCache(_OwnsDeviceResources):
                 saved.append((tail.ptr + offset, base, nbytes))
                 base += nbytes
         return saved
+
+    def _tokens_before_a_tile(self, lens):
+        """How many tokens sequences of these lengths take before the next one completes a tile."""
+        return self.sink_tokens + (self._tile_counts(lens) + 1) * self.preset.group - lens - 1
 
     def _slot_rows_offset(self, layer, slot, head):
         """Byte offset of (layer, slot, head)'s first tail row in the tail buffers ([L, S, Hk, G, D] fp16)."""
