@@ -52,7 +52,7 @@ def launch_fn(cache, ids, length, n, n_layers):
     B = len(ids)
     seen = (length - n + np.arange(1, n + 1))[None, :].repeat(B, 0).reshape(-1)
     meta, tiles = cache._meta_rows(np.repeat(ids, n), seen)
-    splits, tps = cache._choose_splits(tiles, HK)
+    splits, tps = cache._choose_splits(tiles, cache._programs_per_seq(HQ))
     meta_dev = kc.DeviceArray.from_numpy(meta)
     scratch = kc.DeviceArray((kc._cuda.attend_scratch_bytes(B * n, HQ, D, splits),), np.uint8)
     q = torch.randn(B, n, HQ, D, device="cuda", dtype=torch.bfloat16)

@@ -1566,6 +1566,32 @@ def test_query_rows_per_program_choice(fake, monkeypatch):
     assert got == [cache._choose_q_rows(64, 1, splits, tps), 8] and (splits, tps) == (4, 8) and got[0] == 4
 
 
+def test_splits_count_every_program_of_a_large_group(fake, monkeypatch):
+    """A group above 8 query heads per kv head runs ceil(group / 8) programs per kv head, and the split choice counts
+    them (attend with seq_ids or a plan, append_attend): at 32K x 1, Hk 8, a group of 16 takes 8 splits of 32 tiles
+    (128 programs, one wave of 132 SMs), where counting one program per kv head chose 16 splits, two waves (s94: 1.47x
+    slower on an H100). Groups of up to 8 keep the choice as before, and a plan's own splits are theirs."""
+    cache = kc.PagedKVCache(8, 128, max_seqs=2, max_seq_len=40000)  # 132 SMs on the fake
+    rng = np.random.default_rng(_seed("large-group-splits"))
+    sid = cache.add_sequence()
+    k = FakeDevArray(fake, kv_like(rng, (1, 32768, 8, 128)).astype(np.float16))
+    cache.append([sid], k, k, validate=False)
+    got = []
+    monkeypatch.setattr(fake, "attend", lambda *a: got.append(a[-4:-2]) or 0)  # (..., splits, tps, q_rows, stream)
+    plan = cache.plan([sid])
+    assert (plan.splits, plan.tiles_per_split) == (16, 16)
+    for hq in (128, 96, 64, 8):
+        q = FakeDevArray(fake, kv_like(rng, (1, hq, 128)))
+        cache.attend(q, [sid])
+        cache.attend(q, plan=plan)
+    assert got == [(8, 32)] * 4 + [(16, 16)] * 4
+    assert cache._programs_per_seq(128) == 16 and cache._programs_per_seq(72) == 16 and cache._programs_per_seq(64) == 8
+    got.clear()
+    one = FakeDevArray(fake, kv_like(rng, (1, 1, 8, 128)).astype(np.float16))
+    cache.append_attend(FakeDevArray(fake, kv_like(rng, (1, 1, 128, 128))), [sid], one, one, validate=False)
+    assert got == [(8, 32)]
+
+
 def test_load_cpu_takes_a_full_tail_as_a_tile(fake):
     """A KVCache(quantize_on="next") holds a complete tile in its tail until the next token; this
     cache quantises a tile as it fills, so load_cpu stores that tile as a record (the one the CPU
