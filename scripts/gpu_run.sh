@@ -52,8 +52,9 @@ if want build; then
 fi
 
 if want test || want quick; then
-  echo "== pytest tests/test_cuda.py tests/test_cuda_stateful.py"
-  $PY -m pytest -q -rs -x tests/test_cuda.py tests/test_cuda_stateful.py 2>&1 | tee "$OUT/test_cuda.log" | tail -25 || status=1
+  echo "== pytest tests/test_cuda.py tests/test_cuda_steps.py tests/test_cuda_fork.py tests/test_cuda_stateful.py"
+  $PY -m pytest -q -rs -x tests/test_cuda.py tests/test_cuda_steps.py tests/test_cuda_fork.py tests/test_cuda_stateful.py \
+    2>&1 | tee "$OUT/test_cuda.log" | tail -25 || status=1
   grep -qE "[0-9]+ (failed|error)" "$OUT/test_cuda.log" && status=1
   # GPU records against the CPU quantiser's (the tests print how many bytes are identical)
   $PY -m pytest -q -s tests/test_cuda.py -k "store or records_match" 2>&1 | grep -E "vs cpu" >"$OUT/store_vs_cpu.log"

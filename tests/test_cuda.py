@@ -2590,6 +2590,22 @@ def sanitizer_workload():
     except ValueError as e:
         assert str(e).startswith("k: a tile's keys decode"), e
     assert [cache.length(s) for s in ids] == [250, 256]
+    # a fork sharing its parent's pages, then a store into a shared tile after a one-layer truncation (the page
+    # copy: only the layers that hold the tile), and the parent freed first
+    cache = kc.PagedKVCache(1, 64, "k4v2_g128", num_layers=2, max_seqs=2, max_seq_len=700)
+    a = cache.add_sequence()
+    x = kc.DeviceArray.from_numpy(kv_like(rng, (1, 530, 1, 64)))
+    for layer in (0, 1):
+        cache.append([a], x, x, layer=layer)
+    b = cache.fork(a)
+    cache.truncate(b, 256, layer=1)
+    y = kc.DeviceArray.from_numpy(kv_like(rng, (1, 300, 1, 64)))
+    cache.append([b], y, y, layer=1)
+    q = kc.DeviceArray.from_numpy(kv_like(rng, (2, 4, 64)))
+    for layer in (0, 1):
+        assert np.isfinite(cache.attend(q, [a, b], layer=layer).to_numpy()).all()
+    cache.free(a)
+    assert np.isfinite(cache.attend(kc.DeviceArray.from_numpy(kv_like(rng, (1, 4, 64))), [b], layer=0).to_numpy()).all()
     print("sanitizer workload: ok")
 
 

@@ -5,12 +5,13 @@ interleave them: sequences added and freed (slots and pages reused), batched app
 and dtypes to any subset of the live sequences in any layer, truncation (to lengths it accepts, through
 the truncation_point recipe, and to lengths it must refuse), plans made and used while or after the
 lengths they were made for change, and appends it must refuse (a NaN, a sequence past max_seq_len, the
-pool out of pages) with the cache left exactly as it was, and multi-token steps (append_attend) taken or
-refused alike.
+pool out of pages) with the cache left exactly as it was, multi-token steps (append_attend) taken or
+refused alike, and forks (a sequence starting as a copy of another, sharing its pages).
 
 The model keeps, per sequence and layer, every token the cache was given, rounded to fp16 as the cache
 stores it, and the pages each sequence holds (a page per tile that some layer of the sequence still
-uses). After every step, for every live sequence and layer:
+uses; a fork holds its parent's, and a sequence storing into a tile whose page another holds takes a new
+one, as the cache copies it). After every step, for every live sequence and layer:
 - length() and free_pages are the model's;
 - records(), and to_cpu()'s sink and tail, equal byte for byte those of a fresh kvarn.KVCache (the CPU
   path, with the same preset and sink) given the model's tokens in one append: the GPU store kernel
@@ -91,6 +92,8 @@ class PagedMachine(RuleBasedStateMachine):
         self.k, self.v = {}, {}  # seq id -> per layer fp16 [H, n, D]
         self.plans = []  # (plan, seq ids, layer, lengths when made)
         self.refs = {}  # (seq, layer) -> CPU KVCache of the model's tokens, rebuilt when they change
+        self.pages = {}  # seq id -> the model's ids of the pages it holds, tile order (a fork shares its parent's)
+        self.page_ids = 0
         # Always a live sequence (free adds one when it frees the last): with none, only add_sequence is enabled and
         # hypothesis gave up on about half its draws (s88c: 2,231 given up beside 2,000 run).
         self.add_sequence()
@@ -106,7 +109,25 @@ class PagedMachine(RuleBasedStateMachine):
         return max(self.tiles(self.n(seq, layer)) for layer in range(LAYERS))
 
     def free_pages(self):
-        return self.num_pages - sum(self.pages_held(s) for s in self.k)
+        return self.num_pages - len(set().union(*self.pages.values()))
+
+    def store(self, chosen, layer, T, pages):
+        """The pages (the model's, or a copy) after T tokens land in the chosen sequences' layer, in order: a tile
+        no layer has takes a new page, one whose page another sequence holds too a new one (the cache's copy);
+        returns how many were taken."""
+        taken = 0
+        for s in chosen:
+            held = pages[s]
+            for ti in range(self.tiles(self.n(s, layer)), self.tiles(self.n(s, layer) + T)):
+                if ti == len(held) or sum(held[ti] in p for p in pages.values()) > 1:
+                    self.page_ids += 1
+                    held[ti:ti + 1] = [self.page_ids]
+                    taken += 1
+        return taken
+
+    def cut_pages(self, seq):
+        """After a truncation: the pages of the tiles no layer holds any more are let go."""
+        del self.pages[seq][self.pages_held(seq):]
 
     def ref(self, seq, layer):
         if (seq, layer) not in self.refs:
@@ -134,6 +155,17 @@ class PagedMachine(RuleBasedStateMachine):
         expect(seq not in self.k, f"add_sequence gave {seq}, which is live")
         empty = np.zeros((self.H, 0, self.D), np.float16)
         self.k[seq], self.v[seq] = [empty] * LAYERS, [empty] * LAYERS
+        self.pages[seq] = []
+        for layer in range(LAYERS):
+            self.refs.pop((seq, layer), None)
+
+    @precondition(lambda self: 0 < len(self.k) < MAX_SEQS)
+    @rule(i=IDX)
+    def fork(self, i):
+        parent = self.pick(i)
+        seq = self.cache.fork(parent)
+        expect(seq not in self.k, f"fork gave {seq}, which is live")
+        self.k[seq], self.v[seq], self.pages[seq] = list(self.k[parent]), list(self.v[parent]), list(self.pages[parent])
         for layer in range(LAYERS):
             self.refs.pop((seq, layer), None)
 
@@ -142,7 +174,7 @@ class PagedMachine(RuleBasedStateMachine):
     def free(self, i):
         seq = self.pick(i)
         self.cache.free(seq)
-        del self.k[seq], self.v[seq]
+        del self.k[seq], self.v[seq], self.pages[seq]
         for layer in range(LAYERS):
             self.refs.pop((seq, layer), None)
         if not self.k:  # the next request arrives (see setup): the freed slot and every page are reused at once
@@ -164,7 +196,7 @@ class PagedMachine(RuleBasedStateMachine):
         the lengths and the pages on the host, then the values on the GPU."""
         if any(self.n(s, layer) + T > MAX_SEQ_LEN for s in chosen):
             return ValueError, "max_seq_len"
-        if sum(max(0, self.tiles(self.n(s, layer) + T) - self.pages_held(s)) for s in chosen) > self.free_pages():
+        if self.store(chosen, layer, T, {s: list(p) for s, p in self.pages.items()}) > self.free_pages():
             return RuntimeError, "out of pages"
         return (ValueError, f"^{nan_in}: contains NaN or Inf") if nan_in else None
 
@@ -179,6 +211,7 @@ class PagedMachine(RuleBasedStateMachine):
                 self.cache.append(chosen, k, v, layer=layer)
             return  # the invariants check that nothing changed
         self.cache.append(chosen, k, v, layer=layer)
+        self.store(chosen, layer, T, self.pages)
         for b, s in enumerate(chosen):
             self.set_tokens(s, layer, np.concatenate([self.k[s][layer], k16[b]], axis=1),
                             np.concatenate([self.v[s][layer], v16[b]], axis=1))
@@ -208,6 +241,7 @@ class PagedMachine(RuleBasedStateMachine):
         self.cache.append_attend(q, chosen, k, v, layer=layer, out=out)
         out = out.cpu().numpy()
         q32 = q.float().cpu().numpy()
+        self.store(chosen, layer, n, self.pages)  # before set_tokens: it reads the lengths before the step
         checked = set(range(n)) if n <= 5 else {0, 1, n - 1, *rng.integers(0, n, 4).tolist()}
         for b, s in enumerate(chosen):
             cpu = kvarn.KVCache(self.H, self.D, self.preset, sink_tokens=self.sink)
@@ -240,15 +274,18 @@ class PagedMachine(RuleBasedStateMachine):
             point, k16, v16 = points[layer], self.k[seq][layer], self.v[seq][layer]
             self.cache.truncate(seq, point, layer=layer)
             self.set_tokens(seq, layer, k16[:, :point], v16[:, :point])
+            self.cut_pages(seq)
             if reappend and length > point:
                 dev = [torch.from_numpy(np.ascontiguousarray(x[:, point:length].transpose(1, 0, 2)[None])).cuda()
                        for x in (k16, v16)]
                 self.cache.append([seq], *dev, layer=layer)
+                self.store([seq], layer, length - point, self.pages)
                 self.set_tokens(seq, layer, k16[:, :length], v16[:, :length])
             return
         self.cache.truncate(seq, length, layer=layer)
         for lay in layers:
             self.set_tokens(seq, lay, self.k[seq][lay][:, :length], self.v[seq][lay][:, :length])
+        self.cut_pages(seq)
 
     @precondition(lambda self: any(x.shape[1] for ks in self.k.values() for x in ks))
     @rule(i=IDX, mask=st.integers(1, 7), layer=st.integers(0, LAYERS - 1), gqa=st.sampled_from([1, 3, 4]),

@@ -7,6 +7,7 @@
     out = cache.attend(q, [a, b])           # q: [B, Hq, D] -> [B, Hq, D], q's dtype and library
     out_n = cache.append_attend(q_n, [a, b], k_n, v_n)  # n new tokens each: q_n [B, n, Hq, D], k_n/v_n
                                             # [B, n, Hk, D] -> [B, n, Hq, D]; token i sees up to token i
+    c = cache.fork(b)                       # a new sequence holding b's tokens (pages shared, copied on write)
     cache.free(a)
 
 Tensors are taken and returned without host copies: torch CUDA tensors directly,
@@ -706,11 +707,12 @@ class PagedKVCache(_OwnsDeviceResources):
     - per sequence slot: fp16 sink (first ``sink_tokens`` tokens) and fp16 tail
       (the unfinished tile), per layer and kv head;
     - a block table [max_seqs, max_tiles] mapping a sequence's tile i to its page.
-    Pages are taken from a free list as tiles complete and returned by free().
+    Pages are taken from a free list as tiles complete and returned by free() (or truncate()); fork()
+    shares a sequence's pages with a new one, and a shared page returns when no sequence holds it.
     """
 
-    _copy_instead = ("; move a sequence through the CPU instead: to_cpu() gives a kvarn.KVCache (which copies and "
-                     "pickles), load_cpu() loads one")
+    _copy_instead = ("; fork() copies a sequence within the cache; to move one elsewhere, go through the CPU: to_cpu() "
+                     "gives a kvarn.KVCache (which copies and pickles), load_cpu() loads one")
 
     # Read-only: the device buffers were sized by them, and the kernels trust them.
     num_kv_heads = property(lambda self: self._num_kv_heads)
@@ -796,6 +798,7 @@ class PagedKVCache(_OwnsDeviceResources):
         self._epoch = 0  # bumped whenever a length changes: a plan checked at this epoch is still valid
         self._pages = [[] for _ in range(S)]  # pages of each slot, tile order (shared by layers)
         self._free_pages = list(range(self.num_pages - 1, -1, -1))
+        self._page_refs = np.zeros(self.num_pages, np.int32)  # the sequences holding each page (fork shares them)
         self._free_slots = list(range(S - 1, -1, -1))
         self._live = set()
         self._desc = dict(kbits=self.preset.kbits, vbits=self.preset.vbits, group=G, head_dim=D, num_kv_heads=H,
@@ -863,7 +866,7 @@ class PagedKVCache(_OwnsDeviceResources):
     def free(self, seq_id) -> None:
         """Releases a sequence and its pages."""
         slot = self._slot(seq_id, "seq_id")
-        self._free_pages.extend(reversed(self._pages[slot]))
+        self._release_pages(self._pages[slot])
         self._pages[slot] = []
         self._lengths[:, slot] = 0
         self._epoch += 1
@@ -904,8 +907,47 @@ class PagedKVCache(_OwnsDeviceResources):
             self._lengths[lay, slot] = length
         self._epoch += 1
         needed = int(self._tile_counts(self._lengths[:, slot]).max())
-        self._free_pages.extend(reversed(self._pages[slot][needed:]))
+        self._release_pages(self._pages[slot][needed:])
         del self._pages[slot][needed:]
+
+    @_on_own_device
+    def fork(self, seq_id) -> int:
+        """A new sequence holding exactly what ``seq_id`` holds, in every layer (parallel sampling from one
+        prompt, beam search): returns its id. The completed tiles' pages are shared, not copied: a page goes
+        back to the pool when no sequence holds it, and is copied first (every layer's records of the tile) if
+        a sequence stores into a tile another one shares, which only a truncation followed by new tokens does.
+        The fp16 sink and tail rows are copied (each sequence appends into its own). Either sequence may then
+        append, truncate or be freed without changing the other. Waits for kvarn's queued work (as to_cpu)."""
+        slot = self._slot(seq_id, "seq_id")
+        if not self._free_slots:
+            raise RuntimeError(f"PagedKVCache: all {self.max_seqs} sequence slots are in use; free() one first")
+        new = self._free_slots[-1]  # taken below, once its rows are copied
+        self._sync_streams("fork")  # queued appends may still write the rows copied here
+        lens = self._lengths[:, slot]
+        sink_len = np.minimum(lens, self.sink_tokens)
+        tail_len = lens - sink_len - self._tile_counts(lens) * self.preset.group
+        H, D = self.num_kv_heads, self.head_dim
+        for buf, rows in ((self._sink_k, sink_len), (self._sink_v, sink_len), (self._tail_k, tail_len),
+                          (self._tail_v, tail_len)):
+            per_slot = H * buf.shape[3] * D * 2
+            for layer in np.flatnonzero(rows).tolist():  # the rows in use only (the rest was never written)
+                src = buf.ptr + (layer * self.max_seqs + slot) * per_slot
+                dst = buf.ptr + (layer * self.max_seqs + new) * per_slot
+                for h in range(H):
+                    off = h * buf.shape[3] * D * 2
+                    _check(_cuda.memcpy_dtod(dst + off, src + off, int(rows[layer]) * D * 2, 0), "fork")
+        pages = self._pages[slot]
+        if pages:  # the attend kernels read the new sequence's tiles through its block-table row
+            row = np.asarray(pages[: self.max_tiles], np.int32)
+            _check(_cuda.memcpy_htod(self._block_table.ptr + new * self.max_tiles * 4, row.view(np.uint8), 0), "fork")
+        _check(_cuda.stream_sync(0), "fork")
+        self._free_slots.pop()
+        self._live.add(new)
+        self._pages[new] = list(pages)
+        self._page_refs[pages] += 1
+        self._lengths[:, new] = lens
+        self._epoch += 1
+        return new
 
     def length(self, seq_id, layer: int = 0) -> int:
         return int(self._lengths[self._layer(layer), self._slot(seq_id, "seq_id")])
@@ -1007,11 +1049,12 @@ class PagedKVCache(_OwnsDeviceResources):
             raise ValueError(f"{name}: sequence {slots[i]} would hold {int(lens1[i])} tokens; "
                              f"this cache was made for max_seq_len={self.max_seq_len}")
 
-    def _append_tokens(self, layer, slots, vk, vv, stream, *, check_input, check_store):
+    def _append_tokens(self, layer, slots, vk, vv, stream, *, check_input, check_store, cow=None):
         """append() of checked views k, v [B, T, Hk, D] on `stream`, room checked. check_input: the
         NaN/Inf and fp16-range checks on the GPU; check_store: wait for the store kernel's flags (key
         norm, scale overflow) where tiles complete. Either raises with this call's pages returned and
-        the tails and lengths unchanged (write_tokens skips a flagged batch)."""
+        the tails and lengths unchanged (write_tokens skips a flagged batch). cow: a list that collects the
+        shared pages this call copied (_own_page), for a caller that may undo the call later (_undo_copies)."""
         B, T, G = vk.shape[0], vk.shape[1], self.preset.group
         lens0 = self._lengths[layer, slots]
         lens1 = lens0 + T
@@ -1019,23 +1062,26 @@ class PagedKVCache(_OwnsDeviceResources):
 
         # Host bookkeeping first (pages), undone if the GPU rejects the input.
         new_pages = []
+        cow = [] if cow is None else cow
+        cow0 = len(cow)
         jobs = []
         try:
             for b in np.flatnonzero(tiles1 > tiles0).tolist():  # the sequences that complete tiles
                 slot = slots[b]
                 for ti in range(int(tiles0[b]), int(tiles1[b])):
                     if ti == len(self._pages[slot]):  # no layer has this tile yet
-                        if not self._free_pages:
-                            raise self._out_of_pages()
-                        page = self._free_pages.pop()
+                        page = self._take_page()
                         self._pages[slot].append(page)
                         new_pages.append((slot, page))
+                    else:  # another layer stored it: a page a fork shares is copied before this layer writes
+                        self._own_page(slot, ti, cow)
                     start = self.sink_tokens + ti * G
                     n_old = int(min(max(lens0[b] - start, 0), G))
                     t0 = int(start + n_old - lens0[b])
                     jobs.append((slot, layer, self._pages[slot][ti], b, n_old, t0, ti))
         except Exception:
             self._undo_pages(new_pages)
+            self._undo_copies(cow, cow0, stream)
             raise
         # One host buffer: meta int32 [B][3] (slot, length before, first tail position), then the jobs [n][7].
         host = np.empty(3 * B + 7 * len(jobs), np.int32)
@@ -1049,6 +1095,7 @@ class PagedKVCache(_OwnsDeviceResources):
             meta_bytes = st.append_meta.buf.nbytes
             flag = st.flag
             self._wait_for_other_streams(stream, st, "append")
+            self._copy_pages(cow[cow0:], stream)
             _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
             _check(_cuda.memset(flag.ptr, 0, 4, stream), "append")
             if check_input:
@@ -1067,6 +1114,7 @@ class PagedKVCache(_OwnsDeviceResources):
                     raise err
         except Exception:
             self._undo_pages(new_pages)
+            self._undo_copies(cow, cow0, stream)
             raise
         self._lengths[layer, slots] = lens1
         self._epoch += 1
@@ -1080,7 +1128,71 @@ class PagedKVCache(_OwnsDeviceResources):
     def _undo_pages(self, new_pages):
         for slot, page in reversed(new_pages):
             self._pages[slot].remove(page)
-            self._free_pages.append(page)
+            self._release_pages([page])
+
+    def _take_page(self):
+        if not self._free_pages:
+            raise self._out_of_pages()
+        page = self._free_pages.pop()
+        self._page_refs[page] = 1
+        return page
+
+    def _release_pages(self, pages):
+        """Drops a sequence's hold on pages (in tile order); a page no sequence holds goes back to the pool."""
+        for page in reversed(pages):
+            self._page_refs[page] -= 1
+            if self._page_refs[page] == 0:
+                self._free_pages.append(page)
+
+    def _pages_needed(self, slots, tiles0, tiles1):
+        """Pages that storing tiles tiles0..tiles1 - 1 of each slot takes: the tiles no layer has yet, and the
+        shared ones that must be copied first (_own_page; of n sequences sharing a page that all store into it,
+        n - 1 copy it, and the last one finds it its own)."""
+        need, copied = 0, collections.Counter()
+        for slot, t0, t1 in zip(slots, tiles0.tolist(), tiles1.tolist()):
+            pages = self._pages[slot]
+            need += max(0, t1 - len(pages))
+            for page in pages[t0:t1]:
+                if self._page_refs[page] - copied[page] > 1:
+                    copied[page] += 1
+                    need += 1
+        return need
+
+    def _own_page(self, slot, ti, cow):
+        """Makes tile ti's page the slot's own where a fork shares it (copy on write): a new page takes its
+        place, and (slot, ti, shared page, new page) goes to cow; _copy_pages then queues the records' copy."""
+        page = self._pages[slot][ti]
+        if self._page_refs[page] > 1:
+            new = self._take_page()
+            self._page_refs[page] -= 1
+            self._pages[slot][ti] = new
+            cow.append((slot, ti, page, new))
+
+    def _copy_pages(self, cow, stream, what="append"):
+        """Queues the copies of cow's shared pages (the records of every layer that holds the tile; the others
+        were never written) and points the block table at them."""
+        page_bytes = self.num_kv_heads * self.record_bytes
+        for slot, ti, page, new in cow:
+            for layer in np.flatnonzero(self._tile_counts(self._lengths[:, slot]) > ti).tolist():
+                base = self._pool.ptr + layer * self.num_pages * page_bytes
+                _check(_cuda.memcpy_dtod(base + new * page_bytes, base + page * page_bytes, page_bytes, stream), what)
+            self._set_block_table(slot, ti, new, stream, what)
+
+    def _set_block_table(self, slot, ti, page, stream, what):
+        _check(_cuda.memcpy_htod(self._block_table.ptr + (slot * self.max_tiles + ti) * 4,
+                                 np.array([page], np.int32).view(np.uint8), stream), what)
+
+    def _undo_copies(self, cow, start, stream, what="append"):
+        """Gives the slots back the shared pages of cow[start:], returning the copies to the pool (the host's
+        bookkeeping first), and points the block table at the shared pages again."""
+        undone = cow[start:]
+        del cow[start:]
+        for slot, ti, page, new in reversed(undone):
+            self._pages[slot][ti] = page
+            self._page_refs[page] += 1
+            self._release_pages([new])
+        for slot, ti, page, _ in undone:
+            self._set_block_table(slot, ti, page, stream, what)
 
     # ---- attention ----------------------------------------------------------------
     def _choose_splits(self, tiles, programs_per_seq):
@@ -1295,8 +1407,7 @@ class PagedKVCache(_OwnsDeviceResources):
         self._check_room(layer, slots, n, "k")
         lens0 = self._lengths[layer, slots].copy()
         # the pages the step's tiles take, counted before anything changes (as append finds out on the host)
-        tiles1 = self._tile_counts(lens0 + n)
-        if sum(max(0, int(t) - len(self._pages[slot])) for slot, t in zip(slots, tiles1)) > len(self._free_pages):
+        if self._pages_needed(slots, self._tile_counts(lens0), self._tile_counts(lens0 + n)) > len(self._free_pages):
             raise self._out_of_pages()
         if out is None:
             out = _empty_like(vq, vq.shape, vq.dtype)
@@ -1315,6 +1426,7 @@ class PagedKVCache(_OwnsDeviceResources):
             if err is not None:
                 raise err
         pages0 = [len(self._pages[slot]) for slot in slots]
+        cow = []  # shared pages the step's chunks copied
         saved = self._save_tails(layer, slots, lens0, n, st, stream) if validate else []
         pos = 0
         try:
@@ -1323,7 +1435,7 @@ class PagedKVCache(_OwnsDeviceResources):
                 # as many tokens as complete no tile; 0 free: the next token completes one, alone
                 m = max(1, min(n - pos, int(self._tokens_before_a_tile(lens).min())))
                 self._append_tokens(layer, slots, _token_slice(vk, pos, m), _token_slice(vv, pos, m), stream,
-                                    check_input=False, check_store=validate)
+                                    check_input=False, check_store=validate, cow=cow)
                 # row b * m + i: token pos + i of sequence b, attending its first lens + i + 1 tokens
                 seen = (lens[:, None] + np.arange(1, m + 1)).reshape(-1)
                 meta, tiles = self._meta_rows(np.repeat(slots, m), seen)
@@ -1332,7 +1444,7 @@ class PagedKVCache(_OwnsDeviceResources):
                                     scale, splits, tps)
                 pos += m
         except BaseException:
-            self._undo_step(layer, slots, lens0, pages0, saved, st, stream)
+            self._undo_step(layer, slots, lens0, pages0, cow, saved, st, stream)
             raise
         self._done(st, stream, "append_attend")
         if isinstance(out, DeviceArray):
@@ -1377,12 +1489,14 @@ class PagedKVCache(_OwnsDeviceResources):
         """Byte offset of (layer, slot, head)'s first tail row in the tail buffers ([L, S, Hk, G, D] fp16)."""
         return (((layer * self.max_seqs + slot) * self.num_kv_heads + head) * self.preset.group) * self.head_dim * 2
 
-    def _undo_step(self, layer, slots, lens0, pages0, saved, st, stream):
-        """Puts a refused append_attend's layer back as it was before the step: lengths, pages, tails (the host's
-        bookkeeping first: a failing copy, a CUDA error, must not leave it saying the step happened)."""
+    def _undo_step(self, layer, slots, lens0, pages0, cow, saved, st, stream):
+        """Puts a refused append_attend's layer back as it was before the step: lengths, pages (shared ones
+        too), tails (the host's bookkeeping first: a failing copy, a CUDA error, must not leave it saying the
+        step happened)."""
         self._lengths[layer, slots] = lens0
         self._undo_pages([(slot, page) for slot, p0 in zip(slots, pages0) for page in self._pages[slot][p0:]])
         self._epoch += 1
+        self._undo_copies(cow, 0, stream)
         for tail, copy, nbytes in saved:
             _check(_cuda.memcpy_dtod(tail, copy, nbytes, stream), "append_attend")
         self._done(st, stream, "append_attend")
@@ -1524,20 +1638,26 @@ class PagedKVCache(_OwnsDeviceResources):
         n = parts["sink_k"].shape[1] + len(recs) * self.preset.group + parts["tail_k"].shape[1]
         if n > self.max_seq_len:
             raise ValueError(f"cpu_cache: {n} tokens exceed max_seq_len={self.max_seq_len}")
-        need = len(recs) - len(self._pages[slot])
+        # the tiles no layer has yet, and the shared ones (fork) other layers hold, which are copied first
+        need = self._pages_needed([slot], np.zeros(1, np.int64), np.array([len(recs)]))
         if need > len(self._free_pages):  # before taking any: a rejected load changes nothing
             raise RuntimeError(f"PagedKVCache: out of pages ({need} needed, {len(self._free_pages)} free); free() "
                                "sequences or make the cache with more num_pages")
-        new_pages = []
-        for _ in range(max(need, 0)):
-            page = self._free_pages.pop()
-            self._pages[slot].append(page)
-            new_pages.append((slot, page))
+        new_pages, cow = [], []
+        for i in range(len(recs)):
+            if i == len(self._pages[slot]):
+                page = self._take_page()
+                self._pages[slot].append(page)
+                new_pages.append((slot, page))
+            else:
+                self._own_page(slot, i, cow)
         try:
             self._sync_streams("load_cpu")  # queued work may still read the pages and rows written here
+            self._copy_pages(cow, 0, "load_cpu")
             self._load_parts(layer, slot, parts, recs)
         except Exception:
             self._undo_pages(new_pages)
+            self._undo_copies(cow, 0, 0, "load_cpu")
             raise
         self._lengths[layer, slot] = n
         self._epoch += 1

@@ -38,6 +38,9 @@ class StandIn:
         self.H, self.D, self.preset, self.L, self.S = H, D, kvarn.PRESETS[preset], num_layers, max_seqs
         self.max_len, self.num_pages, self.sink = max_seq_len, num_pages, sink_tokens
         self.seqs = {}
+        # Pages (fifty-fourth session, for fork): per sequence the page numbers it holds, and per page how many
+        # sequences hold it; a store into a tile whose page is held twice takes a new one (the GPU's copy).
+        self.pages, self.holders, self.next_page = {}, collections.Counter(), 0
 
     def _tiles(self, n):
         return max(n - self.sink, 0) // self.preset.group
@@ -47,15 +50,51 @@ class StandIn:
 
     @property
     def free_pages(self):
-        return self.num_pages - sum(self._held(s) for s in self.seqs)
+        return self.num_pages - sum(1 for n in self.holders.values() if n)
+
+    def _release(self, pages):
+        for p in pages:
+            self.holders[p] -= 1
+
+    def _store(self, seqs, layer, T, apply):
+        """Pages that T more tokens in the sequences' layer take (a new tile, or a copy of a shared one)."""
+        need, copied = 0, collections.Counter()
+        for s in seqs:
+            held = self.pages[s]
+            for ti in range(self._tiles(len(self.seqs[s][layer])), self._tiles(len(self.seqs[s][layer]) + T)):
+                if ti < len(held) and self.holders[held[ti]] - copied[held[ti]] <= 1:
+                    continue
+                need += 1
+                if not apply:  # counted as if taken: the holders change only when applied
+                    if ti < len(held):
+                        copied[held[ti]] += 1
+                    continue
+                self.next_page += 1
+                if ti < len(held):
+                    counts["shared pages copied"] += 1
+                    self._release([held[ti]])
+                held[ti:ti + 1] = [self.next_page]
+                self.holders[self.next_page] = 1
+        return need
 
     def add_sequence(self):
         s = min(set(range(self.S)) - set(self.seqs))
         self.seqs[s] = [kvarn.KVCache(self.H, self.D, self.preset, sink_tokens=self.sink) for _ in range(self.L)]
+        self.pages[s] = []
         return s
+
+    def fork(self, s):
+        new = min(set(range(self.S)) - set(self.seqs))
+        self.seqs[new] = [c.copy() for c in self.seqs[s]]
+        self.pages[new] = list(self.pages[s])
+        for p in self.pages[s]:
+            self.holders[p] += 1
+        counts["forks"] += 1
+        return new
 
     def free(self, s):
         del self.seqs[s]
+        self._release(self.pages.pop(s))
 
     def length(self, s, layer=0):
         return len(self.seqs[s][layer])
@@ -65,12 +104,13 @@ class StandIn:
         T = k.shape[1]
         if any(len(self.seqs[s][layer]) + T > self.max_len for s in seqs):
             raise ValueError("k: would exceed max_seq_len")
-        if sum(max(0, self._tiles(len(self.seqs[s][layer]) + T) - self._held(s)) for s in seqs) > self.free_pages:
+        if self._store(seqs, layer, T, False) > self.free_pages:
             raise RuntimeError("out of pages")
         for x, name in ((k, "k"), (v, "v")):
             if not np.isfinite(x).all():
                 raise ValueError(f"{name}: contains NaN or Inf")
         counts["appends"] += 1
+        self._store(seqs, layer, T, True)
         for b, s in enumerate(seqs):
             self.seqs[s][layer].append(k[b].transpose(1, 0, 2).astype(np.float16), v[b].transpose(1, 0, 2).astype(np.float16))
 
@@ -79,12 +119,13 @@ class StandIn:
         T = k.shape[1]
         if any(len(self.seqs[s][layer]) + T > self.max_len for s in seqs):
             raise ValueError("k: would exceed max_seq_len")
-        if sum(max(0, self._tiles(len(self.seqs[s][layer]) + T) - self._held(s)) for s in seqs) > self.free_pages:
+        if self._store(seqs, layer, T, False) > self.free_pages:
             raise RuntimeError("out of pages")
         for x, name in ((q, "q"), (k, "k"), (v, "v")):
             if not np.isfinite(x).all():
                 raise ValueError(f"{name}: contains NaN or Inf")
         counts["steps"] += 1
+        self._store(seqs, layer, T, True)
         counts["attention outputs"] += len(seqs) * T
         res = np.stack([kvarn.append_attend(q[b], self.seqs[s][layer], k[b].transpose(1, 0, 2).astype(np.float16),
                                             v[b].transpose(1, 0, 2).astype(np.float16)) for b, s in enumerate(seqs)])
@@ -101,6 +142,9 @@ class StandIn:
         counts["truncations"] += 1
         for lay in layers:
             self.seqs[s][lay].truncate(length)
+        held = self.pages[s]
+        self._release(held[self._held(s):])
+        del held[self._held(s):]
 
     def plan(self, seqs, layer=0):
         return Plan(self, seqs, layer)
