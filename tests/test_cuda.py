@@ -1370,6 +1370,16 @@ class FakeCuda:
         dbuf[doff:doff + n] = sbuf[soff:soff + n]
         return 0
 
+    def memcpy_2d_dtod(self, dst, dpitch, src, spitch, width, height, stream):
+        if self.log_copies:
+            self.stream_ops.append(("memcpy_2d_dtod",))
+        assert width <= min(dpitch, spitch)
+        for r in range(height):
+            sbuf, soff = self._find(src + r * spitch, width)
+            dbuf, doff = self._find(dst + r * dpitch, width)
+            dbuf[doff:doff + width] = sbuf[soff:soff + width]
+        return 0
+
     def memcpy_dtoh(self, dst, src, stream):
         if self.log_copies:
             self.stream_ops.append(("memcpy_dtoh",))

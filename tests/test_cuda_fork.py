@@ -174,6 +174,20 @@ def test_refused_step_after_a_copy_changes_nothing():
     t.check(rng, 4)
 
 
+@gpu
+def test_2d_copy_wrapper():
+    """The strided device copy fork uses: rows land at their pitch, and a row wider than a pitch is refused
+    (cudaMemcpy2D's rule) with the argument status, not a CUDA error."""
+    src = kc.DeviceArray.from_numpy(np.arange(4 * 16, dtype=np.uint8))
+    dst = kc.DeviceArray((4 * 16,), np.uint8).zero_(0)
+    assert kc._cuda.memcpy_2d_dtod(dst.ptr, 16, src.ptr, 16, 5, 4, 0) == kc._cuda.OK
+    want = np.zeros((4, 16), np.uint8)
+    want[:, :5] = np.arange(64, dtype=np.uint8).reshape(4, 16)[:, :5]
+    np.testing.assert_array_equal(dst.to_numpy(0).reshape(4, 16), want)
+    assert kc._cuda.memcpy_2d_dtod(dst.ptr, 4, src.ptr, 16, 5, 4, 0) == kc._cuda.ERR_ARGUMENT
+    assert kc._cuda.memcpy_2d_dtod(dst.ptr, 4, src.ptr, 16, 0, 4, 0) == kc._cuda.OK  # nothing to copy
+
+
 # ---- FakeCuda (CI) -----------------------------------------------------------------------------------
 def fake_cache(fake, hk=2, D=64, num_pages=None, max_seqs=3):
     return kc.PagedKVCache(hk, D, num_layers=LAYERS, max_seqs=max_seqs, max_seq_len=1024, num_pages=num_pages)

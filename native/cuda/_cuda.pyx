@@ -46,6 +46,8 @@ cdef extern from "kvarn_cuda.h" nogil:
     int kvarn_cuda_memcpy_htod(uintptr_t dst, const void* src, size_t nbytes, uintptr_t stream)
     int kvarn_cuda_memcpy_dtoh(void* dst, uintptr_t src, size_t nbytes, uintptr_t stream)
     int kvarn_cuda_memcpy_dtod(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream)
+    int kvarn_cuda_memcpy_2d_dtod(uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch, size_t width,
+                                  size_t height, uintptr_t stream)
     int kvarn_cuda_stream_sync(uintptr_t stream)
     int kvarn_cuda_layout(int32_t kbits, int32_t vbits, int32_t group, int32_t head_dim, int64_t* out)
     int kvarn_cuda_format_supported(int32_t kbits, int32_t vbits, int32_t group, int32_t head_dim)
@@ -202,6 +204,15 @@ def memcpy_dtoh(unsigned char[::1] dst, uintptr_t src, uintptr_t stream):
 
 def memcpy_dtod(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream):
     return kvarn_cuda_memcpy_dtod(dst, src, nbytes, stream)
+
+
+def memcpy_2d_dtod(uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch, size_t width, size_t height,
+                   uintptr_t stream):
+    if width == 0 or height == 0:
+        return 0
+    if width > dpitch or width > spitch:  # cudaMemcpy2D's own rule, checked here for a clear status
+        return KVARN_CUDA_ERR_ARGUMENT
+    return kvarn_cuda_memcpy_2d_dtod(dst, dpitch, src, spitch, width, height, stream)
 
 
 def stream_sync(uintptr_t stream):

@@ -199,6 +199,15 @@ int kvarn_cuda_memcpy_dtod(uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t
     return KVARN_CUDA_OK;
 }
 
+int kvarn_cuda_memcpy_2d_dtod(uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch, size_t width, size_t height,
+                              uintptr_t stream)
+{
+    KVARN_CUDA_TRY(cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), dpitch, reinterpret_cast<const void*>(src), spitch,
+                                     width, height, cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
+                   "cudaMemcpy2DAsync (device to device)");
+    return KVARN_CUDA_OK;
+}
+
 int kvarn_cuda_stream_sync(uintptr_t stream)
 {
     KVARN_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");

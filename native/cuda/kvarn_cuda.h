@@ -71,6 +71,9 @@ int kvarn_cuda_memset(uintptr_t ptr, int value, size_t bytes, uintptr_t stream);
 int kvarn_cuda_memcpy_htod(uintptr_t dst, const void* src, size_t bytes, uintptr_t stream);
 int kvarn_cuda_memcpy_dtoh(void* dst, uintptr_t src, size_t bytes, uintptr_t stream); /* synchronous */
 int kvarn_cuda_memcpy_dtod(uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream);
+/* height rows of width bytes each, src rows spitch bytes apart, dst rows dpitch apart (cudaMemcpy2DAsync). */
+int kvarn_cuda_memcpy_2d_dtod(uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch, size_t width, size_t height,
+                              uintptr_t stream);
 int kvarn_cuda_stream_sync(uintptr_t stream);
 
 /* Byte offsets of one record's fields (format.h): k_codes ka kz kt v_codes vc va vz total. */

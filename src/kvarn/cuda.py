@@ -929,13 +929,11 @@ class PagedKVCache(_OwnsDeviceResources):
         H, D = self.num_kv_heads, self.head_dim
         for buf, rows in ((self._sink_k, sink_len), (self._sink_v, sink_len), (self._tail_k, tail_len),
                           (self._tail_v, tail_len)):
-            per_slot = H * buf.shape[3] * D * 2
-            for layer in np.flatnonzero(rows).tolist():  # the rows in use only (the rest was never written)
-                src = buf.ptr + (layer * self.max_seqs + slot) * per_slot
-                dst = buf.ptr + (layer * self.max_seqs + new) * per_slot
-                for h in range(H):
-                    off = h * buf.shape[3] * D * 2
-                    _check(_cuda.memcpy_dtod(dst + off, src + off, int(rows[layer]) * D * 2, 0), "fork")
+            per_head = buf.shape[3] * D * 2
+            for layer in np.flatnonzero(rows).tolist():  # the rows in use only (the rest was never written):
+                src = buf.ptr + (layer * self.max_seqs + slot) * H * per_head  # each head's first rows[layer]
+                dst = buf.ptr + (layer * self.max_seqs + new) * H * per_head
+                _check(_cuda.memcpy_2d_dtod(dst, per_head, src, per_head, int(rows[layer]) * D * 2, H, 0), "fork")
         pages = self._pages[slot]
         if pages:  # the attend kernels read the new sequence's tiles through its block-table row
             row = np.asarray(pages[: self.max_tiles], np.int32)
