@@ -362,3 +362,45 @@ def test_copy_deepcopy_and_pickle_while_other_threads_attend_and_append(rng):
         sys.setswitchinterval(old)
     assert not errors, errors[:3]
     assert copies[0] > 100  # the race had its chances
+
+
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+def test_a_copy_shares_the_records_until_its_next_tile(quantize_on, rng):
+    """copy() shares the records buffer (O(sink + tail), not O(context): beam search copies caches every step);
+    the copy copies it before its first completed tile, the original writes past its tile count, and neither
+    then sees the other's records: each equals a cache given its own tokens from scratch."""
+    G = 64
+    base = tokens(rng, 16 + 3 * G + 20)
+    c = kvarn.KVCache(H, D, "k4v2_g64", 16, quantize_on=quantize_on)
+    c.append(*base)
+    d = c.copy()
+    assert d._state[2] is c._state[2]  # the same buffer
+    extra_c, extra_d = tokens(rng, G), tokens(rng, G + 5)  # one tile each: the buffer has room for it (capacity 4)
+    d.append(*extra_d)
+    assert d._state[2] is not c._state[2]
+    c.append(*extra_c)
+    q = rng.standard_normal((2 * H, D)).astype(np.float32)
+    for cache, extra in ((c, extra_c), (d, extra_d)):
+        fresh = kvarn.KVCache(H, D, "k4v2_g64", 16, quantize_on=quantize_on)
+        fresh.append(*(np.concatenate([b, x], axis=1) for b, x in zip(base, extra)))
+        assert_same_cache(cache, fresh, q)
+
+
+def test_a_copy_survives_the_originals_rollback_below_its_tiles(rng):
+    """The original rolled back below the copy's tile count writes its next tiles into a fresh buffer (the one the
+    copy shares is frozen), so the copy's records keep their bytes; and the reverse."""
+    c = kvarn.KVCache(H, D, "k4v2_g64", 0)
+    c.append(*tokens(rng, 64 + 3))
+    ck = c.checkpoint()
+    c.append(*tokens(rng, 3 * 64))
+    d = c.copy()
+    held = d.records.copy()
+    c.rollback(ck)
+    c.append(*tokens(rng, 3 * 64))  # tiles 1-3 again, other tokens
+    assert same_bytes(d.records, held)
+    ck_d = d.checkpoint()
+    e = d.copy()
+    d.rollback(ck_d)
+    d.truncate(64)
+    d.append(*tokens(rng, 2 * 64))
+    assert same_bytes(e.records, held)

@@ -669,7 +669,12 @@ class KVCache:
 
     def copy(self) -> "KVCache":
         """An independent cache with the same settings and contents (appends to either leave the
-        other unchanged). The records are copied: appends write new ones in place."""
+        other unchanged). The records buffer is shared, not copied (beam search and parallel sampling
+        copy caches every step): records never change once written, and this cache writes new ones
+        only past its tile count (a rollback or truncate below it copies or freezes the buffer first),
+        which the copy does not read; the copy gets the buffer frozen and copies it before its first
+        completed tile (as after a rollback). The sink and tail are copied (at most one tile each);
+        ``nbytes`` counts the shared records in each cache."""
         sink_k, sink_v, records, num_tiles, tail_k, tail_v, tail_len = self._state  # one snapshot
         new = object.__new__(type(self))  # a subclass copies into its own type
         # A snapshot of __dict__ (one C call): attend adds _parts_cache and appends remove it meanwhile,
@@ -678,10 +683,9 @@ class KVCache:
                              if k not in ("_state", "_append_lock", "_parts_cache", "_frozen_records", "_frozen_tail",
                                           "_records_seen", "_records_high_water")})
         new._append_lock = _ops.new_append_lock(new)
-        new._frozen_records = new._frozen_tail = None
+        new._frozen_records, new._frozen_tail = records, None
         new._records_seen, new._records_high_water = None, 0
-        new._publish(sink_k.copy(), sink_v.copy(), records[:num_tiles].copy(), num_tiles, tail_k.copy(), tail_v.copy(),
-                     tail_len)
+        new._publish(sink_k.copy(), sink_v.copy(), records, num_tiles, tail_k.copy(), tail_v.copy(), tail_len)
         return new
 
     # copy.copy / copy.deepcopy give an independent cache too: a shallow copy would share the tail

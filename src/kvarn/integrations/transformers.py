@@ -29,7 +29,8 @@ How it works
   logit soft-capping is refused when the cache is built.
 
 Batch rows can be reordered, repeated and selected (beam search, ``num_return_sequences``): a
-row that appears twice gets a copy of its ``kvarn.KVCache``. Left-padded batches (what
+row that appears twice gets a copy of its ``kvarn.KVCache`` (which shares its records until it completes a
+tile: O(one tile) per copy, not O(context)). Left-padded batches (what
 ``generate`` builds for prompts of different lengths with ``padding_side="left"``) work: a row's
 padding positions are left out of its ``kvarn.KVCache`` at prefill, and later steps check that
 the mask hides exactly those. Assisted and prompt-lookup decoding roll rejected draft tokens
