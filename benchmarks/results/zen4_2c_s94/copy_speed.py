@@ -1,6 +1,6 @@
 """KVCache.copy() before (records copied) and after (records shared, copied at the copy's next tile), and a beam
 search's per-step copies: a cache of n tokens copied, then one token appended to the copy (a decode step)."""
-import sys, time
+import time
 import numpy as np
 import kvarn
 
