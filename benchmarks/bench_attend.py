@@ -102,8 +102,12 @@ def data(shape, ctx):
 
 
 def clone(cache):
-    """A copy of a cache with its own arrays (so batch rows and layers read distinct memory)."""
-    c = cache.copy()  # KVCache, FP16Cache: their arrays live in one state tuple, which a shallow copy would share
+    """A copy of a cache with its own arrays (so batch rows and layers read distinct memory). KVCache.copy() shares
+    the records (until the copy completes a tile), so a KVCache is rebuilt from its parts, which are copies."""
+    if isinstance(cache, kvarn.KVCache):
+        c = kvarn.KVCache.from_parts(**cache.to_parts())
+    else:
+        c = cache.copy()  # FP16Cache: its arrays live in one state tuple, which a shallow copy would share
     for key in ("sink_k", "records", "tail_k"):
         a, b = cache._native_parts()[key], c._native_parts()[key]
         assert a.size == 0 or not np.shares_memory(a, b), f"clone shares {key}"

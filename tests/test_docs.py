@@ -79,10 +79,13 @@ def test_cuda_doc_example_runs():
     randn = lambda *shape: torch.randn(*shape, device="cuda", generator=g)  # noqa: E731
     names = {
         "k": randn(2, 5, 8, 128).bfloat16(), "v": randn(2, 5, 8, 128).bfloat16(), "q": randn(2, 32, 128).bfloat16(),
-        "k_tiles": randn(3, 128, 128), "v_tiles": randn(3, 128, 128),
+        "q_n": randn(2, 3, 32, 128).bfloat16(), "k_n": randn(2, 3, 8, 128).bfloat16(),
+        "v_n": randn(2, 3, 8, 128).bfloat16(), "k_tiles": randn(3, 128, 128), "v_tiles": randn(3, 128, 128),
     }
     exec(compile(block, "docs/cuda.md", "exec"), names)
-    out, records = names["out"], names["records"]
+    out, out_n, records, cache = names["out"], names["out_n"], names["records"], names["cache"]
     assert out.shape == (2, 32, 128) and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert out_n.shape == (2, 3, 32, 128) and torch.isfinite(out_n).all()
+    assert cache.length(names["c"]) == cache.length(names["b"]) == 8  # the fork holds b's 5 + 3 tokens
     expect = kvarn.quantize_tile(names["k_tiles"].cpu().numpy(), names["v_tiles"].cpu().numpy(), "k4v2_g128")
     np.testing.assert_array_equal(records.cpu().numpy(), expect.records)  # the GPU writes the CPU's records
