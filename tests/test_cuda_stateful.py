@@ -22,6 +22,7 @@ content, which the invariant has just equated with the CPU cache's: within REL_T
 Skips, with the reason printed, where there is no CUDA build, no GPU or no torch (CI).
 """
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -355,3 +356,17 @@ TestPagedKVCache.settings = settings(max_examples=int(os.environ.get("KVARN_CUDA
                                      stateful_step_count=30, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestPagedKVCache = pytest.mark.skipif(REASON is not None, reason=f"GPU tests skipped: {REASON}")(TestPagedKVCache)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed (the stand-in's tensors)")
+def test_the_machine_against_a_cpu_stand_in():
+    """Where there is no GPU (CI): this machine's own model and expectations (page sharing and copies on write,
+    refusals, truncation points, each output's bound) run against a CPU stand-in for PagedKVCache, one
+    kvarn.KVCache per sequence and layer with the GPU cache's refusal order and page accounting
+    (benchmarks/results/zen4_2c_s88/cuda_stateful_shim.py), in a subprocess: the stand-in replaces
+    kvarn.cuda.PagedKVCache for the whole process. 60 examples, derandomised. Not a test of the GPU path."""
+    shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "results", "zen4_2c_s88",
+                        "cuda_stateful_shim.py")
+    r = subprocess.run([sys.executable, shim, "60", "--derandomize"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "60 examples: no failure" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "forks" in r.stdout and "steps" in r.stdout, r.stdout  # the rules ran

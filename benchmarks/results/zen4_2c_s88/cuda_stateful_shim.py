@@ -180,8 +180,11 @@ def counted_raises(error, match=None):
 machine.pytest.raises = counted_raises
 if __name__ == "__main__":
     examples = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    # --derandomize: the same examples every run (tests/test_cuda_stateful.py runs it so in CI, from the
+    # fifty-fourth session on)
     run_state_machine_as_test(machine.PagedMachine, settings=settings(
-        max_examples=examples, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
+        max_examples=examples, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck),
+        derandomize="--derandomize" in sys.argv))
     for key, n in sorted(counts.items()):
         print(f"{n:6d}  {key}")
     print(f"{examples} examples: no failure")
