@@ -17,6 +17,7 @@ import kvarn.cuda as kc
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_cuda import FakeDevArray, _seed, _spiky_keys, dev, fake, gpu, kv_like, need_torch  # noqa: E402,F401
+from test_cuda_steps import content  # noqa: E402
 
 LAYERS = 2
 
@@ -24,13 +25,6 @@ LAYERS = 2
 # ---- GPU -------------------------------------------------------------------------------------------
 def tokens(rng, n, hk, D):
     return kv_like(rng, (1, n, hk, D)), kv_like(rng, (1, n, hk, D))
-
-
-def content(cache, sid, layer):
-    """Everything the cache holds for a sequence in a layer, as bytes: length, records, sink and tail rows."""
-    parts = cache.to_cpu(sid, layer).to_parts()
-    return (cache.length(sid, layer), cache.records(sid, layer).tobytes(),
-            *(np.asarray(parts[name]).tobytes() for name in ("sink_k", "sink_v", "tail_k", "tail_v")))
 
 
 class Twin:

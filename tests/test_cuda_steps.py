@@ -43,10 +43,10 @@ def step_inputs(seed, B, n, hq, hk, D):
     return kv_like(rng, (B, n, hq, D)), kv_like(rng, (B, n, hk, D)), kv_like(rng, (B, n, hk, D))
 
 
-def content(cache, sid):
-    """Everything the cache holds for a sequence, as bytes: lengths, records, sink and tail rows."""
-    parts = cache.to_cpu(sid).to_parts()
-    return (cache.length(sid), cache.records(sid).tobytes(),
+def content(cache, sid, layer=0):
+    """Everything the cache holds for a sequence (in a layer), as bytes: length, records, sink and tail rows."""
+    parts = cache.to_cpu(sid, layer).to_parts()
+    return (cache.length(sid, layer), cache.records(sid, layer).tobytes(),
             *(np.asarray(parts[name]).tobytes() for name in ("sink_k", "sink_v", "tail_k", "tail_v")))
 
 

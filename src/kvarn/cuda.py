@@ -1206,11 +1206,12 @@ class PagedKVCache(_OwnsDeviceResources):
             self._split_choices[key] = choice
         return choice
 
-    def _programs_per_seq(self, num_q_heads):
-        """Attend programs per sequence and split: one per kv head and 8 of its query heads (a group of 9-16 runs
-        two; 4-row programs, _choose_q_rows, only where one wave holds them anyway). Counting one per kv head
-        whatever the group gave a group of 16 at 32K x 1 two waves: 1.3-1.7x slower (s94, an H100)."""
-        return self.num_kv_heads * -(-(num_q_heads // self.num_kv_heads) // 8)
+    def _programs_per_seq(self, num_q_heads, q_rows=8):
+        """Attend programs per sequence and split: one per kv head and q_rows of its query heads (a group of 9-16
+        runs two of 8 rows). The split choice counts 8-row programs (4-row ones, _choose_q_rows, only where one
+        wave holds them anyway); counting one per kv head whatever the group gave a group of 16 at 32K x 1 two
+        waves: 1.3-1.7x slower (s94, an H100)."""
+        return self.num_kv_heads * -(-(num_q_heads // self.num_kv_heads) // q_rows)
 
     def _choose_q_rows(self, num_q_heads, batch, splits, tiles_per_split):
         """The most query rows an attend program takes (the kernels: 4 or 8). 4 for a k4v2_g128 head_dim-128 group
@@ -1221,8 +1222,8 @@ class PagedKVCache(_OwnsDeviceResources):
         group = num_q_heads // self.num_kv_heads
         if group <= 4 or tiles_per_split > 8 or not self._swapped_tiles:
             return 8
-        programs = splits * self.num_kv_heads * -(-group // 4) * batch
-        return 4 if programs <= self.num_sms and self.num_kv_heads * -(-group // 4) <= MAX_GRID_YZ else 8
+        per_seq = self._programs_per_seq(num_q_heads, 4)
+        return 4 if splits * per_seq * batch <= self.num_sms and per_seq <= MAX_GRID_YZ else 8
 
     def _plan_host(self, seq_ids, layer, num_q_heads):
         layer = self._layer(layer)
