@@ -8,6 +8,7 @@
     out_n = cache.append_attend(q_n, [a, b], k_n, v_n)  # n new tokens each: q_n [B, n, Hq, D], k_n/v_n
                                             # [B, n, Hk, D] -> [B, n, Hq, D]; token i sees up to token i
     c = cache.fork(b)                       # a new sequence holding b's tokens (pages shared, copied on write)
+    point = cache.checkpoint([a, b], 1)     # before a step; rollback(point) undoes its appends (tiles too) exactly
     cache.free(a)
 
 Tensors are taken and returned without host copies: torch CUDA tensors directly,
@@ -681,6 +682,26 @@ class AttendPlan(_OwnsDeviceResources):
     lengths = property(lambda self: self._lengths, doc="The sequences' lengths when the plan was made.")
 
 
+class StepCheckpoint(_OwnsDeviceResources):
+    """Some sequences' state before a step, made by PagedKVCache.checkpoint() for its rollback(): their lengths
+    in every layer, the slot versions, the pages a copy on write could replace (with their stamps) and, in a
+    device buffer of its own, the fp16 tail rows that newer tokens could overwrite once a tile completes.
+    Opaque, and usable only with the cache that made it."""
+
+    _copy_instead = "; make another with PagedKVCache.checkpoint()"
+
+    def __init__(self, owner, slots, layer, n_tokens, lengths, versions, pages, saved, buf):
+        self._owner, self._slots, self._layer, self._n_tokens = owner, tuple(slots), layer, int(n_tokens)
+        self._layers = list(range(owner.num_layers)) if layer is None else [layer]
+        self._lengths, self._versions = lengths, versions  # [L, B] every layer's; [B]
+        self._pages = pages  # per slot: (first tile, its pages from there, their stamps)
+        self._saved, self._buf = saved, buf  # [(tail rows address, copy address, row bytes per head)], the copy
+
+    seq_ids = property(lambda self: self._slots)
+    layer = property(lambda self: self._layer, doc="The one layer it covers, or None: every layer.")
+    n_tokens = property(lambda self: self._n_tokens, doc="The most tokens per sequence and layer it undoes.")
+
+
 def _choose_splits(tiles, programs_per_seq, num_sms):
     """(splits, tiles per split) for sequences of `tiles` tiles: of the distinct splittings of the
     longest one, the fewest waves of ~1 program per SM, then the fewest splits (first minimum)."""
@@ -709,6 +730,7 @@ class PagedKVCache(_OwnsDeviceResources):
     - a block table [max_seqs, max_tiles] mapping a sequence's tile i to its page.
     Pages are taken from a free list as tiles complete and returned by free() (or truncate()); fork()
     shares a sequence's pages with a new one, and a shared page returns when no sequence holds it.
+    checkpoint() and rollback() undo appends exactly (a step refused part-way through the layers).
     """
 
     _copy_instead = ("; fork() copies a sequence within the cache; to move one elsewhere, go through the CPU: to_cpu() "
@@ -799,6 +821,14 @@ class PagedKVCache(_OwnsDeviceResources):
         self._pages = [[] for _ in range(S)]  # pages of each slot, tile order (shared by layers)
         self._free_pages = list(range(self.num_pages - 1, -1, -1))
         self._page_refs = np.zeros(self.num_pages, np.int32)  # the sequences holding each page (fork shares them)
+        # For rollback(): a stamp per page from one counter, renewed when the page is taken from the pool or stored
+        # into in place (a checkpoint that gave a page up takes it back only if its stamp is the one it saw), the
+        # stamp it was taken with (to give pages back in the order they were taken), and a version per slot, bumped
+        # by what checkpoints cannot undo (add_sequence, free, truncate, load_cpu, a rollback that moves it).
+        self._page_gen = np.zeros(self.num_pages, np.int64)
+        self._page_taken = np.zeros(self.num_pages, np.int64)
+        self._gen = 0
+        self._versions = np.zeros(S, np.int64)
         self._free_slots = list(range(S - 1, -1, -1))
         self._live = set()
         self._desc = dict(kbits=self.preset.kbits, vbits=self.preset.vbits, group=G, head_dim=D, num_kv_heads=H,
@@ -861,6 +891,7 @@ class PagedKVCache(_OwnsDeviceResources):
         self._live.add(slot)
         self._lengths[:, slot] = 0
         self._epoch += 1
+        self._versions[slot] += 1
         return slot
 
     def free(self, seq_id) -> None:
@@ -870,6 +901,7 @@ class PagedKVCache(_OwnsDeviceResources):
         self._pages[slot] = []
         self._lengths[:, slot] = 0
         self._epoch += 1
+        self._versions[slot] += 1
         self._live.discard(slot)
         self._free_slots.append(slot)
 
@@ -906,6 +938,7 @@ class PagedKVCache(_OwnsDeviceResources):
         for lay in layers:
             self._lengths[lay, slot] = length
         self._epoch += 1
+        self._versions[slot] += 1
         needed = int(self._tile_counts(self._lengths[:, slot]).max())
         self._release_pages(self._pages[slot][needed:])
         del self._pages[slot][needed:]
@@ -946,6 +979,120 @@ class PagedKVCache(_OwnsDeviceResources):
         self._lengths[:, new] = lens
         self._epoch += 1
         return new
+
+    # ---- checkpoints ---------------------------------------------------------------
+    @_on_own_device
+    def checkpoint(self, seq_ids, n_tokens: int, *, layer: int | None = None) -> StepCheckpoint:
+        """What rollback() needs to put these sequences back exactly as they are now, in every layer (or one
+        ``layer``), after appends (append, append_attend) of at most ``n_tokens`` tokens each per layer: an engine
+        running a step layer by layer undoes the layers done when a later one refuses the step, which truncate()
+        cannot do once the step completed a tile (its tokens are then stored only as codes).
+
+        Copies the fp16 tail rows in use that those tokens could overwrite (the tokens after a completed tile
+        reuse its rows) into the checkpoint's own device buffer, on the default stream after kvarn's queued work
+        (no host wait); for n_tokens=1 (a decode step) there are none: no device work at all."""
+        slots = self._slots(seq_ids)
+        n = check_positive_int(n_tokens, "n_tokens", 0)
+        layer = None if layer is None else self._layer(layer)
+        layers = list(range(self.num_layers)) if layer is None else [layer]
+        lens = self._lengths[:, slots]  # a copy (fancy indexing)
+        sub = lens if layer is None else lens[layers]
+        pages = []
+        # tiles below every layer's count are never stored into by these appends: only later pages can change
+        for slot, t0 in zip(slots, self._tile_counts(sub).min(axis=0).tolist()):
+            held = self._pages[slot][t0:]
+            pages.append((t0, held, self._page_gen[held].tolist() if held else []))
+        saved, buf = [], None
+        if n > 1:
+            tail = sub - np.minimum(sub, self.sink_tokens) - self._tile_counts(sub) * self.preset.group
+            # rows in use that the tokens after the first completed tile (if any, within n) would write
+            rows = np.minimum(tail, n - 1 - self._tokens_before_a_tile(sub))
+            picks = np.argwhere(rows > 0).tolist()
+            if picks:
+                H, D, pitch = self.num_kv_heads, self.head_dim, self.preset.group * self.head_dim * 2
+                buf = DeviceArray((2 * H * D * 2 * int(rows[rows > 0].sum()),), np.uint8)
+                st = self._stream_state(0)
+                self._wait_for_other_streams(0, st, "checkpoint")
+                dst = buf.ptr
+                for tail_buf in (self._tail_k, self._tail_v):
+                    for i, b in picks:
+                        width = int(rows[i, b]) * D * 2  # each head's first rows, packed in the copy
+                        src = tail_buf.ptr + self._slot_rows_offset(layers[i], slots[b], 0)
+                        _check(_cuda.memcpy_2d_dtod(dst, width, src, pitch, width, H, 0), "checkpoint")
+                        saved.append((src, dst, width))
+                        dst += width * H
+                self._done(st, 0, "checkpoint")
+        return StepCheckpoint(self, slots, layer, n, lens, self._versions[slots], pages, saved, buf)
+
+    @_on_own_device
+    def rollback(self, checkpoint: StepCheckpoint) -> None:
+        """Puts the checkpoint's sequences back exactly as they were at checkpoint() in its layers: lengths,
+        pages (a page a copy on write replaced is taken back, the pages taken since go back to the pool unless a
+        fork made since holds them), page counts, block-table entries and tail rows; attend then gives what it
+        gave then, bit for bit. The same checkpoint may be rolled back to again. Plans made before no longer
+        apply. Waits for kvarn's queued work (as fork).
+
+        Valid while, since the checkpoint, those sequences only received appends in its layers, at most
+        n_tokens each per layer (refused ones count for nothing), and none in other layers. Anything else
+        (truncate, free, load_cpu, more tokens, a rollback that moved them to another state, which invalidates
+        every other checkpoint of theirs) raises ValueError and changes nothing; so does a page a copy on
+        write replaced that went back to the pool and was taken again (or stored into in place) meanwhile."""
+        point = checkpoint
+        if not isinstance(point, StepCheckpoint):
+            raise TypeError(f"checkpoint: expected a StepCheckpoint from PagedKVCache.checkpoint(), got "
+                            f"{type(point).__name__}")
+        if point._owner is not self:
+            raise ValueError("checkpoint: made by another PagedKVCache; roll back with the cache that made it")
+        slots, layers = list(point._slots), point._layers
+        for slot, version in zip(slots, point._versions.tolist()):
+            if slot not in self._live or self._versions[slot] != version:
+                raise ValueError(f"checkpoint: sequence {slot} was freed, truncated, loaded or rolled back to "
+                                 "another state since the checkpoint; it can no longer be rolled back to")
+        now = self._lengths[:, slots]
+        grown = now - point._lengths
+        inside = np.zeros(self.num_layers, bool)
+        inside[layers] = True
+        bad = np.argwhere(np.where(inside[:, None], (grown < 0) | (grown > point.n_tokens), grown != 0))
+        if len(bad):
+            lay, b = bad[0].tolist()
+            was, got = int(point._lengths[lay, b]), int(now[lay, b])
+            what = (f"changed length ({was} -> {got}) outside the checkpoint's layer" if not inside[lay] else
+                    f"holds {got} tokens, fewer than its {was} at the checkpoint" if got < was else
+                    f"received {got - was} tokens since the checkpoint, more than its n_tokens={point.n_tokens}")
+            raise ValueError(f"checkpoint: sequence {slots[b]} {what} in layer {lay}")
+        for slot, (t0, held, gens) in zip(slots, point._pages):
+            for ti, page, gen in zip(range(t0, t0 + len(held)), held, gens):
+                if self._pages[slot][ti] != page and self._page_gen[page] != gen:
+                    raise ValueError(f"checkpoint: page {page} (sequence {slot}, tile {ti}), which a copy on write "
+                                     "replaced since, was reused or stored into meanwhile; it cannot be taken back")
+        self._sync_streams("rollback")  # queued work may still use the rows and entries put back here
+        # Host bookkeeping first: a failing copy must not leave it saying the appends happened.
+        gone, table = [], []
+        for slot, (t0, held, _) in zip(slots, point._pages):
+            pages = self._pages[slot]
+            for ti, page in zip(range(t0, t0 + len(held)), held):
+                if pages[ti] != page:  # replaced by a copy on write: take the page back
+                    gone.append(pages[ti])
+                    if self._page_refs[page] == 0:  # in the pool still, unchanged (same stamp)
+                        self._free_pages.remove(page)
+                    self._page_refs[page] += 1
+                    pages[ti] = page
+                    table.append((slot, ti, page))
+            gone += pages[t0 + len(held):]  # no layer holds these tiles any more
+            del pages[t0 + len(held):]
+        # latest taken back to the pool first, so that it hands them out again in the order it did
+        self._release_pages(sorted(gone, key=self._page_taken.__getitem__))
+        moved = (grown[layers] != 0).any(axis=0)
+        self._lengths[np.ix_(layers, slots)] = point._lengths[layers]
+        self._versions[np.asarray(slots)[moved]] += 1  # checkpoints taken after this one no longer apply
+        point._versions = self._versions[slots]
+        self._epoch += 1
+        pitch = self.preset.group * self.head_dim * 2
+        for tail, copy, width in point._saved:
+            _check(_cuda.memcpy_2d_dtod(tail, pitch, copy, width, width, self.num_kv_heads, 0), "rollback")
+        for slot, ti, page in table:
+            self._set_block_table(slot, ti, page, 0, "rollback")
+        _check(_cuda.stream_sync(0), "rollback")
 
     def length(self, seq_id, layer: int = 0) -> int:
         return int(self._lengths[self._layer(layer), self._slot(seq_id, "seq_id")])
@@ -1133,7 +1280,13 @@ class PagedKVCache(_OwnsDeviceResources):
             raise self._out_of_pages()
         page = self._free_pages.pop()
         self._page_refs[page] = 1
+        self._page_taken[page] = self._stamp(page)
         return page
+
+    def _stamp(self, page):
+        self._gen += 1
+        self._page_gen[page] = self._gen
+        return self._gen
 
     def _release_pages(self, pages):
         """Drops a sequence's hold on pages (in tile order); a page no sequence holds goes back to the pool."""
@@ -1165,6 +1318,8 @@ class PagedKVCache(_OwnsDeviceResources):
             self._page_refs[page] -= 1
             self._pages[slot][ti] = new
             cow.append((slot, ti, page, new))
+        else:  # stored into in place: a checkpoint that gave this page up (a copy on write) cannot take it back
+            self._stamp(page)
 
     def _copy_pages(self, cow, stream, what="append"):
         """Queues the copies of cow's shared pages (the records of every layer that holds the tile; the others
@@ -1660,6 +1815,7 @@ class PagedKVCache(_OwnsDeviceResources):
             raise
         self._lengths[layer, slot] = n
         self._epoch += 1
+        self._versions[slot] += 1
 
     def _load_parts(self, layer, slot, parts, recs):
         H, D = self.num_kv_heads, self.head_dim
