@@ -19,9 +19,17 @@ How it works
   returned key tensor; the attention function then, token by token, appends the token to the
   kvarn cache and calls ``kvarn.attend_batch`` over the packed codes. No dequantised copy of the
   cache is ever made (transformers' own QuantizedCache dequantises the whole cache every step).
-  The packed cache lives in host memory and the attention runs on the CPU whatever the model's
-  device: a model on a GPU copies each layer's K/V and query to the host, and the output back,
-  every step (``kvarn.cuda.PagedKVCache`` is the GPU path).
+  By default the packed cache lives in host memory and the attention runs on the CPU whatever the
+  model's device: a model on a GPU copies each layer's K/V and query to the host, and the output back,
+  every step.
+- ``KVarNCache(config, device="cuda")`` keeps the cache on the model's GPU instead: one
+  ``kvarn.cuda.PagedKVCache`` per layer, prefill appended per row (without its left padding) and
+  quantised there, and each later step one ``append_attend`` per layer over the whole batch (q, k, v as
+  transposed views of the model's tensors; no host copies), which runs kvarn's CUDA kernels. A step
+  refused by a later layer is undone with ``PagedKVCache.checkpoint``/``rollback``; beam search and
+  ``num_return_sequences`` free the rows left out and ``fork`` repeated ones (pages shared). Its pools
+  are allocated at the first forward (``max_batch_size`` rows of ``max_cache_len`` tokens); it has no
+  crop window (crops inside the fp16 tail work), ``quantize_on="fill"`` only, and head_dim 64, 128 or 256.
 - Sliding-window layers (Gemma 3's local layers) keep transformers' full-precision
   ``DynamicSlidingWindowLayer``: they hold at most ``sliding_window`` tokens, and kvarn's attention
   has no window. A config with no full-attention layer at all (nothing to compress: one with
@@ -99,7 +107,7 @@ except ImportError as e:  # torch or transformers missing, or a transformers wit
 
 import kvarn
 from .._ops import check_head_dim as kvarn_check_head_dim
-from .._ops import append_attend_chunks, check_positive_int, check_scale, check_step_queries
+from .._ops import append_attend_chunks, check_positive_int, check_scale, check_step_queries, get_preset
 
 if TYPE_CHECKING:  # annotations only
     from .._ops import PresetLike
@@ -507,7 +515,11 @@ class KVarNLayer(CacheLayerMixin):
             self._fail(error)
             raise
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            try:
+                self.lazy_initialization(key_states, value_states)
+            except BaseException as error:  # a GPU pool that cannot be allocated, say
+                self._fail(error)
+                raise
         if self._pending is not None or self._prefill is not None:
             raise RuntimeError("KVarNCache: the previous step's attention never ran; is attn_implementation 'kvarn'?")
         if self.cumulative_length == 0:
@@ -562,6 +574,42 @@ class KVarNLayer(CacheLayerMixin):
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
         """Appends the kept-aside tokens one at a time, each followed by kvarn decode attention."""
+        key_states, value_states = self._take_pending(query, attention_mask)
+        B, Hq, n, D = query.shape
+        k, v, q = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True), _to_numpy(query)
+        out_tensor = torch.empty((B, n, Hq, D), dtype=torch.float32)
+        out = out_tensor.numpy()
+        # A rejected token (NaN, a tile whose scales overflow fp16, a bad query) must not leave some rows
+        # holding it: every row returns to its checkpoint, exactly (also across a tile quantised since).
+        before = [c.checkpoint() for c in self.caches]
+        try:
+            # kvarn.append_attend_batch without its checks of the caches, which this layer made alike (heads,
+            # head_dim): per layer and step they cost more than the query's. The step's tokens are attended
+            # as if appended one at a time, in chunks that complete no tile (one native call each).
+            scale = check_scale(scaling, D)
+            qs = check_step_queries(q, self.caches[0].num_kv_heads, D, scale)
+            append_attend_chunks(qs, self.caches, k, v, scale, None, out, self._row_error)
+        except BaseException as e:
+            for c, checkpoint in zip(self.caches, before):
+                c.rollback(checkpoint)
+            self._fail(e)
+            raise
+        journal = self._journal if self._journal is not None and self._journal.active else None
+        ring_saved = [] if journal is not None else None
+        if self.crop_window:
+            for b, c in enumerate(self.caches):
+                self._remember(b, len(c) - n, k[b], v[b], ring_saved)
+        self.cumulative_length += n
+        if journal is not None:  # the checkpoints live until every layer has taken the step
+            journal.add(functools.partial(self._undo_step, before, n, ring_saved))
+            journal.took()
+        if query.dtype is torch.float32 and query.is_cpu:
+            return out_tensor
+        return out_tensor.to(device=query.device, dtype=query.dtype)
+
+    def _take_pending(self, query, attention_mask):
+        """The step kept aside by update, once the query, the grad mode and the mask are found fit for kvarn
+        attention (else raises, with this layer as before the step and the layers before it undone)."""
         if self._pending is None:
             raise RuntimeError("KVarNCache: attention called without new tokens")
         key_states, value_states = self._pending
@@ -611,36 +659,7 @@ class KVarNLayer(CacheLayerMixin):
                 raise error
             if attention_mask is not None:
                 setattr(attention_mask, _MASK_CHECKED, verdict)
-        k, v, q = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True), _to_numpy(query)
-        out_tensor = torch.empty((B, n, Hq, D), dtype=torch.float32)
-        out = out_tensor.numpy()
-        # A rejected token (NaN, a tile whose scales overflow fp16, a bad query) must not leave some rows
-        # holding it: every row returns to its checkpoint, exactly (also across a tile quantised since).
-        before = [c.checkpoint() for c in self.caches]
-        try:
-            # kvarn.append_attend_batch without its checks of the caches, which this layer made alike (heads,
-            # head_dim): per layer and step they cost more than the query's. The step's tokens are attended
-            # as if appended one at a time, in chunks that complete no tile (one native call each).
-            scale = check_scale(scaling, D)
-            qs = check_step_queries(q, self.caches[0].num_kv_heads, D, scale)
-            append_attend_chunks(qs, self.caches, k, v, scale, None, out, self._row_error)
-        except BaseException as e:
-            for c, checkpoint in zip(self.caches, before):
-                c.rollback(checkpoint)
-            self._fail(e)
-            raise
-        journal = self._journal if self._journal is not None and self._journal.active else None
-        ring_saved = [] if journal is not None else None
-        if self.crop_window:
-            for b, c in enumerate(self.caches):
-                self._remember(b, len(c) - n, k[b], v[b], ring_saved)
-        self.cumulative_length += n
-        if journal is not None:  # the checkpoints live until every layer has taken the step
-            journal.add(functools.partial(self._undo_step, before, n, ring_saved))
-            journal.took()
-        if query.dtype is torch.float32 and query.is_cpu:
-            return out_tensor
-        return out_tensor.to(device=query.device, dtype=query.dtype)
+        return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.cumulative_length + query_length, 0
@@ -777,6 +796,206 @@ class KVarNLayer(CacheLayerMixin):
         self._apply_rows(self._rows_plan(indices, "indices"))
 
 
+class _PagedRow:
+    """One batch row of a GPU layer: a sequence of the layer's ``kvarn.cuda.PagedKVCache``, with the members
+    of ``kvarn.KVCache`` that the layer code shared with host rows reads (length, heads, head_dim, cut points,
+    bytes)."""
+
+    __slots__ = ("paged", "seq")
+
+    def __init__(self, paged, seq: int) -> None:
+        self.paged, self.seq = paged, seq
+
+    def __len__(self) -> int:
+        return self.paged.length(self.seq)
+
+    num_kv_heads = property(lambda self: self.paged.num_kv_heads)
+    head_dim = property(lambda self: self.paged.head_dim)
+
+    def truncation_point(self, length: int) -> int:
+        return self.paged.truncation_point(self.seq, length)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its tokens occupy: records of the completed tiles (a page a fork shares counts in each row, as
+        a shared records buffer does on the host) and fp16 K and V of the sink and tail."""
+        p, n = self.paged, len(self)
+        tiles = int(p._tile_counts(n))
+        return tiles * p.num_kv_heads * p.record_bytes + (n - tiles * p.preset.group) * p.num_kv_heads * p.head_dim * 4
+
+
+class KVarNCudaLayer(KVarNLayer):
+    """One attention layer's cache on a GPU: one ``kvarn.cuda.PagedKVCache`` (a layer of its own, a sequence per
+    batch row). Prefill appends each row's prompt without its left padding; each later step is one
+    ``append_attend`` over the batch (q, k and v as transposed views of the model's tensors, no copies), after a
+    ``checkpoint`` that undoes it if a later layer refuses the forward. Row changes (beam search,
+    ``num_return_sequences``) free the rows left out and ``fork`` repeated ones (pages shared, not copied).
+    The pool is allocated at the first forward for ``max_batch_size`` rows (default: that forward's batch) of
+    ``max_cache_len`` tokens."""
+
+    def __init__(self, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None, *, device: int,
+                 max_batch_size: int | None = None, max_cache_len: int = 32768) -> None:
+        super().__init__(preset, sink_tokens)
+        self.device_index = device
+        self.max_batch_size = max_batch_size
+        self.max_cache_len = max_cache_len
+        self.paged = None  # kept across reset() for the next prompt when it fits
+
+    def _check_step(self, key_states, value_states) -> None:
+        super()._check_step(key_states, value_states)
+        for name, x in (("key_states", key_states), ("value_states", value_states)):
+            self._check_device(x, name)
+            if x.dtype is torch.float64:
+                raise TypeError(f"{name}: dtype float64 is not served by kvarn's CUDA kernels; use bfloat16, float16 "
+                                "or float32")
+        if not self.is_initialized and self.max_batch_size and key_states.shape[0] > self.max_batch_size:
+            raise ValueError(f"key_states: batch {key_states.shape[0]} is more than max_batch_size={self.max_batch_size}")
+
+    def _check_device(self, x, name: str) -> None:
+        if x.device != torch.device("cuda", self.device_index):
+            raise ValueError(f"{name}: on {x.device}, but this KVarNCache keeps its cache on cuda:{self.device_index} "
+                             "(KVarNCache(..., device=...)); move the model there, or build the cache for the model's "
+                             "device")
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        from .. import cuda as kvarn_cuda
+
+        B, Hk, _, D = key_states.shape
+        self.device, self.dtype = key_states.device, key_states.dtype
+        p = self.paged
+        if p is None or (p.num_kv_heads, p.head_dim) != (Hk, D) or p.max_seqs < B:
+            rows = self.max_batch_size or B  # (_check_step refused B > max_batch_size)
+            self.paged = None  # the old pool goes first: both may not fit
+            self.paged = kvarn_cuda.PagedKVCache(Hk, D, self.preset, num_layers=1, max_seqs=rows,
+                                                 max_seq_len=self.max_cache_len, sink_tokens=self.sink_tokens,
+                                                 device=self.device_index)
+        self.caches = [_PagedRow(self.paged, self.paged.add_sequence()) for _ in range(B)]
+        self.is_initialized = True
+
+    def _empty(self) -> None:
+        for row in self.caches:
+            row.paged.free(row.seq)
+        super()._empty()
+
+    def store_prefill(self, attention_mask) -> None:
+        """Appends the prompt's K/V to each row's sequence, without the row's left padding."""
+        key_states, value_states = self._prefill
+        self._prefill = None
+        B, _, n, _ = key_states.shape
+        try:
+            pads = _left_padding(_visible_keys(attention_mask, B, n)[:, -1])
+            for b, row in enumerate(self.caches):
+                try:  # [1, T, Hk, D] views of the row's tokens
+                    self.paged.append([row.seq], key_states[b : b + 1, :, pads[b] :].transpose(1, 2),
+                                      value_states[b : b + 1, :, pads[b] :].transpose(1, 2))
+                except ValueError as e:
+                    raise self._row_error(b, e) from e
+        except BaseException as e:
+            self._empty()  # the layer is empty again, as before the prompt
+            self._fail(e)
+            raise
+        self.pads = pads
+        self.cumulative_length = n
+        if self._journal is not None:
+            self._journal.add(self._empty)
+            self._journal.took()
+
+    def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
+        """One append_attend of the kept-aside tokens over every row: token i attends the cache and the step's
+        tokens up to its own, as if appended one at a time."""
+        key_states, value_states = self._take_pending(query, attention_mask)
+        seqs = [row.seq for row in self.caches]
+        n = query.shape[2]
+        try:
+            scale = check_scale(scaling, query.shape[3])
+            self._check_device(query, "query")
+            point = self.paged.checkpoint(seqs, n)  # copies nothing for a one-token step
+            # a refused step leaves every row as it was (append_attend undoes itself)
+            out = self.paged.append_attend(query.transpose(1, 2), seqs, key_states.transpose(1, 2),
+                                           value_states.transpose(1, 2), scale=scale)
+        except BaseException as e:
+            self._fail(e)
+            raise
+        self.cumulative_length += n
+        journal = self._journal if self._journal is not None and self._journal.active else None
+        if journal is not None:  # the checkpoint lives until every layer has taken the step
+            journal.add(functools.partial(self._rollback_step, point, n))
+            journal.took()
+        return out
+
+    def _rollback_step(self, point, n: int) -> None:
+        self.paged.rollback(point)
+        self.cumulative_length -= n
+
+    def offload(self):  # the cache stays on its GPU
+        pass
+
+    def _rows_plan(self, rows, what: str):
+        plan = super()._rows_plan(rows, what)
+        return self._check_batch(plan, what)
+
+    def _repeat_plan(self, repeats):
+        return self._check_batch(super()._repeat_plan(repeats), "repeats")
+
+    def _check_batch(self, plan, what: str):
+        if plan is not None and len(plan) > self.paged.max_seqs:
+            raise ValueError(f"{what}: a batch of {len(plan)} rows is more than the {self.paged.max_seqs} this cache "
+                             "was allocated for (KVarNCache(..., max_batch_size=...))")
+        return plan
+
+    def _take_rows(self, rows: list[int]) -> None:
+        """The batch becomes rows rows[0], rows[1], ...: the rows left out are freed first (their slots serve the
+        forks), an old row's first use keeps its sequence, later uses fork it."""
+        keep = set(rows)
+        for b, row in enumerate(self.caches):
+            if b not in keep:
+                self.paged.free(row.seq)
+        taken, caches = set(), []
+        for r in rows:
+            row = self.caches[r]
+            caches.append(row if r not in taken else _PagedRow(self.paged, self.paged.fork(row.seq)))
+            taken.add(r)
+        self.caches = caches
+        self.pads = [self.pads[r] for r in rows]
+
+    def _crop_plan(self, tokens_to_remove):
+        try:
+            return super()._crop_plan(tokens_to_remove)
+        except NotImplementedError as e:  # the host's advice (a crop window) does not apply here
+            raise NotImplementedError(str(e).split(", and its tokens")[0] + ", whose tokens the GPU cache keeps only "
+                                      "as codes (it has no crop window); use KVarNCache(..., device=None, "
+                                      "crop_window=W) for assisted decoding") from None
+
+    def _apply_crop(self, crop_plan) -> None:
+        if crop_plan is None:
+            return
+        r, plan = crop_plan
+        for row, (keep, point) in zip(self.caches, plan):
+            self.paged.truncate(row.seq, keep)  # _crop_plan refused cuts inside a quantised tile (no ring here)
+        self.cumulative_length -= r
+
+    def __deepcopy__(self, memo):
+        """A copy with a pool of its own holding the same tokens (each row through the host: to_cpu, load_cpu)."""
+        import copy
+
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name not in ("paged", "caches"):
+                setattr(new, name, copy.deepcopy(value, memo))
+        new.paged, new.caches = None, []
+        p = self.paged
+        if p is not None:
+            new.paged = type(p)(p.num_kv_heads, p.head_dim, p.preset, num_layers=1, max_seqs=p.max_seqs,
+                                max_seq_len=p.max_seq_len, sink_tokens=p.sink_tokens, device=p.device)
+            for row in self.caches:
+                seq = new.paged.add_sequence()
+                if len(row):
+                    new.paged.load_cpu(seq, p.to_cpu(row.seq))
+                new.caches.append(_PagedRow(new.paged, seq))
+        return new
+
+
 @functools.lru_cache(maxsize=None)
 def _model_class_support(config_type):
     """For the causal-LM class transformers builds for this config type: (class name, whether its attention goes
@@ -888,6 +1107,55 @@ def _check_crop_ring(crop_window: int, group: int, layer_dims) -> None:
             f"most {memory // per_token} tokens fit; {2 * group} serves any crop of up to {group} tokens")
 
 
+def _gpu_options(device, max_batch_size, max_cache_len, config, preset, quantize_on, crop_window, head_dims):
+    """KVarNCudaLayer's keyword arguments for KVarNCache's device options (None: a host cache), checked: a
+    visible GPU that kvarn's CUDA module serves, and layers it serves."""
+    if device is None:
+        for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
+            if value is not None:
+                raise ValueError(f"{name}: sizes the pools of a GPU cache (device='cuda'); the host cache grows as "
+                                 "needed")
+        return None
+    if isinstance(device, bool) or not isinstance(device, (int, np.integer, str, torch.device)):
+        raise TypeError(f"device: expected 'cuda', 'cuda:N', a torch.device, an int or None, got {type(device).__name__}")
+    try:
+        where = torch.device("cuda", int(device)) if isinstance(device, (int, np.integer)) else torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"device: {device!r} is not a device ({e})") from None
+    if where.type != "cuda":
+        raise ValueError(f"device: {device!r}; expected a CUDA device ('cuda', 'cuda:N'), or None for the host cache")
+    from .. import cuda as kvarn_cuda
+
+    reason = kvarn_cuda.unavailable_reason(where.index)
+    if reason is not None:
+        raise RuntimeError(f"device: {device!r}: {reason}")
+    index = where.index
+    if index is None:
+        rc, index = kvarn_cuda._cuda.get_device()
+        kvarn_cuda._check(rc, "device")
+    if quantize_on != "fill":
+        raise ValueError(f"quantize_on: {quantize_on!r} is not served by the GPU cache (its tiles are quantised as "
+                         "they fill); use 'fill', or device=None")
+    if crop_window:
+        raise ValueError("crop_window: the GPU cache keeps no fp16 window (crops inside the fp16 tail work without "
+                         "one); use crop_window=0, or device=None for assisted decoding")
+    p = get_preset(preset)
+    for i, head_dim in head_dims.items():
+        if isinstance(head_dim, int) and (head_dim not in kvarn_cuda.GPU_HEAD_DIMS or not kvarn_cuda._cuda.format_supported(
+                p.kbits, p.vbits, p.group, head_dim)):
+            raise ValueError(f"config: layer {i}'s head_dim {head_dim} with preset {p.describe()} is not served by "
+                             f"kvarn's CUDA kernels (head_dim {', '.join(map(str, kvarn_cuda.GPU_HEAD_DIMS))}); use "
+                             "device=None")
+    if max_batch_size is not None:
+        max_batch_size = check_positive_int(max_batch_size, "max_batch_size")
+    if max_cache_len is None:
+        limit = getattr(config, "max_position_embeddings", None)
+        max_cache_len = min(limit, 32768) if isinstance(limit, int) and limit > 0 else 32768
+    else:
+        max_cache_len = check_positive_int(max_cache_len, "max_cache_len")
+    return dict(device=int(index), max_batch_size=max_batch_size, max_cache_len=max_cache_len)
+
+
 class KVarNCache(Cache):
     """A transformers ``Cache`` storing every full-attention layer's K/V as a KVarN cache.
 
@@ -901,10 +1169,18 @@ class KVarNCache(Cache):
     tokens, at ``crop_window`` fp16 tokens of memory per row and layer (counted in ``nbytes``); that
     ring is allocated whole at the first forward, so a window whose ring for one batch row exceeds this
     machine's memory is refused here (ValueError naming the largest that fits).
+
+    device: None (default) keeps the packed cache in host memory and runs attention on the CPU whatever the
+    model's device; ``"cuda"``, ``"cuda:N"`` (a torch.device or an index) keeps it on that GPU, one
+    ``kvarn.cuda.PagedKVCache`` per layer, and runs kvarn's CUDA kernels there (the model must run on that GPU;
+    quantize_on "fill" and crop_window 0 only). Its pools are allocated at the first forward for
+    ``max_batch_size`` rows (default: that forward's batch) of ``max_cache_len`` tokens each (default: the
+    model's max_position_embeddings, at most 32768); a step beyond either is refused with the cache unchanged.
     """
 
     def __init__(self, config, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None,
-                 quantize_on: str = "fill", crop_window: int = 0) -> None:
+                 quantize_on: str = "fill", crop_window: int = 0, *, device=None, max_batch_size: int | None = None,
+                 max_cache_len: int | None = None) -> None:
         outer = config
         if not hasattr(config, "num_hidden_layers") and hasattr(config, "get_text_config"):
             config = config.get_text_config()  # a multimodal model's: its language model's attention is cached
@@ -947,10 +1223,13 @@ class KVarNCache(Cache):
             raise ValueError(f"config: no attention layers (num_hidden_layers={n_layers}); nothing to cache")
         if isinstance(n_layers, int) and len(layer_types) != n_layers:
             raise ValueError(f"config: {len(layer_types)} layer_types for num_hidden_layers={n_layers}")
+        gpu = _gpu_options(device, max_batch_size, max_cache_len, text_config, preset, quantize_on, crop_window,
+                           head_dims)
         layers = []
         for i, t in enumerate(layer_types):
             if t == "full_attention":
-                layers.append(KVarNLayer(preset, sink_tokens, quantize_on, crop_window))
+                layers.append(KVarNLayer(preset, sink_tokens, quantize_on, crop_window) if gpu is None
+                              else KVarNCudaLayer(preset, sink_tokens, **gpu))
             elif t in ("sliding_attention", "chunked_attention"):
                 window = _layer_value(text_config, "sliding_window" if t == "sliding_attention" else "attention_chunk_size", i)
                 layers.append(DynamicSlidingWindowLayer(sliding_window=window))
@@ -1105,7 +1384,8 @@ class KVarNCache(Cache):
         self._journal.clear()  # its undo entries no longer fit the rows and lengths
 
     def crop(self, tokens_to_remove: int) -> None:
-        self._change_every_layer(lambda layer: layer._crop_plan(tokens_to_remove), KVarNLayer._apply_crop,
+        self._change_every_layer(lambda layer: layer._crop_plan(tokens_to_remove),
+                                 lambda layer, plan: layer._apply_crop(plan),  # a GPU layer's own
                                  lambda layer: layer.crop(tokens_to_remove))
 
     def reorder_cache(self, beam_idx) -> None:

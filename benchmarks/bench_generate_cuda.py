@@ -1,0 +1,139 @@
+"""End-to-end decoding on a GPU: transformers with KVarNCache(device="cuda") against its bf16 caches.
+
+    python benchmarks/bench_generate_cuda.py [--shape llama8b] [--points 16384x1,32768x1,8192x8,32768x4]
+                                             [--steps 32] [--rounds 2] [--out results/generate_cuda.json]
+
+The model has a real model's shape and random bf16 weights (no weights can be downloaded on the lent machine):
+``llama8b`` is Llama-3.1-8B's (32 layers, hidden 4096, Hq 32 / Hk 8, head_dim 128, MLP 14336, vocab 128256),
+``llama1b`` Llama-3.2-1B's (16 layers, hidden 2048, Hq 32 / Hk 8, head_dim 64). Per point (context x batch): a
+random prompt of ``context`` tokens per row is prefilled, then ``steps`` tokens (each row's argmax) are decoded one
+forward at a time, each forward timed to a synchronised end. Caches, alternating round by round in one process:
+- ``dynamic``: transformers' DynamicCache (bf16, grown by torch.cat every step) + SDPA;
+- ``static``: StaticCache (bf16, preallocated to context + steps tokens; SDPA over all of them, the unfilled ones
+  masked) + SDPA;
+- ``kvarn``: KVarNCache(device="cuda") (k4v2_g128): each step appends to each layer's PagedKVCache and runs kvarn's
+  CUDA decode attention (one append_attend per layer; validate=True: one synchronisation per layer for the NaN /
+  range checks).
+Reported per point and cache: the median and minimum forward time per step, the cache's bytes (kvarn: the tokens'
+bytes, KVarNCache.nbytes; bf16: the K/V tensors), and how many of the decoded tokens equal the dynamic cache's
+(random weights: a flip is a numerics difference, not an error). The rest of a forward (projections, MLP,
+lm_head, and transformers' own per-layer Python) is the same for every cache.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+SHAPES = {
+    "llama8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                    num_key_value_heads=8, head_dim=128, vocab_size=128256),
+    "llama1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                    num_key_value_heads=8, head_dim=64, vocab_size=128256),
+}
+
+
+def build_model(shape):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=131072, rope_theta=500000.0, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+def make_cache(kind, model, context, batch, steps):
+    from transformers import DynamicCache, StaticCache
+
+    if kind == "dynamic":
+        return DynamicCache(config=model.config)
+    if kind == "static":
+        return StaticCache(config=model.config, max_cache_len=context + steps)
+    from kvarn.integrations.transformers import KVarNCache, restore_attention
+
+    restore_attention(model)  # a previous kvarn round's switch; KVarNCache switches it again
+    return KVarNCache(model.config, device="cuda", max_batch_size=batch, max_cache_len=context + steps)
+
+
+def cache_bytes(kind, cache):
+    if kind == "kvarn":
+        return cache.nbytes
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def run(model, kind, prompt, steps):
+    from kvarn.integrations.transformers import cache_kwargs, restore_attention
+
+    batch, context = prompt.shape
+    cache = make_cache(kind, model, context, batch, steps)
+    times, tokens = [], []
+    with torch.inference_mode():
+        out = model(prompt, **cache_kwargs(model, cache), logits_to_keep=1)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            out = model(nxt, **cache_kwargs(model, cache), logits_to_keep=1)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            tokens.append(nxt[:, 0].tolist())
+    nbytes = cache_bytes(kind, cache)
+    del cache, out
+    if kind == "kvarn":
+        restore_attention(model)
+    torch.cuda.empty_cache()
+    return times, tokens, nbytes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="llama8b", choices=sorted(SHAPES))
+    ap.add_argument("--points", default="16384x1,32768x1,8192x8,32768x4")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    model = build_model(args.shape)
+    print(f"{torch.cuda.get_device_name()}, shape {args.shape}, {args.steps} steps, {args.rounds} rounds")
+    results = []
+    for point in args.points.split(","):
+        context, batch = (int(x) for x in point.split("x"))
+        g = torch.Generator().manual_seed(context + batch)
+        prompt = torch.randint(10, SHAPES[args.shape]["vocab_size"], (batch, context), generator=g).cuda()
+        per = {k: dict(times=[], tokens=None, nbytes=0) for k in ("dynamic", "static", "kvarn")}
+        for _ in range(args.rounds):
+            for kind in per:
+                times, tokens, nbytes = run(model, kind, prompt, args.steps)
+                per[kind]["times"] += times[1:]  # the first step warms up
+                per[kind]["tokens"], per[kind]["nbytes"] = tokens, nbytes
+        ref = per["dynamic"]["tokens"]
+        for kind, r in per.items():
+            same = sum(a == b for ra, rb in zip(r["tokens"], ref) for a, b in zip(ra, rb))
+            row = dict(context=context, batch=batch, cache=kind, median_ms=1e3 * statistics.median(r["times"]),
+                       min_ms=1e3 * min(r["times"]), cache_mb=r["nbytes"] / 1e6, same_tokens=same,
+                       tokens=len(ref) * batch)
+            results.append(row)
+            print(f"{context:6d} x {batch:2d} {kind:8s} median {row['median_ms']:8.2f} ms  min {row['min_ms']:8.2f} ms"
+                  f"  cache {row['cache_mb']:9.1f} MB  tokens equal to dynamic's {same}/{row['tokens']}", flush=True)
+        for kind in ("dynamic", "static"):
+            a = [r for r in results if (r["context"], r["batch"]) == (context, batch)]
+            base = next(r for r in a if r["cache"] == kind)["median_ms"]
+            kv = next(r for r in a if r["cache"] == "kvarn")["median_ms"]
+            print(f"{'':12s}kvarn / {kind}: {kv / base:.3f} of the time per step")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), shape=args.shape, steps=args.steps,
+                           rounds=args.rounds, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
