@@ -39,8 +39,12 @@ def build_model(shape):
 
     cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=131072, rope_theta=500000.0, torch_dtype="bfloat16")
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: an 8B model's fp32 weights would take 32 GB first
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
     model.config._attn_implementation = "sdpa"
     return model
 
