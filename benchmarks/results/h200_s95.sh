@@ -32,6 +32,8 @@ for tool in memcheck initcheck; do
   echo "$tool rc $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/$tool.log" | tail -3; echo "[$(el) s] $tool"
 done
 [ "$PHASE" = bench ] || exit 0
+timeout 120 python3 -m pytest -q -s -rs -p no:cacheprovider tests/test_integration_transformers_gpu.py -k gpu_ \
+  > "$OUT/tests_gpu_cache.log" 2>&1; echo "GPU cache tests rc $?"; grep -E "steps|passed|failed|^E " "$OUT/tests_gpu_cache.log" | head
 timeout 90 python3 benchmarks/bench_generate_cuda.py --shape llama1b --points 1024x2 --steps 4 --rounds 1 \
   > "$OUT/generate_smoke.log" 2>&1; echo "smoke rc $?"; cat "$OUT/generate_smoke.log" | tail -12; echo "[$(el) s] smoke"
 timeout 330 python3 benchmarks/bench_generate_cuda.py --out "$OUT/generate_cuda.json" > "$OUT/generate.log" 2>&1
