@@ -294,6 +294,42 @@ def test_fake_step_refusals_queue_nothing(fake):
         assert fake.calls == ["check"] * 3 and (cache.length(a), cache.length(b)) == (256, 206)
 
 
+def test_fake_step_with_deferred_flags(fake, monkeypatch):
+    """append_attend(validate=False, flags=f): the checking kernels and the store kernel OR their bits into f, and
+    nothing waits or refuses: the step lands (lengths, launches as validated), f holds the bits, and flags_error
+    names what validate=True would have raised. Bad flags, or flags with validate=True, are refused first."""
+    _launches(fake, monkeypatch)
+    rng = np.random.default_rng(_seed("fake-step-flags"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([a], FakeDevArray(fake, kv_like(rng, (1, 250, 2, 128))), FakeDevArray(fake, kv_like(rng, (1, 250, 2, 128))))
+    q = FakeDevArray(fake, kv_like(rng, (2, 9, 8, 128)))
+    k, v = (FakeDevArray(fake, kv_like(rng, (2, 9, 2, 128))) for _ in range(2))
+    flags = FakeDevArray(fake, np.zeros(1, np.int32))
+    for bad, error, match in ((FakeDevArray(fake, np.zeros(1, np.float32)), TypeError, "^flags: expected a contiguous int32"),
+                              (FakeDevArray(fake, np.zeros(1, np.int32), readonly=True), ValueError, "^flags: the array is read-only")):
+        fake.calls.clear()
+        with pytest.raises(error, match=match):
+            cache.append_attend(q, [a, b], k, v, validate=False, flags=bad)
+        assert fake.calls == []
+    with pytest.raises(ValueError, match="^flags: the checks that write them do not wait or refuse; pass validate=False"):
+        cache.append_attend(q, [a, b], k, v, flags=flags)
+    fake.flags_on_check = lambda nf, r: nf if nf == fake.FLAG_K_NONFINITE else 0
+    fake.flags_on_store = fake.FLAG_KEY_NORM
+    fake.calls.clear()
+    cache.append_attend(q, [a, b], k, v, validate=False, flags=flags)
+    assert fake.calls == ["check"] * 3 + ["write_tokens", "attend", "store", "write_tokens", "attend",
+                                          "write_tokens", "attend"]
+    assert (cache.length(a), cache.length(b)) == (259, 9)  # landed
+    bits = int(fake._find(flags.ptr, 4)[0][:4].view(np.int32)[0])
+    assert bits == fake.FLAG_K_NONFINITE | fake.FLAG_KEY_NORM
+    assert str(kc.flags_error(bits)) == "k: contains NaN or Inf"
+    assert str(kc.flags_error(fake.FLAG_KEY_NORM)).startswith("k: a tile's keys decode to norms beyond")
+    assert str(kc.flags_error(kc._Q_RANGE | fake.FLAG_V_NONFINITE, query="query")).startswith(
+        "query: values beyond the fp16 range (|x| > 65504), which deferred checks refuse")
+    assert kc.flags_error(0) is None
+
+
 def test_fake_step_refused_late_is_undone(fake, monkeypatch):
     """a (250 tokens) completes a tile at the step's 6th token, b (200) at its 56th, and the store flags b's
     tile: the step raises, and lengths, pages and both tails are as before the step, a's consumed tail

@@ -41,7 +41,8 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     _cuda = None
     _IMPORT_ERROR = exc
 
-__all__ = ["DeviceArray", "PagedKVCache", "is_available", "quantize_tiles", "unavailable_reason", "GPU_HEAD_DIMS"]
+__all__ = ["DeviceArray", "PagedKVCache", "flags_error", "is_available", "quantize_tiles", "unavailable_reason",
+           "GPU_HEAD_DIMS"]
 
 GPU_HEAD_DIMS = (64, 128, 256)
 FP16_MAX = 65504.0
@@ -525,6 +526,41 @@ def _flag_error(flag):
             "and raises at attend if they overflow"
         )
     return None
+
+
+def _flags_pointer(flags, device):
+    """The device address of append_attend's flags: a 1-element (or longer) int32 array on the cache's GPU."""
+    if _is_torch(flags):
+        import torch
+
+        if not flags.is_cuda or flags.dtype != torch.int32 or flags.numel() < 1 or not flags.is_contiguous():
+            raise TypeError(f"flags: expected a contiguous int32 CUDA tensor of at least one element, got {flags.dtype} "
+                            f"shape {tuple(flags.shape)} on {flags.device}")
+        if flags.device.index != device:
+            raise ValueError(f"flags: on {flags.device}, but the kernels run on cuda:{device}")
+        return flags.data_ptr()
+    cai = getattr(flags, "__cuda_array_interface__", None)
+    if cai is None or cai["typestr"] != "<i4" or not cai["shape"] or int(np.prod(cai["shape"])) < 1 or (
+            cai.get("strides") not in (None, (4,))):
+        raise TypeError("flags: expected a contiguous int32 GPU array of at least one element (torch, CuPy, DeviceArray)")
+    if cai["data"][1]:
+        raise ValueError("flags: the array is read-only")
+    if isinstance(flags, DeviceArray) and flags.device != device:
+        raise ValueError(f"flags: on cuda:{flags.device}, but the kernels run on cuda:{device}")
+    return int(cai["data"][0])
+
+
+def flags_error(flags: int, *, query: str = "q"):
+    """The ValueError that validate=True would have raised for the bits append_attend(..., flags=) ORed in (None
+    for none). A query beyond the fp16 range (|q| > 65504) is refused outright here: validate=True would then
+    measure max |q| against the float32 score bound, which needs q itself, gone by the time the bits are read."""
+    flags = int(flags)
+    if flags & _Q_NONFINITE:
+        return ValueError(f"{query}: contains NaN or Inf")
+    if flags & _Q_RANGE:
+        return ValueError(f"{query}: values beyond the fp16 range (|x| > {FP16_MAX:g}), which deferred checks refuse "
+                          "(validate=True measures them against the float32 score bound instead)")
+    return _flag_error(flags)
 
 
 class _Scratch:
@@ -1194,12 +1230,13 @@ class PagedKVCache(_OwnsDeviceResources):
             raise ValueError(f"{name}: sequence {slots[i]} would hold {int(lens1[i])} tokens; "
                              f"this cache was made for max_seq_len={self.max_seq_len}")
 
-    def _append_tokens(self, layer, slots, vk, vv, stream, *, check_input, check_store, cow=None):
+    def _append_tokens(self, layer, slots, vk, vv, stream, *, check_input, check_store, cow=None, store_flag=None):
         """append() of checked views k, v [B, T, Hk, D] on `stream`, room checked. check_input: the
         NaN/Inf and fp16-range checks on the GPU; check_store: wait for the store kernel's flags (key
         norm, scale overflow) where tiles complete. Either raises with this call's pages returned and
         the tails and lengths unchanged (write_tokens skips a flagged batch). cow: a list that collects the
-        shared pages this call copied (_own_page), for a caller that may undo the call later (_undo_copies)."""
+        shared pages this call copied (_own_page), for a caller that may undo the call later (_undo_copies).
+        store_flag: where the store kernel ORs its flags instead (append_attend's flags=; nothing waits for it)."""
         B, T, G = vk.shape[0], vk.shape[1], self.preset.group
         lens0 = self._lengths[layer, slots]
         lens1 = lens0 + T
@@ -1249,7 +1286,8 @@ class PagedKVCache(_OwnsDeviceResources):
             # then reuses for the newest tokens (and skips if validation flagged anything).
             if jobs:
                 _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, meta_bytes - meta.nbytes,
-                                   len(jobs), self.iters, True, flag.ptr, stream), "append")
+                                   len(jobs), self.iters, True, flag.ptr if store_flag is None else store_flag,
+                                   stream), "append")
             checked = check_input or (check_store and bool(jobs))
             _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B,
                                       flag.ptr if checked else self._never_set.ptr, stream), "append")
@@ -1522,7 +1560,8 @@ class PagedKVCache(_OwnsDeviceResources):
         return out
 
     @_on_own_device
-    def append_attend(self, q, seq_ids, k, v, *, layer: int = 0, scale=None, out=None, validate: bool = True):
+    def append_attend(self, q, seq_ids, k, v, *, layer: int = 0, scale=None, out=None, validate: bool = True,
+                      flags=None):
         """A multi-token step (a draft to verify in speculative decoding, a chunk of prompt): appends n
         tokens to each listed sequence, k, v [B, n, Hk, D], and attends their queries q [B, n, Hq, D]
         causally, query token i over every cached token up to and including new token i. Returns
@@ -1537,7 +1576,13 @@ class PagedKVCache(_OwnsDeviceResources):
         validate=True checks q, k and v on the GPU first (one synchronisation) and waits for the store
         kernel where a tile completes; a refused step raises and leaves the cache as it was (lengths,
         pages, and the tails the step's completed tiles consumed, restored from a copy; an `out` given may hold
-        the outputs of the chunks before the refusal). validate=False checks nothing on the GPU and never waits."""
+        the outputs of the chunks before the refusal). validate=False checks nothing on the GPU and never waits.
+
+        flags (with validate=False): a 1-element int32 device array (torch or __cuda_array_interface__) into which
+        the same checks OR their bits on the GPU (the store kernel's too), without waiting and without refusing:
+        the step lands whatever they find. Read it when the GPU has run (once for a whole forward, say) and give
+        it to ``flags_error``; to undo a step it flags, take a ``checkpoint`` before it and ``rollback``. The
+        caller zeroes it."""
         layer = self._layer(layer)
         slots = self._slots(seq_ids)
         vq = _view(q, "q")
@@ -1555,6 +1600,11 @@ class PagedKVCache(_OwnsDeviceResources):
                              f"({MAX_ATTEND_BATCH}, a grid dimension); split the step")
         scale = check_scale(scale, D)
         stream = vq.stream
+        flags_ptr = None
+        if flags is not None:
+            if validate:
+                raise ValueError("flags: the checks that write them do not wait or refuse; pass validate=False")
+            flags_ptr = _flags_pointer(flags, self.device)
         if _capturing(stream, "append_attend"):
             raise RuntimeError("append_attend: cannot be captured in a CUDA graph (it appends: host metadata, "
                                "pages)")
@@ -1571,6 +1621,8 @@ class PagedKVCache(_OwnsDeviceResources):
         for view in (vk, vv, vo):
             _order_after(stream, view, "append_attend")
         st = self._stream_state(stream)
+        if flags_ptr is not None:
+            _queue_checks(((vq, _Q_NONFINITE, _Q_RANGE),) + _kv_checks(vk, vv), flags_ptr, stream, "append_attend")
         if validate:  # q, k and v whole, before anything changes
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "append_attend")
             _queue_checks(((vq, _Q_NONFINITE, _Q_RANGE),) + _kv_checks(vk, vv), st.flag.ptr, stream, "append_attend")
@@ -1589,7 +1641,7 @@ class PagedKVCache(_OwnsDeviceResources):
                 # as many tokens as complete no tile; 0 free: the next token completes one, alone
                 m = max(1, min(n - pos, int(self._tokens_before_a_tile(lens).min())))
                 self._append_tokens(layer, slots, _token_slice(vk, pos, m), _token_slice(vv, pos, m), stream,
-                                    check_input=False, check_store=validate, cow=cow)
+                                    check_input=False, check_store=validate, cow=cow, store_flag=flags_ptr)
                 # row b * m + i: token pos + i of sequence b, attending its first lens + i + 1 tokens
                 seen = (lens[:, None] + np.arange(1, m + 1)).reshape(-1)
                 meta, tiles = self._meta_rows(np.repeat(slots, m), seen)

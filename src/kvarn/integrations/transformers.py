@@ -363,18 +363,23 @@ class _StepJournal:
     and reset() stop it (its entries would no longer fit). Layers driven directly, not through
     KVarNCache.update, record nothing."""
 
-    def __init__(self, layers: int = 0, late_refusal=None):
+    def __init__(self, layers: int = 0, late_refusal=None, gpu_flags=None):
         self.undo = []
         self.active = self.released = False
         self.layers = layers  # when this many layers have taken the step (attention run), the forward is done
         self.taken = 0
         self.late_refusal = late_refusal  # a refusal after the release: nothing left to undo (see KVarNCache)
+        # GPU layers' deferred checks: [an int32 CUDA tensor their steps OR flag bits into, or None], read once
+        # the last layer has taken the step (one synchronisation per forward instead of one per layer)
+        self.gpu_flags = gpu_flags
 
     def __deepcopy__(self, memo):  # a copied cache starts between forwards: nothing to undo
-        return _StepJournal(self.layers, self.late_refusal)
+        import copy
+
+        return _StepJournal(self.layers, self.late_refusal, copy.deepcopy(self.gpu_flags, memo))
 
     def __reduce__(self):  # pickled the same way (checkpoints do not pickle)
-        return _StepJournal, (self.layers, self.late_refusal)
+        return _StepJournal, (self.layers, self.late_refusal, self.gpu_flags)
 
     def start(self) -> None:
         self.undo.clear()
@@ -391,8 +396,26 @@ class _StepJournal:
         if self.active:
             self.taken += 1
             if self.taken >= self.layers:
+                self._check_gpu_flags()
                 self.clear()
                 self.released = True
+
+    def _check_gpu_flags(self) -> None:
+        """Raises, with the forward undone in every layer, if a GPU layer's checks flagged its step (NaN/Inf or
+        beyond-fp16 K/V or queries, a tile whose scales overflow fp16, keys beyond the kernels' norm bound)."""
+        flags = self.gpu_flags[0] if self.gpu_flags else None
+        if flags is None:
+            return
+        bits = int(flags.item())  # waits for the forward's GPU work so far
+        if bits:
+            from .. import cuda as kvarn_cuda
+
+            flags.zero_()
+            error = ValueError(f"KVarNCache: this step's {kvarn_cuda.flags_error(bits, query='query')} (found by "
+                               "the GPU layers' checks after the forward's last layer; the step was undone in every "
+                               "layer)")
+            self.rollback(str(error))
+            raise error
 
     def clear(self) -> None:
         self.undo.clear()
@@ -840,6 +863,7 @@ class KVarNCudaLayer(KVarNLayer):
         self.max_batch_size = max_batch_size
         self.max_cache_len = max_cache_len
         self.paged = None  # kept across reset() for the next prompt when it fits
+        self._flags = [None]  # KVarNCache's holder of the flags tensor its GPU layers share (see _StepJournal)
 
     def _check_step(self, key_states, value_states) -> None:
         super()._check_step(key_states, value_states)
@@ -870,6 +894,8 @@ class KVarNCudaLayer(KVarNLayer):
                                                  max_seq_len=self.max_cache_len, sink_tokens=self.sink_tokens,
                                                  device=self.device_index)
         self.caches = [_PagedRow(self.paged, self.paged.add_sequence()) for _ in range(B)]
+        if self._flags[0] is None:
+            self._flags[0] = torch.zeros(1, dtype=torch.int32, device=key_states.device)
         self.is_initialized = True
 
     def _empty(self) -> None:
@@ -910,14 +936,18 @@ class KVarNCudaLayer(KVarNLayer):
             scale = check_scale(scaling, query.shape[3])
             self._check_device(query, "query")
             point = self.paged.checkpoint(seqs, n)  # copies nothing for a one-token step
-            # a refused step leaves every row as it was (append_attend undoes itself)
+            journal = self._journal if self._journal is not None and self._journal.active else None
+            # Within a KVarNCache's forward the checks run on the GPU into the shared flags, read once after the
+            # last layer (which undoes the step everywhere if they found anything): a wait per layer cost the
+            # overlap of host and GPU work. Alone, the step is checked here (a refused one undoes itself).
+            deferred = journal is not None and journal.gpu_flags is self._flags
             out = self.paged.append_attend(query.transpose(1, 2), seqs, key_states.transpose(1, 2),
-                                           value_states.transpose(1, 2), scale=scale)
+                                           value_states.transpose(1, 2), scale=scale, validate=not deferred,
+                                           flags=self._flags[0] if deferred else None)
         except BaseException as e:
             self._fail(e)
             raise
         self.cumulative_length += n
-        journal = self._journal if self._journal is not None and self._journal.active else None
         if journal is not None:  # the checkpoint lives until every layer has taken the step
             journal.add(functools.partial(self._rollback_step, point, n))
             journal.took()
@@ -1247,7 +1277,7 @@ class KVarNCache(Cache):
                          [(_layer_value(text_config, "num_key_value_heads", i), head_dims.get(i)) for i in full])
         super().__init__(layers=layers)
         self._failure = [None]
-        self._journal = _StepJournal(len(layers))
+        self._journal = _StepJournal(len(layers), gpu_flags=[None] if gpu is not None else None)
         # Per layer index: the index of the last KVarN layer before it (None: none), whose step the
         # attention must have taken by the time this layer's update comes.
         self._previous_kvarn: list[int | None] = []
@@ -1257,6 +1287,8 @@ class KVarNCache(Cache):
             if isinstance(layer, KVarNLayer):
                 layer._failure = self._failure
                 layer._journal = self._journal
+                if isinstance(layer, KVarNCudaLayer):
+                    layer._flags = self._journal.gpu_flags
                 last = i
         # The Preset itself: a custom one's name alone could not be resolved again.
         self.preset = kvarn.KVCache(1, 64, preset, sink_tokens, quantize_on=quantize_on).preset
@@ -1349,6 +1381,9 @@ class KVarNCache(Cache):
         if layer_idx == 0:  # a new forward, before any layer (a sliding one too) stores its tokens
             self._check_consistent()
             self._journal.start()  # the previous forward's step stays
+            flags = self._journal.gpu_flags
+            if flags and flags[0] is not None:  # bits a forward stopped part-way may have left
+                flags[0].zero_()
         if self.config._attn_implementation != ATTN_IMPLEMENTATION:
             self._journal.rollback()
             raise RuntimeError(
