@@ -76,9 +76,9 @@ def static_step():
 
 
 print(torch.cuda.get_device_name(), f"B {B}, Hq {HQ}, Hk {HK}, D {D}, {N} tokens, bf16; median host us per call")
-for name, fn in (("static: StaticCache update + sdpa", static_step),
-                 ("kvarn: checkpoint + append_attend(flags)", kvarn_deferred),
+for name, fn in (("kvarn: checkpoint + append_attend(flags)", kvarn_deferred),
                  ("kvarn: checkpoint + append_attend(validate)", kvarn_validated),
-                 ("kvarn: KVarNCudaLayer update + attend_pending", kvarn_layer)):
+                 ("kvarn: KVarNCudaLayer update + attend_pending", kvarn_layer),
+                 ("static: StaticCache update + sdpa", static_step)):
     host_us(fn, 20)  # warm up
     print(f"{name:48s} {host_us(fn):8.1f}")
