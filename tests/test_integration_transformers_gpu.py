@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 import kvarn  # noqa: E402
 import kvarn.cuda as kc  # noqa: E402
-from kvarn.integrations.transformers import KVarNCache, KVarNCudaLayer  # noqa: E402
+from kvarn.integrations.transformers import KVarNCache, KVarNCudaLayer, cache_kwargs  # noqa: E402
 
 PRESET, SINK = "k4v2_g64", 64
 
@@ -62,7 +62,7 @@ def prompts(lengths, seed=1, device="cpu"):
 def generate(model, cache, ids, mask, n_new, **kw):
     with torch.no_grad():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new,
-                             do_sample=False, cache=cache, pad_token_id=0, output_scores=True,
+                             do_sample=False, **cache_kwargs(model, cache), pad_token_id=0, output_scores=True,
                              return_dict_in_generate=True, **kw)
     return out.sequences, torch.stack(out.scores)
 
@@ -74,7 +74,8 @@ class HostPaged:
 
     def __init__(self, num_kv_heads, head_dim, preset, *, num_layers, max_seqs, max_seq_len, sink_tokens, device):
         assert num_layers == 1 and device == 0
-        self.num_kv_heads, self.head_dim, self.max_seqs, self.max_seq_len = num_kv_heads, head_dim, max_seqs, max_seq_len
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.max_seqs, self.max_seq_len = max_seqs, max_seq_len
         self.preset, self.sink_tokens, self.device = kvarn.KVCache(1, 64, preset).preset, sink_tokens, device
         self.seqs: dict[int, kvarn.KVCache] = {}
         self.calls = []
@@ -106,14 +107,16 @@ class HostPaged:
     def _room(self, seq_ids, n):
         for s in seq_ids:
             if len(self.seqs[s]) + n > self.max_seq_len:
-                raise ValueError(f"k: sequence {s} would hold {len(self.seqs[s]) + n} tokens; max_seq_len={self.max_seq_len}")
+                raise ValueError(f"k: sequence {s} would hold {len(self.seqs[s]) + n} tokens; "
+                                 f"max_seq_len={self.max_seq_len}")
 
     def append(self, seq_ids, k, v):  # k, v [B, T, Hk, D]
         self._room(seq_ids, k.shape[1])
         for b, s in enumerate(seq_ids):
             self.seqs[s].append(k[b].transpose(0, 1).numpy(), v[b].transpose(0, 1).numpy())
 
-    def append_attend(self, q, seq_ids, k, v, *, scale, validate=True, flags=None):  # q [B, n, Hq, D], k, v [B, n, Hk, D]
+    # q [B, n, Hq, D]; k, v [B, n, Hk, D]
+    def append_attend(self, q, seq_ids, k, v, *, scale, validate=True, flags=None):
         self._room(seq_ids, k.shape[1])
         self.calls.append("validate" if validate else "flags" if flags is not None else "unchecked")
         if flags is not None:  # the GPU's deferred checks: bits, and the step lands (here: nothing a KVCache refuses)
@@ -239,8 +242,8 @@ def test_stand_in_refused_step_is_undone_in_every_layer(stand_in):
     cache = KVarNCache(model.config, PRESET, SINK, device="cuda")
     reference = KVarNCache(model.config, PRESET, SINK, device="cuda")
     with torch.no_grad():
-        model(ids, attention_mask=mask, cache=cache)
-        model(ids, attention_mask=mask, cache=reference)
+        model(ids, attention_mask=mask, **cache_kwargs(model, cache))
+        model(ids, attention_mask=mask, **cache_kwargs(model, reference))
     before = rows_content(cache)
     poison = model.model.layers[1].self_attn.k_proj.register_forward_hook(lambda m, i, o: o * float("nan"))
     step = torch.tensor([[7]])
@@ -248,7 +251,7 @@ def test_stand_in_refused_step_is_undone_in_every_layer(stand_in):
     try:
         with torch.no_grad(), pytest.raises(ValueError, match="this step's k: contains NaN or Inf .found by the GPU "
                                                                "layers' checks after the forward's last layer"):
-            model(step, attention_mask=full_mask, cache=cache)
+            model(step, attention_mask=full_mask, **cache_kwargs(model, cache))
     finally:
         poison.remove()
     # each decode step was checked on the "GPU" (deferred), none by a wait per layer
@@ -257,8 +260,8 @@ def test_stand_in_refused_step_is_undone_in_every_layer(stand_in):
     same_content(before, rows_content(cache))
     assert cache.get_seq_length() == 127
     with torch.no_grad():
-        a = model(step, attention_mask=full_mask, cache=cache).logits
-        b = model(step, attention_mask=full_mask, cache=reference).logits
+        a = model(step, attention_mask=full_mask, **cache_kwargs(model, cache)).logits
+        b = model(step, attention_mask=full_mask, **cache_kwargs(model, reference)).logits
     assert torch.equal(a, b)
     same_content(rows_content(reference), rows_content(cache))
     assert len(cache.kvarn_layers[0].caches[0]) == 128
@@ -271,7 +274,7 @@ def test_stand_in_crop_and_copy(stand_in):
     ids, mask = prompts([140, 135], seed=6)
     cache = KVarNCache(model.config, PRESET, SINK, device="cuda")
     with torch.no_grad():
-        model(ids, attention_mask=mask, cache=cache)
+        model(ids, attention_mask=mask, **cache_kwargs(model, cache))
     twin = copy.deepcopy(cache)
     assert twin.kvarn_layers[0].paged is not cache.kvarn_layers[0].paged
     same_content(rows_content(cache), rows_content(twin))
@@ -284,11 +287,12 @@ def test_stand_in_crop_and_copy(stand_in):
     same_content(kept, rows_content(cache))
     step, m = torch.tensor([[9], [11]]), torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
     with torch.no_grad():
-        a = model(step, attention_mask=m, cache=twin).logits
+        a = model(step, attention_mask=m, **cache_kwargs(model, twin)).logits
     twin2 = copy.deepcopy(twin)
     with torch.no_grad():
-        b = model(step, attention_mask=torch.cat([m, torch.ones(2, 1, dtype=torch.long)], 1), cache=twin2).logits
-        c = model(step, attention_mask=torch.cat([m, torch.ones(2, 1, dtype=torch.long)], 1), cache=twin).logits
+        m2 = torch.cat([m, torch.ones(2, 1, dtype=torch.long)], 1)
+        b = model(step, attention_mask=m2, **cache_kwargs(model, twin2)).logits
+        c = model(step, attention_mask=m2, **cache_kwargs(model, twin)).logits
     assert torch.equal(b, c) and not torch.equal(a, b)
     assert twin.get_seq_length() == 142 and cache.get_seq_length() == 135
 
@@ -299,20 +303,22 @@ def test_stand_in_sizes_are_enforced(stand_in):
     model = tiny_model(layers=2)
     ids, mask = prompts([60, 60, 60], seed=7)
     with torch.no_grad(), pytest.raises(ValueError, match="key_states: batch 3 is more than max_batch_size=2"):
-        model(ids, attention_mask=mask, cache=KVarNCache(model.config, PRESET, SINK, device="cuda", max_batch_size=2))
+        small = KVarNCache(model.config, PRESET, SINK, device="cuda", max_batch_size=2)
+        model(ids, attention_mask=mask, **cache_kwargs(model, small))
     cache = KVarNCache(model.config, PRESET, SINK, device="cuda", max_cache_len=61)
     with torch.no_grad():
-        model(ids, attention_mask=mask, cache=cache)
-        model(torch.tensor([[5], [5], [5]]), attention_mask=torch.ones(3, 61, dtype=torch.long), cache=cache)
+        model(ids, attention_mask=mask, **cache_kwargs(model, cache))
+        step = torch.tensor([[5], [5], [5]])
+        model(step, attention_mask=torch.ones(3, 61, dtype=torch.long), **cache_kwargs(model, cache))
         before = rows_content(cache)
         with pytest.raises(ValueError, match="max_seq_len=61"):
-            model(torch.tensor([[5], [5], [5]]), attention_mask=torch.ones(3, 62, dtype=torch.long), cache=cache)
+            model(step, attention_mask=torch.ones(3, 62, dtype=torch.long), **cache_kwargs(model, cache))
     same_content(before, rows_content(cache))
     pool = cache.kvarn_layers[0].paged
     cache.reset()
     assert pool.seqs == {}
     with torch.no_grad():
-        model(ids[:2], attention_mask=mask[:2], cache=cache)
+        model(ids[:2], attention_mask=mask[:2], **cache_kwargs(model, cache))
     assert cache.kvarn_layers[0].paged is pool and len(pool.seqs) == 2
 
 
@@ -352,7 +358,7 @@ def test_device_options_without_a_gpu():
             KVarNCache(cfg, device="cuda")
         assert getattr(cfg, "_attn_implementation", None) == before
     else:
-        with pytest.raises(ValueError, match="config: layer 0's head_dim 16 with preset .* is not served by kvarn's CUDA"):
+        with pytest.raises(ValueError, match="config: layer 0's head_dim 16 with preset .* is not served by kvarn's"):
             KVarNCache(cfg, device="cuda")
 
 
@@ -395,11 +401,13 @@ def test_gpu_bfloat16_model_follows_the_host_cache():
     for cache in (KVarNCache(model.config, PRESET, SINK), KVarNCache(model.config, PRESET, SINK, device="cuda")):
         steps, m = [], mask
         with torch.no_grad():
-            model(ids, attention_mask=m, cache=cache)
+            model(ids, attention_mask=m, **cache_kwargs(model, cache))
             for i in range(fed.shape[1]):
                 m = torch.cat([m, torch.ones_like(m[:, :1])], 1)
-                steps.append(model(fed[:, i : i + 1], attention_mask=m, cache=cache).logits[:, -1].float())
+                out = model(fed[:, i : i + 1], attention_mask=m, **cache_kwargs(model, cache))
+                steps.append(out.logits[:, -1].float())
         logits.append(torch.stack(steps))
+        assert [len(r) for r in cache.kvarn_layers[0].caches] == [450, 361]  # the cache took every token
     host, gpu_logits = logits
     error = (gpu_logits - host).norm(dim=-1) / host.norm(dim=-1)
     agree = (gpu_logits.argmax(-1) == host.argmax(-1)).float().mean()
@@ -426,8 +434,10 @@ def test_gpu_headline_shape_follows_the_host_cache():
     logits = []
     for cache in (KVarNCache(model.config), KVarNCache(model.config, device="cuda")):
         with torch.no_grad():
-            model(ids, cache=cache)
-            logits.append(torch.cat([model(fed[:, i : i + 1], cache=cache).logits[:, -1] for i in range(100)]))
+            model(ids, **cache_kwargs(model, cache))
+            logits.append(torch.cat([model(fed[:, i : i + 1], **cache_kwargs(model, cache)).logits[:, -1]
+                                     for i in range(100)]))
+        assert len(cache.kvarn_layers[1].caches[0]) == 500  # the cache took every token
     error = (logits[1] - logits[0]).norm(dim=-1) / logits[0].norm(dim=-1)
     print(f"Hq 32 / Hk 8 / head_dim 128: logits relative L2 median {float(error.median()):.2e}, max "
           f"{float(error.max()):.2e}")
@@ -448,7 +458,7 @@ def test_gpu_beam_search_and_refused_step():
     ids, mask = prompts([127], seed=5, device="cuda")
     cache = KVarNCache(model.config, PRESET, SINK, device="cuda")
     with torch.no_grad():
-        model(ids, attention_mask=mask, cache=cache)
+        model(ids, attention_mask=mask, **cache_kwargs(model, cache))
     layers = cache.kvarn_layers
 
     def content():
@@ -459,7 +469,7 @@ def test_gpu_beam_search_and_refused_step():
     step, full = torch.tensor([[7]], device="cuda"), torch.ones(1, 128, dtype=torch.long, device="cuda")
     try:
         with torch.no_grad(), pytest.raises(ValueError, match="NaN"):
-            model(step, attention_mask=full, cache=cache)
+            model(step, attention_mask=full, **cache_kwargs(model, cache))
     finally:
         poison.remove()
     for a, b in zip(before, content()):
@@ -467,5 +477,5 @@ def test_gpu_beam_search_and_refused_step():
             if isinstance(a[key], np.ndarray):
                 np.testing.assert_array_equal(a[key], b[key], err_msg=key)
     with torch.no_grad():
-        model(step, attention_mask=full, cache=cache)
+        model(step, attention_mask=full, **cache_kwargs(model, cache))
     assert len(layers[0].caches[0]) == 128 and layers[0].paged.length(layers[0].caches[0].seq) == 128

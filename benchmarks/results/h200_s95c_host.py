@@ -31,7 +31,7 @@ def host_us(fn, reps=REPS):
     return 1e6 * statistics.median(times)
 
 
-paged = kc.PagedKVCache(HK, D, num_layers=1, max_seqs=B, max_seq_len=N + 2 * REPS + 16)
+paged = kc.PagedKVCache(HK, D, num_layers=1, max_seqs=B, max_seq_len=N + 8 * REPS)
 s = paged.add_sequence()
 paged.append([s], rnd(B, N, HK, D), rnd(B, N, HK, D))
 q, k, v = rnd(B, HQ, 1, D), rnd(B, HK, 1, D), rnd(B, HK, 1, D)  # transformers' layouts
@@ -48,7 +48,7 @@ def kvarn_validated():
     paged.append_attend(q.transpose(1, 2), [s], k.transpose(1, 2), v.transpose(1, 2))
 
 
-layer = KVarNCudaLayer(device=0, max_cache_len=N + 4 * REPS + 16)
+layer = KVarNCudaLayer(device=0, max_cache_len=N + 8 * REPS)
 layer.update(rnd(B, HK, N, D), rnd(B, HK, N, D))
 layer.store_prefill(None)
 
@@ -62,12 +62,12 @@ from transformers import LlamaConfig, StaticCache  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 cfg = LlamaConfig(num_hidden_layers=1, num_attention_heads=HQ, num_key_value_heads=HK, head_dim=D, hidden_size=4096)
-static = StaticCache(config=cfg, max_cache_len=N + REPS + 16)
+static = StaticCache(config=cfg, max_cache_len=N + 8 * REPS)
 static.update(rnd(B, HK, N, D), rnd(B, HK, N, D), 0, {"cache_position": torch.arange(N, device=dev)})
 module = torch.nn.Module()
 module.num_key_value_groups, module.is_causal, module.training = HQ // HK, True, False
 pos = torch.tensor([N], device=dev)
-mask = torch.ones(B, 1, 1, N + REPS + 16, dtype=torch.bool, device=dev)
+mask = torch.ones(B, 1, 1, N + 8 * REPS, dtype=torch.bool, device=dev)
 
 
 def static_step():
