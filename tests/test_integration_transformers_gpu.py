@@ -268,7 +268,7 @@ def test_stand_in_refused_step_is_undone_in_every_layer(stand_in):
 
 
 def test_stand_in_crop_and_copy(stand_in):
-    """crop inside the fp16 tail truncates each row; into a quantised tile it is refused (no window on the GPU)
+    """crop inside the fp16 tail truncates each row; into a quantised tile it is refused without a crop window,
     with every layer unchanged; a deepcopy holds the same tokens in pools of its own and goes on alike."""
     model = tiny_model(layers=2)
     ids, mask = prompts([140, 135], seed=6)
@@ -281,8 +281,8 @@ def test_stand_in_crop_and_copy(stand_in):
     cache.crop(-5)
     assert [len(r) for r in cache.kvarn_layers[1].caches] == [135, 130]
     kept = rows_content(cache)
-    with pytest.raises(NotImplementedError, match="cuts a quantised tile of batch row 0, whose tokens the GPU cache "
-                       "keeps only as codes"):
+    with pytest.raises(NotImplementedError, match=r"cuts a quantised tile of batch row 0, and its tokens are not in "
+                       r"the crop window \(0 tokens\)"):
         cache.crop(-10)  # row 0 would cut its tile of tokens 64..127
     same_content(kept, rows_content(cache))
     step, m = torch.tensor([[9], [11]]), torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
@@ -295,6 +295,54 @@ def test_stand_in_crop_and_copy(stand_in):
         c = model(step, attention_mask=m2, **cache_kwargs(model, twin)).logits
     assert torch.equal(b, c) and not torch.equal(a, b)
     assert twin.get_seq_length() == 142 and cache.get_seq_length() == 135
+
+
+def test_stand_in_crop_window_serves_assisted_decoding(stand_in):
+    """With crop_window, the GPU layers keep each row's last tokens in a ring (on the GPU; here the stand-in's CPU
+    tensors): prompt-lookup decoding (drafts verified in multi-token steps, rejected tokens cropped, often inside a
+    tile quantised by the step) gives the host cache's tokens and scores exactly, and so do crops into a quantised
+    tile, beam search's row changes and a refused step with the ring rolled back."""
+    model = tiny_model()
+    ids = torch.randint(3, 40, (1, 150), generator=torch.Generator().manual_seed(8))  # repetitive: drafts get found
+    mask = torch.ones_like(ids)
+    kw = dict(prompt_lookup_num_tokens=6)
+    host_cache = KVarNCache(model.config, PRESET, SINK, crop_window=128)
+    gpu_cache = KVarNCache(model.config, PRESET, SINK, crop_window=128, device="cuda", max_batch_size=2)
+    host = generate(model, host_cache, ids, mask, 60, **kw)
+    gpu = generate(model, gpu_cache, ids, mask, 60, **kw)
+    assert torch.equal(gpu[0], host[0])
+    torch.testing.assert_close(gpu[1], host[1], rtol=0, atol=0)
+    assert gpu_cache.kvarn_layers[0].is_croppable
+    # a crop into the tile of tokens 128..191: the ring gives its kept tokens back
+    n = gpu_cache.get_seq_length()
+    assert n > 192 + 10
+    for cache in (host_cache, gpu_cache):
+        cache.crop(-(n - 150))
+    same_content(rows_content(gpu_cache), [[(len(c), {k: np.array(x) for k, x in c.to_parts().items()
+                                                       if isinstance(x, np.ndarray)}) for c in layer.caches]
+                                           for layer in host_cache.kvarn_layers])
+    step = torch.tensor([[17]])
+    with torch.no_grad():
+        a = model(step, **cache_kwargs(model, host_cache)).logits
+        b = model(step, **cache_kwargs(model, gpu_cache)).logits
+    assert torch.equal(a, b)
+    for cache in (host_cache, gpu_cache):  # keep 100: tile 64..127 is cut, and the ring starts after its start
+        with pytest.raises(NotImplementedError, match="not in the crop window .128 tokens."):
+            cache.crop(-51)
+    # rows repeated (their rings too), then a refused step: rings and caches back as they were
+    gpu_cache.batch_repeat_interleave(2)
+    layer = gpu_cache.kvarn_layers[0]
+    assert torch.equal(layer._ring_k[0], layer._ring_k[1]) and layer._ring_k.shape[0] == 2
+    ring = layer._ring_k.clone(), list(layer._ring_from)
+    before = rows_content(gpu_cache)
+    poison = model.model.layers[1].self_attn.v_proj.register_forward_hook(lambda m, i, o: o * float("inf"))
+    try:
+        with torch.no_grad(), pytest.raises(ValueError, match="this step's v: contains NaN or Inf"):
+            model(torch.tensor([[5, 6, 7], [8, 9, 10]]), **cache_kwargs(model, gpu_cache))
+    finally:
+        poison.remove()
+    same_content(before, rows_content(gpu_cache))
+    assert torch.equal(layer._ring_k, ring[0]) and layer._ring_from == ring[1]
 
 
 def test_stand_in_sizes_are_enforced(stand_in):
@@ -335,8 +383,8 @@ def test_device_options_are_checked(stand_in):
             KVarNCache(cfg, device=bad)
     with pytest.raises(ValueError, match="quantize_on: 'next' is not served by the GPU cache"):
         KVarNCache(cfg, quantize_on="next", device="cuda")
-    with pytest.raises(ValueError, match="crop_window: the GPU cache keeps no fp16 window"):
-        KVarNCache(cfg, crop_window=256, device="cuda")
+    with pytest.raises(ValueError, match="crop_window: 64 tokens cannot hold a quantised tile of 128"):
+        KVarNCache(cfg, crop_window=64, device="cuda")
     with pytest.raises(ValueError, match="max_cache_len"):
         KVarNCache(cfg, device="cuda", max_cache_len=0)
     with pytest.raises(ValueError, match="max_batch_size: sizes the pools of a GPU cache"):
@@ -479,3 +527,24 @@ def test_gpu_beam_search_and_refused_step():
     with torch.no_grad():
         model(step, attention_mask=full, **cache_kwargs(model, cache))
     assert len(layers[0].caches[0]) == 128 and layers[0].paged.length(layers[0].caches[0].seq) == 128
+
+
+@gpu
+def test_gpu_prompt_lookup_decoding_with_a_crop_window():
+    """On the GPU (float32): prompt-lookup decoding with a crop window (its ring on the GPU) gives the host cache's
+    tokens, and a crop into a quantised tile leaves the cache what the host cache holds, byte for byte."""
+    model = tiny_model(device="cuda")
+    ids = torch.randint(3, 40, (1, 150), generator=torch.Generator().manual_seed(8)).cuda()
+    mask = torch.ones_like(ids)
+    caches = [KVarNCache(model.config, PRESET, SINK, crop_window=128),
+              KVarNCache(model.config, PRESET, SINK, crop_window=128, device="cuda")]
+    host, gpu_out = (generate(model, c, ids, mask, 60, prompt_lookup_num_tokens=6) for c in caches)
+    assert torch.equal(gpu_out[0], host[0])
+    n = caches[1].get_seq_length()
+    for c in caches:
+        c.crop(-(n - 150))
+    for hl, gl in zip(caches[0].kvarn_layers, caches[1].kvarn_layers):
+        a, b = hl.caches[0].to_parts(), gl.paged.to_cpu(gl.caches[0].seq).to_parts()
+        for key in a:
+            if isinstance(a[key], np.ndarray):
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)

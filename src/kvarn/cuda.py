@@ -534,15 +534,16 @@ def _flags_pointer(flags, device):
         import torch
 
         if not flags.is_cuda or flags.dtype != torch.int32 or flags.numel() < 1 or not flags.is_contiguous():
-            raise TypeError(f"flags: expected a contiguous int32 CUDA tensor of at least one element, got {flags.dtype} "
-                            f"shape {tuple(flags.shape)} on {flags.device}")
+            raise TypeError(f"flags: expected a contiguous int32 CUDA tensor of at least one element, got "
+                            f"{flags.dtype} shape {tuple(flags.shape)} on {flags.device}")
         if flags.device.index != device:
             raise ValueError(f"flags: on {flags.device}, but the kernels run on cuda:{device}")
         return flags.data_ptr()
     cai = getattr(flags, "__cuda_array_interface__", None)
     if cai is None or cai["typestr"] != "<i4" or not cai["shape"] or int(np.prod(cai["shape"])) < 1 or (
             cai.get("strides") not in (None, (4,))):
-        raise TypeError("flags: expected a contiguous int32 GPU array of at least one element (torch, CuPy, DeviceArray)")
+        raise TypeError("flags: expected a contiguous int32 GPU array of at least one element (torch, CuPy, "
+                        "DeviceArray)")
     if cai["data"][1]:
         raise ValueError("flags: the array is read-only")
     if isinstance(flags, DeviceArray) and flags.device != device:

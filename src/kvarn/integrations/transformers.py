@@ -28,8 +28,8 @@ How it works
   transposed views of the model's tensors; no host copies), which runs kvarn's CUDA kernels. A step
   refused by a later layer is undone with ``PagedKVCache.checkpoint``/``rollback``; beam search and
   ``num_return_sequences`` free the rows left out and ``fork`` repeated ones (pages shared). Its pools
-  are allocated at the first forward (``max_batch_size`` rows of ``max_cache_len`` tokens); it has no
-  crop window (crops inside the fp16 tail work), ``quantize_on="fill"`` only, and head_dim 64, 128 or 256.
+  are allocated at the first forward (``max_batch_size`` rows of ``max_cache_len`` tokens); a crop window
+  is a ring of fp16 tokens on the GPU; ``quantize_on="fill"`` only, and head_dim 64, 128 or 256.
 - Sliding-window layers (Gemma 3's local layers) keep transformers' full-precision
   ``DynamicSlidingWindowLayer``: they hold at most ``sliding_window`` tokens, and kvarn's attention
   has no window. A config with no full-attention layer at all (nothing to compress: one with
@@ -854,11 +854,12 @@ class KVarNCudaLayer(KVarNLayer):
     ``checkpoint`` that undoes it if a later layer refuses the forward. Row changes (beam search,
     ``num_return_sequences``) free the rows left out and ``fork`` repeated ones (pages shared, not copied).
     The pool is allocated at the first forward for ``max_batch_size`` rows (default: that forward's batch) of
-    ``max_cache_len`` tokens."""
+    ``max_cache_len`` tokens. crop_window > 0 keeps each row's last tokens in an fp16 ring on the GPU, as the host
+    layer's: crop then cuts inside a quantised tile by truncating to its start and appending the kept tokens again."""
 
-    def __init__(self, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None, *, device: int,
-                 max_batch_size: int | None = None, max_cache_len: int = 32768) -> None:
-        super().__init__(preset, sink_tokens)
+    def __init__(self, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None, crop_window: int = 0,
+                 *, device: int, max_batch_size: int | None = None, max_cache_len: int = 32768) -> None:
+        super().__init__(preset, sink_tokens, crop_window=crop_window)
         self.device_index = device
         self.max_batch_size = max_batch_size
         self.max_cache_len = max_cache_len
@@ -873,7 +874,8 @@ class KVarNCudaLayer(KVarNLayer):
                 raise TypeError(f"{name}: dtype float64 is not served by kvarn's CUDA kernels; use bfloat16, float16 "
                                 "or float32")
         if not self.is_initialized and self.max_batch_size and key_states.shape[0] > self.max_batch_size:
-            raise ValueError(f"key_states: batch {key_states.shape[0]} is more than max_batch_size={self.max_batch_size}")
+            raise ValueError(f"key_states: batch {key_states.shape[0]} is more than "
+                             f"max_batch_size={self.max_batch_size}")
 
     def _check_device(self, x, name: str) -> None:
         if x.device != torch.device("cuda", self.device_index):
@@ -896,6 +898,10 @@ class KVarNCudaLayer(KVarNLayer):
         self.caches = [_PagedRow(self.paged, self.paged.add_sequence()) for _ in range(B)]
         if self._flags[0] is None:
             self._flags[0] = torch.zeros(1, dtype=torch.int32, device=key_states.device)
+        if self.crop_window:  # on the GPU: slot p % crop_window <- position p, as the host ring
+            self._ring_k = torch.zeros((B, Hk, self.crop_window, D), dtype=torch.float16, device=key_states.device)
+            self._ring_v = torch.zeros_like(self._ring_k)
+            self._ring_from = [0] * B
         self.is_initialized = True
 
     def _empty(self) -> None:
@@ -916,6 +922,8 @@ class KVarNCudaLayer(KVarNLayer):
                                       value_states[b : b + 1, :, pads[b] :].transpose(1, 2))
                 except ValueError as e:
                     raise self._row_error(b, e) from e
+            if self.crop_window:
+                self._remember_step([0] * B, key_states, value_states, pads)
         except BaseException as e:
             self._empty()  # the layer is empty again, as before the prompt
             self._fail(e)
@@ -947,15 +955,43 @@ class KVarNCudaLayer(KVarNLayer):
         except BaseException as e:
             self._fail(e)
             raise
+        ring_saved = self._remember_step([len(row) - n for row in self.caches], key_states, value_states) \
+            if self.crop_window else None
         self.cumulative_length += n
         if journal is not None:  # the checkpoint lives until every layer has taken the step
-            journal.add(functools.partial(self._rollback_step, point, n))
+            journal.add(functools.partial(self._rollback_step, point, n, ring_saved))
             journal.took()
         return out
 
-    def _rollback_step(self, point, n: int) -> None:
+    def _rollback_step(self, point, n: int, ring_saved) -> None:
         self.paged.rollback(point)
+        if ring_saved is not None:
+            index, old_k, old_v, old_from = ring_saved
+            self._ring_k[index], self._ring_v[index] = old_k, old_v
+            self._ring_from = old_from
         self.cumulative_length -= n
+
+    def _remember_step(self, starts, key_states, value_states, pads=None):
+        """Copies each row's last (up to crop_window) tokens of key/value_states [B, Hk, n, D] (after its left
+        padding, pads) into the ring, row b's first one at position starts[b]; returns what it overwrote (for
+        _rollback_step). One gather and one scatter per buffer: every row's slots at once."""
+        W, n = self.crop_window, key_states.shape[2]
+        old_from = list(self._ring_from)
+        rows, slots, cols = [], [], []
+        for b, start in enumerate(starts):
+            first = max(pads[b] if pads else 0, n - W)  # the tokens that stay in the window
+            count = n - first
+            rows += [b] * count
+            slots += ((start + np.arange(count) + (first - (pads[b] if pads else 0))) % W).tolist()
+            cols += range(first, n)
+            self._ring_from[b] = max(self._ring_from[b], start + (n - (pads[b] if pads else 0)) - W)
+        device = self._ring_k.device
+        r, c, t = (torch.as_tensor(x, dtype=torch.long).to(device, non_blocking=True) for x in (rows, slots, cols))
+        index = (r, slice(None), c)
+        saved = (index, self._ring_k[index].clone(), self._ring_v[index].clone(), old_from)
+        self._ring_k[index] = key_states[r, :, t].to(torch.float16)
+        self._ring_v[index] = value_states[r, :, t].to(torch.float16)
+        return saved
 
     def offload(self):  # the cache stays on its GPU
         pass
@@ -987,21 +1023,23 @@ class KVarNCudaLayer(KVarNLayer):
             taken.add(r)
         self.caches = caches
         self.pads = [self.pads[r] for r in rows]
-
-    def _crop_plan(self, tokens_to_remove):
-        try:
-            return super()._crop_plan(tokens_to_remove)
-        except NotImplementedError as e:  # the host's advice (a crop window) does not apply here
-            raise NotImplementedError(str(e).split(", and its tokens")[0] + ", whose tokens the GPU cache keeps only "
-                                      "as codes (it has no crop window); use KVarNCache(..., device=None, "
-                                      "crop_window=W) for assisted decoding") from None
+        if self._ring_k is not None:  # indexing copies: every row owns its ring
+            self._ring_k, self._ring_v = self._ring_k[rows], self._ring_v[rows]
+            self._ring_from = [self._ring_from[r] for r in rows]
 
     def _apply_crop(self, crop_plan) -> None:
         if crop_plan is None:
             return
         r, plan = crop_plan
-        for row, (keep, point) in zip(self.caches, plan):
-            self.paged.truncate(row.seq, keep)  # _crop_plan refused cuts inside a quantised tile (no ring here)
+        W = self.crop_window
+        for b, (row, (keep, point)) in enumerate(zip(self.caches, plan)):
+            self.paged.truncate(row.seq, point)
+            if point < keep:  # a cut inside a quantised tile (_crop_plan checked the ring holds its tokens)
+                slots = torch.as_tensor(np.arange(point, keep) % W, device=self._ring_k.device)
+                self.paged.append([row.seq], self._ring_k[b][:, slots].transpose(0, 1)[None],
+                                  self._ring_v[b][:, slots].transpose(0, 1)[None])
+            if W:
+                self._ring_from[b] = min(self._ring_from[b], keep)
         self.cumulative_length -= r
 
     def __deepcopy__(self, memo):
@@ -1137,7 +1175,7 @@ def _check_crop_ring(crop_window: int, group: int, layer_dims) -> None:
             f"most {memory // per_token} tokens fit; {2 * group} serves any crop of up to {group} tokens")
 
 
-def _gpu_options(device, max_batch_size, max_cache_len, config, preset, quantize_on, crop_window, head_dims):
+def _gpu_options(device, max_batch_size, max_cache_len, config, preset, quantize_on, head_dims):
     """KVarNCudaLayer's keyword arguments for KVarNCache's device options (None: a host cache), checked: a
     visible GPU that kvarn's CUDA module serves, and layers it serves."""
     if device is None:
@@ -1147,7 +1185,8 @@ def _gpu_options(device, max_batch_size, max_cache_len, config, preset, quantize
                                  "needed")
         return None
     if isinstance(device, bool) or not isinstance(device, (int, np.integer, str, torch.device)):
-        raise TypeError(f"device: expected 'cuda', 'cuda:N', a torch.device, an int or None, got {type(device).__name__}")
+        raise TypeError(f"device: expected 'cuda', 'cuda:N', a torch.device, an int or None, got "
+                        f"{type(device).__name__}")
     try:
         where = torch.device("cuda", int(device)) if isinstance(device, (int, np.integer)) else torch.device(device)
     except (RuntimeError, ValueError) as e:
@@ -1166,13 +1205,10 @@ def _gpu_options(device, max_batch_size, max_cache_len, config, preset, quantize
     if quantize_on != "fill":
         raise ValueError(f"quantize_on: {quantize_on!r} is not served by the GPU cache (its tiles are quantised as "
                          "they fill); use 'fill', or device=None")
-    if crop_window:
-        raise ValueError("crop_window: the GPU cache keeps no fp16 window (crops inside the fp16 tail work without "
-                         "one); use crop_window=0, or device=None for assisted decoding")
     p = get_preset(preset)
     for i, head_dim in head_dims.items():
-        if isinstance(head_dim, int) and (head_dim not in kvarn_cuda.GPU_HEAD_DIMS or not kvarn_cuda._cuda.format_supported(
-                p.kbits, p.vbits, p.group, head_dim)):
+        if isinstance(head_dim, int) and (head_dim not in kvarn_cuda.GPU_HEAD_DIMS
+                                          or not kvarn_cuda._cuda.format_supported(p.kbits, p.vbits, p.group, head_dim)):
             raise ValueError(f"config: layer {i}'s head_dim {head_dim} with preset {p.describe()} is not served by "
                              f"kvarn's CUDA kernels (head_dim {', '.join(map(str, kvarn_cuda.GPU_HEAD_DIMS))}); use "
                              "device=None")
@@ -1203,9 +1239,9 @@ class KVarNCache(Cache):
     device: None (default) keeps the packed cache in host memory and runs attention on the CPU whatever the
     model's device; ``"cuda"``, ``"cuda:N"`` (a torch.device or an index) keeps it on that GPU, one
     ``kvarn.cuda.PagedKVCache`` per layer, and runs kvarn's CUDA kernels there (the model must run on that GPU;
-    quantize_on "fill" and crop_window 0 only). Its pools are allocated at the first forward for
-    ``max_batch_size`` rows (default: that forward's batch) of ``max_cache_len`` tokens each (default: the
-    model's max_position_embeddings, at most 32768); a step beyond either is refused with the cache unchanged.
+    quantize_on "fill" only; a crop window's ring lives on that GPU too). Its pools are allocated at the first
+    forward for ``max_batch_size`` rows (default: that forward's batch) of ``max_cache_len`` tokens each (default:
+    the model's max_position_embeddings, at most 32768); a step beyond either is refused with the cache unchanged.
     """
 
     def __init__(self, config, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None,
@@ -1253,13 +1289,12 @@ class KVarNCache(Cache):
             raise ValueError(f"config: no attention layers (num_hidden_layers={n_layers}); nothing to cache")
         if isinstance(n_layers, int) and len(layer_types) != n_layers:
             raise ValueError(f"config: {len(layer_types)} layer_types for num_hidden_layers={n_layers}")
-        gpu = _gpu_options(device, max_batch_size, max_cache_len, text_config, preset, quantize_on, crop_window,
-                           head_dims)
+        gpu = _gpu_options(device, max_batch_size, max_cache_len, text_config, preset, quantize_on, head_dims)
         layers = []
         for i, t in enumerate(layer_types):
             if t == "full_attention":
                 layers.append(KVarNLayer(preset, sink_tokens, quantize_on, crop_window) if gpu is None
-                              else KVarNCudaLayer(preset, sink_tokens, **gpu))
+                              else KVarNCudaLayer(preset, sink_tokens, crop_window, **gpu))
             elif t in ("sliding_attention", "chunked_attention"):
                 window = _layer_value(text_config, "sliding_window" if t == "sliding_attention" else "attention_chunk_size", i)
                 layers.append(DynamicSlidingWindowLayer(sliding_window=window))
@@ -1273,8 +1308,9 @@ class KVarNCache(Cache):
                 "KVarNCache would compress nothing: use the model's own cache"
             )
         kvarn_layers = [layer for layer in layers if isinstance(layer, KVarNLayer)]
-        _check_crop_ring(kvarn_layers[0].crop_window, kvarn_layers[0].preset.group,
-                         [(_layer_value(text_config, "num_key_value_heads", i), head_dims.get(i)) for i in full])
+        if gpu is None:  # host memory (a GPU cache's ring goes on its GPU, whose allocator refuses what it lacks)
+            _check_crop_ring(kvarn_layers[0].crop_window, kvarn_layers[0].preset.group,
+                             [(_layer_value(text_config, "num_key_value_heads", i), head_dims.get(i)) for i in full])
         super().__init__(layers=layers)
         self._failure = [None]
         self._journal = _StepJournal(len(layers), gpu_flags=[None] if gpu is not None else None)
