@@ -578,13 +578,7 @@ class KVarNLayer(CacheLayerMixin):
         B, _, n, _ = key_states.shape
         try:
             pads = _left_padding(_visible_keys(attention_mask, B, n)[:, -1])
-            k, v = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True)
-            for b, c in enumerate(self.caches):
-                try:
-                    c.append(k[b, :, pads[b] :], v[b, :, pads[b] :])
-                except ValueError as e:
-                    raise self._row_error(b, e) from e
-                self._remember(b, 0, k[b, :, pads[b] :], v[b, :, pads[b] :])
+            self._store_prompt(key_states, value_states, pads)
         except BaseException as e:
             self._empty()  # the layer is empty again, as before the prompt
             self._fail(e)
@@ -594,6 +588,15 @@ class KVarNLayer(CacheLayerMixin):
         if self._journal is not None:
             self._journal.add(self._empty)
             self._journal.took()
+
+    def _store_prompt(self, key_states, value_states, pads) -> None:
+        k, v = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True)
+        for b, c in enumerate(self.caches):
+            try:
+                c.append(k[b, :, pads[b] :], v[b, :, pads[b] :])
+            except ValueError as e:
+                raise self._row_error(b, e) from e
+            self._remember(b, 0, k[b, :, pads[b] :], v[b, :, pads[b] :])
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
         """Appends the kept-aside tokens one at a time, each followed by kvarn decode attention."""
@@ -909,30 +912,15 @@ class KVarNCudaLayer(KVarNLayer):
             row.paged.free(row.seq)
         super()._empty()
 
-    def store_prefill(self, attention_mask) -> None:
-        """Appends the prompt's K/V to each row's sequence, without the row's left padding."""
-        key_states, value_states = self._prefill
-        self._prefill = None
-        B, _, n, _ = key_states.shape
-        try:
-            pads = _left_padding(_visible_keys(attention_mask, B, n)[:, -1])
-            for b, row in enumerate(self.caches):
-                try:  # [1, T, Hk, D] views of the row's tokens
-                    self.paged.append([row.seq], key_states[b : b + 1, :, pads[b] :].transpose(1, 2),
-                                      value_states[b : b + 1, :, pads[b] :].transpose(1, 2))
-                except ValueError as e:
-                    raise self._row_error(b, e) from e
-            if self.crop_window:
-                self._remember_step([0] * B, key_states, value_states, pads)
-        except BaseException as e:
-            self._empty()  # the layer is empty again, as before the prompt
-            self._fail(e)
-            raise
-        self.pads = pads
-        self.cumulative_length = n
-        if self._journal is not None:
-            self._journal.add(self._empty)
-            self._journal.took()
+    def _store_prompt(self, key_states, value_states, pads) -> None:
+        for b, row in enumerate(self.caches):
+            try:  # [1, T, Hk, D] views of the row's tokens
+                self.paged.append([row.seq], key_states[b : b + 1, :, pads[b] :].transpose(1, 2),
+                                  value_states[b : b + 1, :, pads[b] :].transpose(1, 2))
+            except ValueError as e:
+                raise self._row_error(b, e) from e
+        if self.crop_window:
+            self._remember_step([0] * len(self.caches), key_states, value_states, pads)
 
     def attend_pending(self, query, attention_mask, scaling) -> torch.Tensor:
         """One append_attend of the kept-aside tokens over every row: token i attends the cache and the step's
