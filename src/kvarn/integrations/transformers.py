@@ -708,7 +708,7 @@ class KVarNLayer(CacheLayerMixin):
             self._journal.clear()
             self._journal.late_refusal = None
 
-    def offload(self):  # the packed cache lives in host memory already
+    def offload(self):  # the packed cache stays where it lives (host memory, or a GPU layer's own GPU)
         pass
 
     def prefetch(self):
@@ -867,6 +867,7 @@ class KVarNCudaLayer(KVarNLayer):
         self.max_batch_size = max_batch_size
         self.max_cache_len = max_cache_len
         self.paged = None  # kept across reset() for the next prompt when it fits
+        self._torch_device = torch.device("cuda", device)
         self._flags = [None]  # KVarNCache's holder of the flags tensor its GPU layers share (see _StepJournal)
 
     def _check_step(self, key_states, value_states) -> None:
@@ -881,7 +882,7 @@ class KVarNCudaLayer(KVarNLayer):
                              f"max_batch_size={self.max_batch_size}")
 
     def _check_device(self, x, name: str) -> None:
-        if x.device != torch.device("cuda", self.device_index):
+        if x.device != self._torch_device:
             raise ValueError(f"{name}: on {x.device}, but this KVarNCache keeps its cache on cuda:{self.device_index} "
                              "(KVarNCache(..., device=...)); move the model there, or build the cache for the model's "
                              "device")
@@ -931,8 +932,9 @@ class KVarNCudaLayer(KVarNLayer):
         try:
             scale = check_scale(scaling, query.shape[3])
             self._check_device(query, "query")
-            point = self.paged.checkpoint(seqs, n)  # copies nothing for a one-token step
             journal = self._journal if self._journal is not None and self._journal.active else None
+            # the undo of this step, should a later layer refuse the forward (copies nothing for one token)
+            point = self.paged.checkpoint(seqs, n) if journal is not None else None
             # Within a KVarNCache's forward the checks run on the GPU into the shared flags, read once after the
             # last layer (which undoes the step everywhere if they found anything): a wait per layer cost the
             # overlap of host and GPU work. Alone, the step is checked here (a refused one undoes itself).
@@ -967,12 +969,12 @@ class KVarNCudaLayer(KVarNLayer):
         old_from = list(self._ring_from)
         rows, slots, cols = [], [], []
         for b, start in enumerate(starts):
-            first = max(pads[b] if pads else 0, n - W)  # the tokens that stay in the window
-            count = n - first
-            rows += [b] * count
-            slots += ((start + np.arange(count) + (first - (pads[b] if pads else 0))) % W).tolist()
+            pad = pads[b] if pads else 0
+            first = max(pad, n - W)  # the tokens that stay in the window: cache positions start + (first - pad) ..
+            rows += [b] * (n - first)
+            slots += ((start + np.arange(first - pad, n - pad)) % W).tolist()
             cols += range(first, n)
-            self._ring_from[b] = max(self._ring_from[b], start + (n - (pads[b] if pads else 0)) - W)
+            self._ring_from[b] = max(self._ring_from[b], start + n - pad - W)
         device = self._ring_k.device
         r, c, t = (torch.as_tensor(x, dtype=torch.long).to(device, non_blocking=True) for x in (rows, slots, cols))
         index = (r, slice(None), c)
@@ -980,9 +982,6 @@ class KVarNCudaLayer(KVarNLayer):
         self._ring_k[index] = key_states[r, :, t].to(torch.float16)
         self._ring_v[index] = value_states[r, :, t].to(torch.float16)
         return saved
-
-    def offload(self):  # the cache stays on its GPU
-        pass
 
     def _rows_plan(self, rows, what: str):
         plan = super()._rows_plan(rows, what)
