@@ -81,14 +81,21 @@ def cache_bytes(kind, cache):
     return total
 
 
-def run(model, kind, prompt, steps, fed=None):
+def run(model, kind, prompt, steps, fed=None, layer_outputs=None):
     """Prefill, then `steps` timed one-token forwards. Each step feeds the previous step's argmax, or with `fed`
-    (the dynamic cache's tokens) fed[i], so that every cache's logits answer the same inputs."""
+    (the dynamic cache's tokens) fed[i], so that every cache's logits answer the same inputs. With `layer_outputs`
+    (a list), each layer's attention output at the first one-token step is appended to it."""
     from kvarn.integrations.transformers import cache_kwargs, restore_attention
 
     batch, context = prompt.shape
     cache = make_cache(kind, model, context, batch, steps)
     times, tokens, logits = [], [], []
+    hooks = []
+    if layer_outputs is not None:
+        def keep(module, args, output):
+            if output[0].shape[1] == 1 and len(layer_outputs) < len(model.model.layers):
+                layer_outputs.append(output[0].float().clone())
+        hooks = [layer.self_attn.register_forward_hook(keep) for layer in model.model.layers]
     with torch.inference_mode():
         out = model(prompt, **cache_kwargs(model, cache), logits_to_keep=1)
         nxt = out.logits[:, -1].argmax(-1, keepdim=True) if fed is None else fed[0]
@@ -103,6 +110,8 @@ def run(model, kind, prompt, steps, fed=None):
             logits.append(out.logits[:, -1].float())
             if fed is not None and i + 1 < steps:
                 nxt = fed[i + 1]
+    for h in hooks:
+        h.remove()
     nbytes = cache_bytes(kind, cache)
     del cache, out
     if kind.startswith("kvarn"):
@@ -120,7 +129,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--check-host", default=None, metavar="CONTEXTxBATCH",
                     help="first, at this point: the GPU cache's logits against the host cache's (KVarNCache(config), "
-                         "the same records, attention on the CPU) over 8 teacher-forced steps")
+                         "the same records, attention on the CPU) and both against DynamicCache's, over 8 steps "
+                         "teacher-forced with DynamicCache's tokens")
     args = ap.parse_args()
     model = build_model(args.shape)
     print(f"{torch.cuda.get_device_name()}, shape {args.shape}, {args.steps} steps, {args.rounds} rounds")
@@ -128,14 +138,25 @@ def main():
         context, batch = (int(x) for x in args.check_host.split("x"))
         g = torch.Generator().manual_seed(context + batch)
         prompt = torch.randint(10, SHAPES[args.shape]["vocab_size"], (batch, context), generator=g).cuda()
-        _, fed, host, _ = run(model, "kvarn-host", prompt, 8)
-        _, _, gpu, _ = run(model, "kvarn", prompt, 8, fed)
-        err = ((gpu - host).norm(dim=-1) / host.norm(dim=-1)).flatten()
-        agree = float((gpu.argmax(-1) == host.argmax(-1)).float().mean())
-        print(f"{context} x {batch}: GPU cache against host cache, logits relative L2 median {float(err.median()):.2e} "
-              f"max {float(err.max()):.2e}, argmax agrees {100 * agree:.0f} %", flush=True)
+        outs = {k: [] for k in ("dynamic", "kvarn-host", "kvarn")}
+        _, fed, dyn, _ = run(model, "dynamic", prompt, 8, layer_outputs=outs["dynamic"])
+        _, _, host, _ = run(model, "kvarn-host", prompt, 8, fed, layer_outputs=outs["kvarn-host"])
+        _, _, gpu, _ = run(model, "kvarn", prompt, 8, fed, layer_outputs=outs["kvarn"])
+        # layer 0's attention output answers the same inputs in every cache (later layers' inputs drift apart)
+        for name, a, b in (("GPU cache against host cache", "kvarn", "kvarn-host"),
+                           ("host cache against dynamic", "kvarn-host", "dynamic")):
+            rel = [float((x - y).norm() / y.norm()) for x, y in zip(outs[a], outs[b])]
+            print(f"{context} x {batch}: {name}: first step's attention output, relative L2 per layer "
+                  + " ".join(f"{e:.1e}" for e in rel), flush=True)
+        for name, a, b in (("GPU cache against host cache", gpu, host), ("host cache against dynamic", host, dyn),
+                           ("GPU cache against dynamic", gpu, dyn)):
+            err = (a - b).norm(dim=-1) / b.norm(dim=-1)  # [steps, batch]
+            agree = float((a.argmax(-1) == b.argmax(-1)).float().mean())
+            print(f"{context} x {batch}: {name}: logits relative L2 median {float(err.median()):.2e} max "
+                  f"{float(err.max()):.2e}, argmax agrees {100 * agree:.0f} %; per step "
+                  + " ".join(f"{float(e):.1e}" for e in err.median(dim=1).values), flush=True)
     results = []
-    for point in args.points.split(","):
+    for point in filter(None, args.points.split(",")):
         context, batch = (int(x) for x in point.split("x"))
         g = torch.Generator().manual_seed(context + batch)
         prompt = torch.randint(10, SHAPES[args.shape]["vocab_size"], (batch, context), generator=g).cuda()

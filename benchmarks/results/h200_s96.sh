@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Fifty-sixth session, device call s96: the GPU transformers cache's open question and its unrun tests. At
+# Llama-3.1-8B's shape (random bf16 weights) s95b measured its logits 1.2 (relative L2) from DynamicCache's;
+# bench_generate_cuda.py --check-host puts the GPU cache beside the host cache (the same records, attention on the
+# CPU) and both beside DynamicCache, with each layer's attention output at the first one-token step. Then the GPU
+# cache's test file (the headline-shape and crop-window GPU tests have not run), and the commits after 521267a.
+set -uo pipefail
+. benchmarks/results/device_prologue.sh
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/machine.txt"
+python3 - <<'PY' || python3 -m pip install -q --no-index --find-links .whl transformers==5.25.0 >> "$OUT/machine.txt" 2>&1
+import sys
+from importlib.metadata import version
+sys.exit(0 if tuple(int(x) for x in version("transformers").split(".")[:2]) >= (5, 24) else 1)
+PY
+python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" >> "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+build_cuda || exit 1
+timeout 150 python3 -m pytest -q -s -rs -p no:cacheprovider tests/test_integration_transformers_gpu.py \
+  > "$OUT/tests_gpu_cache.log" 2>&1; echo "GPU cache tests rc $?"
+grep -E "steps|head_dim|passed|failed|skipped|^E |^FAILED" "$OUT/tests_gpu_cache.log" | head -30; echo "[$(el) s] tested"
+timeout 200 python3 benchmarks/bench_generate_cuda.py --shape llama8b --points "" --check-host 4096x1 \
+  > "$OUT/check_host_llama8b.log" 2>&1; echo "check llama8b rc $?"; cat "$OUT/check_host_llama8b.log"; echo "[$(el) s] llama8b"
+timeout 100 python3 benchmarks/bench_generate_cuda.py --shape llama1b --points "" --check-host 4096x2 \
+  > "$OUT/check_host_llama1b.log" 2>&1; echo "check llama1b rc $?"; cat "$OUT/check_host_llama1b.log"; echo "[$(el) s] end"
