@@ -3,7 +3,8 @@
 # Llama-3.1-8B's shape (random bf16 weights) s95b measured its logits 1.2 (relative L2) from DynamicCache's;
 # bench_generate_cuda.py --check-host puts the GPU cache beside the host cache (the same records, attention on the
 # CPU) and both beside DynamicCache, with each layer's attention output at the first one-token step. Then the GPU
-# cache's test file (the headline-shape and crop-window GPU tests have not run), and the commits after 521267a.
+# cache's test file (the headline-shape and crop-window GPU tests have not run), and the commits after 521267a;
+# first, a profile of a GPU cache layer's host time per step (h200_s96_profile.py).
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/machine.txt"
@@ -15,6 +16,8 @@ PY
 python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" >> "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 build_cuda || exit 1
+timeout 90 python3 benchmarks/results/h200_s96_profile.py > "$OUT/profile.log" 2>&1; echo "profile rc $?"; head -60 "$OUT/profile.log"
+tail -12 "$OUT/profile.log"; echo "[$(el) s] profiled"
 timeout 150 python3 -m pytest -q -s -rs -p no:cacheprovider tests/test_integration_transformers_gpu.py \
   > "$OUT/tests_gpu_cache.log" 2>&1; echo "GPU cache tests rc $?"
 grep -E "steps|head_dim|passed|failed|skipped|^E |^FAILED" "$OUT/tests_gpu_cache.log" | head -30; echo "[$(el) s] tested"
