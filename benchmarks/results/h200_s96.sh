@@ -18,6 +18,14 @@ cat "$OUT/machine.txt"
 build_cuda || exit 1
 timeout 90 python3 benchmarks/results/h200_s96_profile.py > "$OUT/profile.log" 2>&1; echo "profile rc $?"; head -60 "$OUT/profile.log"
 tail -12 "$OUT/profile.log"; echo "[$(el) s] profiled"
+# A/B of the step's host time: this tree's cuda.py against the session's starting one (3a26d01, carried in .whl/),
+# in alternating processes over the same build
+site=$(python3 -c "import kvarn, os; print(os.path.dirname(os.path.dirname(kvarn.__file__)))")
+rm -rf /tmp/old_site && mkdir -p /tmp/old_site && cp -r "$site/kvarn" /tmp/old_site/ && cp .whl/old_cuda.py /tmp/old_site/kvarn/cuda.py
+for r in 1 2 3; do
+  echo "old: $(PYTHONPATH=/tmp/old_site timeout 40 python3 benchmarks/results/h200_s96_profile.py --step-only | tail -1)"
+  echo "new: $(timeout 40 python3 benchmarks/results/h200_s96_profile.py --step-only | tail -1)"
+done 2>&1 | tee "$OUT/ab_step.log"; echo "[$(el) s] A/B"
 timeout 150 python3 -m pytest -q -s -rs -p no:cacheprovider tests/test_integration_transformers_gpu.py \
   > "$OUT/tests_gpu_cache.log" 2>&1; echo "GPU cache tests rc $?"
 grep -E "steps|head_dim|passed|failed|skipped|^E |^FAILED" "$OUT/tests_gpu_cache.log" | head -30; echo "[$(el) s] tested"

@@ -5,6 +5,7 @@ totals; the split is what it is for), then single pieces timed alone (median us 
 import cProfile
 import pstats
 import statistics
+import sys
 import time
 
 import torch
@@ -47,7 +48,9 @@ for _ in range(20):
     step()
 torch.cuda.synchronize()
 print(torch.cuda.get_device_name(), f"B {B}, Hq {HQ}, Hk {HK}, D {D}, {N} tokens, bf16")
-print(f"step (checkpoint + append_attend flags): {host_us(step):.1f} us")
+print(f"step (checkpoint + append_attend flags): {host_us(step):.1f} us", flush=True)
+if "--step-only" in sys.argv:
+    sys.exit(0)
 pr = cProfile.Profile()
 pr.enable()
 for _ in range(REPS):

@@ -469,6 +469,8 @@ def _order_after(stream, view, what):
 
 def _token_slice(view, pos, m):
     """Tokens [pos, pos + m) of a [B, T, ...] view, without copying."""
+    if pos == 0 and m == view.shape[1]:
+        return view
     sub = _View()
     for attr in _View.__slots__:
         setattr(sub, attr, getattr(view, attr))
@@ -1231,13 +1233,17 @@ class PagedKVCache(_OwnsDeviceResources):
             raise ValueError(f"{name}: sequence {slots[i]} would hold {int(lens1[i])} tokens; "
                              f"this cache was made for max_seq_len={self.max_seq_len}")
 
-    def _append_tokens(self, layer, slots, vk, vv, stream, *, check_input, check_store, cow=None, store_flag=None):
+    def _append_tokens(self, layer, slots, vk, vv, stream, *, check_input, check_store, cow=None, store_flag=None,
+                       attend_meta=None):
         """append() of checked views k, v [B, T, Hk, D] on `stream`, room checked. check_input: the
         NaN/Inf and fp16-range checks on the GPU; check_store: wait for the store kernel's flags (key
         norm, scale overflow) where tiles complete. Either raises with this call's pages returned and
         the tails and lengths unchanged (write_tokens skips a flagged batch). cow: a list that collects the
         shared pages this call copied (_own_page), for a caller that may undo the call later (_undo_copies).
-        store_flag: where the store kernel ORs its flags instead (append_attend's flags=; nothing waits for it)."""
+        store_flag: where the store kernel ORs its flags instead (append_attend's flags=; nothing waits for it).
+        attend_meta: an attend launch's metadata (int32 [rows][4]) to upload in the same copy (a host-to-device
+        copy of a few bytes costs the host several microseconds): returns its device address and the bytes
+        from there; the caller then records the stream's event (append_attend, after its attend launch)."""
         B, T, G = vk.shape[0], vk.shape[1], self.preset.group
         lens0 = self._lengths[layer, slots]
         lens1 = lens0 + T
@@ -1266,12 +1272,17 @@ class PagedKVCache(_OwnsDeviceResources):
             self._undo_pages(new_pages)
             self._undo_copies(cow, cow0, stream)
             raise
-        # One host buffer: meta int32 [B][3] (slot, length before, first tail position), then the jobs [n][7].
-        host = np.empty(3 * B + 7 * len(jobs), np.int32)
+        # One host buffer: meta int32 [B][3] (slot, length before, first tail position), then the jobs [n][7],
+        # then attend_meta.
+        n_jobs = 3 * B + 7 * len(jobs)
+        host = np.empty(n_jobs + (0 if attend_meta is None else attend_meta.size), np.int32)
         meta = host[: 3 * B].reshape(B, 3)
         meta[:, 0], meta[:, 1], meta[:, 2] = slots, lens0, self.sink_tokens + tiles1 * G
         if jobs:
-            host[3 * B :] = np.asarray(jobs, np.int32).reshape(-1)
+            host[3 * B : n_jobs] = np.asarray(jobs, np.int32).reshape(-1)
+        if attend_meta is not None:
+            host[n_jobs:] = attend_meta.reshape(-1)
+        checked = check_input or (check_store and bool(jobs))
         try:
             st = self._stream_state(stream)
             base = st.append_meta.get(host.nbytes)
@@ -1280,7 +1291,8 @@ class PagedKVCache(_OwnsDeviceResources):
             self._wait_for_other_streams(stream, st, "append")
             self._copy_pages(cow[cow0:], stream)
             _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
-            _check(_cuda.memset(flag.ptr, 0, 4, stream), "append")
+            if checked or (jobs and store_flag is None):  # the stream's flag is read (store skips a flagged batch)
+                _check(_cuda.memset(flag.ptr, 0, 4, stream), "append")
             if check_input:
                 _queue_checks(_kv_checks(vk, vv), flag.ptr, stream, "append")
             # Store first: completed tiles read their older rows from the tail, which write_tokens
@@ -1289,7 +1301,6 @@ class PagedKVCache(_OwnsDeviceResources):
                 _check(_cuda.store(self._desc, vk.spec(), vv.spec(), base + meta.nbytes, meta_bytes - meta.nbytes,
                                    len(jobs), self.iters, True, flag.ptr if store_flag is None else store_flag,
                                    stream), "append")
-            checked = check_input or (check_store and bool(jobs))
             _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B,
                                       flag.ptr if checked else self._never_set.ptr, stream), "append")
             if checked:
@@ -1302,8 +1313,11 @@ class PagedKVCache(_OwnsDeviceResources):
             raise
         self._lengths[layer, slots] = lens1
         self._epoch += 1
+        if attend_meta is not None:
+            return base + 4 * n_jobs, meta_bytes - 4 * n_jobs
         # After the commit: the kernels are queued, so the host state must say so whatever this raises.
         self._done(st, stream, "append")
+        return None
 
     def _out_of_pages(self):
         return RuntimeError(f"PagedKVCache: out of pages ({self.num_pages} in the pool); free() sequences or make "
@@ -1611,12 +1625,17 @@ class PagedKVCache(_OwnsDeviceResources):
                                "pages)")
         self._check_room(layer, slots, n, "k")
         lens0 = self._lengths[layer, slots].copy()
+        tiles0 = self._tile_counts(lens0)
+        before_a_tile = self._tokens_before_a_tile(lens0, tiles0)
         # the pages the step's tiles take, counted before anything changes (as append finds out on the host)
-        if self._pages_needed(slots, self._tile_counts(lens0), self._tile_counts(lens0 + n)) > len(self._free_pages):
+        if (before_a_tile < n).any() and self._pages_needed(slots, tiles0, self._tile_counts(lens0 + n)) > len(
+                self._free_pages):
             raise self._out_of_pages()
         if out is None:
             out = _empty_like(vq, vq.shape, vq.dtype)
-        vo = self._out_view(out, vq, vk, vv)
+            vo = _view(out, "out")  # a new array: nothing to check
+        else:
+            vo = self._out_view(out, vq, vk, vv)
         if n == 0:
             return out
         for view in (vk, vv, vo):
@@ -1635,20 +1654,23 @@ class PagedKVCache(_OwnsDeviceResources):
         pages0 = [len(self._pages[slot]) for slot in slots]
         cow = []  # shared pages the step's chunks copied
         saved = self._save_tails(layer, slots, lens0, n, st, stream) if validate else []
-        pos = 0
+        pos, lens = 0, lens0
         try:
             while pos < n:
-                lens = self._lengths[layer, slots]
+                if pos:
+                    lens = self._lengths[layer, slots]
+                    before_a_tile = self._tokens_before_a_tile(lens)
                 # as many tokens as complete no tile; 0 free: the next token completes one, alone
-                m = max(1, min(n - pos, int(self._tokens_before_a_tile(lens).min())))
-                self._append_tokens(layer, slots, _token_slice(vk, pos, m), _token_slice(vv, pos, m), stream,
-                                    check_input=False, check_store=validate, cow=cow, store_flag=flags_ptr)
+                m = max(1, min(n - pos, int(before_a_tile.min())))
                 # row b * m + i: token pos + i of sequence b, attending its first lens + i + 1 tokens
-                seen = (lens[:, None] + np.arange(1, m + 1)).reshape(-1)
-                meta, tiles = self._meta_rows(np.repeat(slots, m), seen)
+                seen = lens + 1 if m == 1 else (lens[:, None] + np.arange(1, m + 1)).reshape(-1)
+                meta, tiles = self._meta_rows(slots if m == 1 else np.repeat(slots, m), seen)
                 splits, tps = self._choose_splits(tiles, self._programs_per_seq(Hq))
-                self._launch_attend(st, stream, layer, meta, _token_slice(vq, pos, m), _token_slice(vo, pos, m),
-                                    scale, splits, tps)
+                meta_ptr, meta_bytes = self._append_tokens(
+                    layer, slots, _token_slice(vk, pos, m), _token_slice(vv, pos, m), stream, check_input=False,
+                    check_store=validate, cow=cow, store_flag=flags_ptr, attend_meta=meta)
+                self._launch_attend(stream, layer, meta_ptr, meta_bytes, _token_slice(vq, pos, m),
+                                    _token_slice(vo, pos, m), scale, splits, tps, st)
                 pos += m
         except BaseException:
             self._undo_step(layer, slots, lens0, pages0, cow, saved, st, stream)
@@ -1688,9 +1710,11 @@ class PagedKVCache(_OwnsDeviceResources):
                 base += nbytes
         return saved
 
-    def _tokens_before_a_tile(self, lens):
-        """How many tokens sequences of these lengths take before the next one completes a tile."""
-        return self.sink_tokens + (self._tile_counts(lens) + 1) * self.preset.group - lens - 1
+    def _tokens_before_a_tile(self, lens, tiles=None):
+        """How many tokens sequences of these lengths (holding these tile counts) take before the next one
+        completes a tile."""
+        tiles = self._tile_counts(lens) if tiles is None else tiles
+        return self.sink_tokens + (tiles + 1) * self.preset.group - lens - 1
 
     def _slot_rows_offset(self, layer, slot, head):
         """Byte offset of (layer, slot, head)'s first tail row in the tail buffers ([L, S, Hk, G, D] fp16)."""
@@ -1708,13 +1732,12 @@ class PagedKVCache(_OwnsDeviceResources):
             _check(_cuda.memcpy_dtod(tail, copy, nbytes, stream), "append_attend")
         self._done(st, stream, "append_attend")
 
-    def _launch_attend(self, st, stream, layer, meta, vq, vo, scale, splits, tps):
-        """One attend launch of checked views q, out [S, T, Hq, D] over meta's S x T rows (the stream's buffers)."""
-        meta_ptr = st.attend_meta.get(meta.nbytes)
-        _check(_cuda.memcpy_htod(meta_ptr, meta.reshape(-1).view(np.uint8), stream), "append_attend")
-        rows, Hq, D = len(meta), vq.shape[-2], vq.shape[-1]
+    def _launch_attend(self, stream, layer, meta_ptr, meta_bytes, vq, vo, scale, splits, tps, st):
+        """One attend launch of checked views q, out [S, T, Hq, D] over the S x T rows of metadata uploaded at
+        meta_ptr (meta_bytes from there), with the stream's split states."""
+        rows, Hq, D = vq.shape[0] * vq.shape[1], vq.shape[-2], vq.shape[-1]
         scratch = st.scratch.get(_cuda.attend_scratch_bytes(rows, Hq, D, splits))
-        _check(_cuda.attend(self._desc, layer, meta_ptr, st.attend_meta.buf.nbytes, rows, vq.spec(), Hq, scale,
+        _check(_cuda.attend(self._desc, layer, meta_ptr, meta_bytes, rows, vq.spec(), Hq, scale,
                             vo.spec(), scratch, st.scratch.buf.nbytes, splits, tps,
                             self._choose_q_rows(Hq, rows, splits, tps), stream), "append_attend")
 
