@@ -1073,6 +1073,43 @@ def test_streams_uncapturable_calls_are_refused_in_a_capture():
 # ---- bad input --------------------------------------------------------------------
 @gpu
 @need_torch
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_check_many_flags_each_tensor_with_its_own_bits(dtype):
+    """One launch checks up to three tensors of different sizes, layouts and dtypes: each bad value raises its own
+    tensor's bit (NaN/Inf or range, a range bit of 0 meaning none), wherever it is, and only that bit."""
+    c = kc._cuda
+    dt = getattr(torch, dtype)
+    x = [torch.zeros(3, 5, 8, 128, dtype=dt, device="cuda").transpose(1, 2),  # strided, 15360 elements
+         torch.zeros(2, 1, 2, 64, dtype=dt, device="cuda"), torch.zeros(700, dtype=dt, device="cuda")]
+    bits = ((1, 4), (2, 8), (16, 0))
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def run(*tensors):
+        flag.zero_()
+        specs = tuple(kc._view(t, "x").spec() for t in tensors)
+        assert c.check_many(specs, bits[:len(tensors)], flag.data_ptr(), 0) == 0
+        return int(flag.item())
+
+    assert run(*x) == 0
+    big = 1e5 if dtype != "float16" else float("inf")  # float16 holds nothing beyond 65504 but inf
+    for i, (where, nonfinite, out_of_range) in enumerate([((2, 7, 4, 127), 1, 4), ((1, 0, 1, 63), 2, 8),
+                                                          ((699,), 16, 0)]):
+        for value, bit in ((float("nan"), nonfinite), (big, nonfinite if dtype == "float16" else out_of_range)):
+            y = [t.clone() for t in x]
+            y[i][where] = value
+            assert run(*y) == bit, (i, value)
+    y = [t.clone() for t in x]
+    y[0][0, 0, 0, 0], y[2][0] = float("nan"), float("-inf")
+    assert run(*y) == 1 | 16
+    assert run(x[1]) == 0
+    with pytest.raises(ValueError, match="^check_many: 1 to 3 tensors"):
+        c.check_many((), (), flag.data_ptr(), 0)
+    with pytest.raises(ValueError, match="^check_many: 1 to 3 tensors"):
+        c.check_many(tuple(kc._view(t, "x").spec() for t in x), bits[:2], flag.data_ptr(), 0)
+
+
+@gpu
+@need_torch
 def test_bad_input_errors_and_atomic_append():
     rng = np.random.default_rng(4)
     cache = kc.PagedKVCache(2, 128, max_seqs=3, max_seq_len=1024)
@@ -1412,6 +1449,12 @@ class FakeCuda:
     def check(self, spec, flag_ptr, nonfinite, out_of_range, stream):
         self.calls.append("check")
         self._raise_flags(flag_ptr, self.flags_on_check(nonfinite, out_of_range))
+        return 0
+
+    def check_many(self, specs, bits, flag_ptr, stream):  # one launch on a GPU; "check" per tensor here
+        assert 1 <= len(specs) <= 3 and len(bits) == len(specs)
+        for spec, (nonfinite, out_of_range) in zip(specs, bits):
+            self.check(spec, flag_ptr, nonfinite, out_of_range, stream)
         return 0
 
     def store(self, *a):  # (cache, k, v, jobs, jobs bytes, n, iters, skip, flag, stream)

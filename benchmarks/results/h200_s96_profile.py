@@ -58,6 +58,35 @@ for _ in range(REPS):
 pr.disable()
 torch.cuda.synchronize()
 pstats.Stats(pr).sort_stats("tottime").print_stats(35)
+# KVarNCache's layer step as its forward runs it: update (keeps the token aside), then attend_pending under an
+# active journal (checkpoint + append_attend with deferred flags); the journal's undo list cleared each step, its
+# flags never read (no synchronisation: the last layer of a forward reads them)
+from kvarn.integrations.transformers import KVarNCudaLayer, _StepJournal  # noqa: E402
+
+layer = KVarNCudaLayer(device=0, max_cache_len=N + 8 * REPS)
+layer.update(rnd(B, HK, N, D), rnd(B, HK, N, D))
+layer.store_prefill(None)
+layer._journal = _StepJournal(10**9, gpu_flags=layer._flags)
+layer._flags[0] = flags
+layer._journal.start()
+
+
+def layer_step():
+    layer.update(k, v)
+    layer.attend_pending(q, None, D ** -0.5)
+    layer._journal.undo.clear()
+
+
+for _ in range(20):
+    layer_step()
+print(f"layer step (update + attend_pending, deferred): {host_us(layer_step):.1f} us", flush=True)
+pr = cProfile.Profile()
+pr.enable()
+for _ in range(REPS):
+    layer_step()
+pr.disable()
+torch.cuda.synchronize()
+pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 qt = q.transpose(1, 2)
 meta = kc.np.zeros(16, kc.np.int32)
 st = paged._stream_state(kc._torch_stream(torch, 0))

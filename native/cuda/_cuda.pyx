@@ -53,6 +53,9 @@ cdef extern from "kvarn_cuda.h" nogil:
     int kvarn_cuda_format_supported(int32_t kbits, int32_t vbits, int32_t group, int32_t head_dim)
     int kvarn_cuda_check(const kvarn_cuda_tensor* x, uintptr_t flag, int32_t bit_nonfinite, int32_t bit_range,
                          uintptr_t stream)
+    enum: KVARN_CUDA_MAX_CHECKS
+    int kvarn_cuda_check_many(const kvarn_cuda_tensor* xs, const int32_t* bits, int32_t count, uintptr_t flag,
+                              uintptr_t stream)
     int kvarn_cuda_write_tokens(const kvarn_cuda_cache* c, int32_t layer, const kvarn_cuda_tensor* k,
                                 const kvarn_cuda_tensor* v, uintptr_t meta, int32_t batch, uintptr_t flag,
                                 uintptr_t stream)
@@ -236,6 +239,19 @@ def check(tuple x, uintptr_t flag, int bit_nonfinite, int bit_range, uintptr_t s
     cdef kvarn_cuda_tensor t
     fill_tensor(&t, x)
     return kvarn_cuda_check(&t, flag, bit_nonfinite, bit_range, stream)
+
+
+def check_many(tuple xs, tuple bits, uintptr_t flag, uintptr_t stream):
+    """check() of up to MAX_CHECKS tensors in one launch: xs[i] with bits[i] = (NaN/Inf bit, range bit)."""
+    cdef kvarn_cuda_tensor t[KVARN_CUDA_MAX_CHECKS]
+    cdef int32_t b[2 * KVARN_CUDA_MAX_CHECKS]
+    cdef int i, n = len(xs)
+    if not 1 <= n <= KVARN_CUDA_MAX_CHECKS or len(bits) != n:
+        raise ValueError(f"check_many: 1 to {KVARN_CUDA_MAX_CHECKS} tensors with one (NaN/Inf, range) bit pair each")
+    for i in range(n):
+        fill_tensor(&t[i], xs[i])
+        b[2 * i], b[2 * i + 1] = bits[i]
+    return kvarn_cuda_check_many(t, b, n, flag, stream)
 
 
 cdef int check_kv(const kvarn_cuda_cache* c, const kvarn_cuda_tensor* k, const kvarn_cuda_tensor* v,

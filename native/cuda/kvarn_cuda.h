@@ -86,6 +86,11 @@ int kvarn_cuda_format_supported(int32_t kbits, int32_t vbits, int32_t group, int
  * (bit_range = 0: no range check). x: up to 4 dims, any of the three dtypes. */
 int kvarn_cuda_check(const kvarn_cuda_tensor* x, uintptr_t flag, int32_t bit_nonfinite, int32_t bit_range,
                      uintptr_t stream);
+/* kvarn_cuda_check of count (1..KVARN_CUDA_MAX_CHECKS) tensors in one launch: xs[i] with bits[2i] (NaN/Inf)
+ * and bits[2i + 1] (range; 0: none), into the same flag. */
+#define KVARN_CUDA_MAX_CHECKS 3
+int kvarn_cuda_check_many(const kvarn_cuda_tensor* xs, const int32_t* bits, int32_t count, uintptr_t flag,
+                          uintptr_t stream);
 
 /* Appends T tokens to each of B sequences of one layer, k and v [B, T, Hk, D]:
  * tokens at positions < sink go to the sink, those at positions >= first_tail go to

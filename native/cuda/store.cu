@@ -19,7 +19,13 @@ constexpr int kStoreThreads = 1024;  // one CTA per (tile, head, K|V): all warps
 constexpr int kStoreWarps = kStoreThreads / 32;
 constexpr int kInputFlags = KVARN_FLAG_K_NONFINITE | KVARN_FLAG_V_NONFINITE | KVARN_FLAG_K_RANGE | KVARN_FLAG_V_RANGE;
 
-__global__ void check_kernel(Strided4 x, int64_t n, int* flag, int bit_nonfinite, int bit_range)
+struct CheckSet {
+    Strided4 x[KVARN_CUDA_MAX_CHECKS];
+    int64_t n[KVARN_CUDA_MAX_CHECKS];
+    int bit_nonfinite[KVARN_CUDA_MAX_CHECKS], bit_range[KVARN_CUDA_MAX_CHECKS];
+};
+
+__device__ void check_elements(const Strided4& x, int64_t n, int* flag, int bit_nonfinite, int bit_range)
 {
     bool nonfinite = false, range = false;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -43,6 +49,18 @@ __global__ void check_kernel(Strided4 x, int64_t n, int* flag, int bit_nonfinite
         if (any_nf) atomicOr(flag, bit_nonfinite);
         if (any_r && bit_range) atomicOr(flag, bit_range);
     }
+}
+
+__global__ void check_kernel(Strided4 x, int64_t n, int* flag, int bit_nonfinite, int bit_range)
+{
+    check_elements(x, n, flag, bit_nonfinite, bit_range);
+}
+
+// One launch for a step's q, k and v (a launch costs the host microseconds): tensor blockIdx.y.
+__global__ void check_many_kernel(CheckSet set, int* flag)
+{
+    const int i = blockIdx.y;
+    check_elements(set.x[i], set.n[i], flag, set.bit_nonfinite[i], set.bit_range[i]);
 }
 
 struct WriteArgs {
@@ -526,6 +544,30 @@ extern "C" int kvarn_cuda_check(const kvarn_cuda_tensor* x, uintptr_t flag, int3
     const int grid = (int)(blocks < 4096 ? blocks : 4096);
     check_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>(s, n, reinterpret_cast<int*>(flag), bit_nonfinite,
                                                              bit_range);
+    KVARN_CUDA_TRY(cudaGetLastError(), "check kernel launch");
+    return KVARN_CUDA_OK;
+}
+
+extern "C" int kvarn_cuda_check_many(const kvarn_cuda_tensor* xs, const int32_t* bits, int32_t count, uintptr_t flag,
+                                     uintptr_t stream)
+{
+    if (!xs || !bits || !flag || count < 1 || count > KVARN_CUDA_MAX_CHECKS) return KVARN_CUDA_ERR_ARGUMENT;
+    CheckSet set = {};
+    int64_t most = 0;
+    for (int i = 0; i < count; ++i) {
+        if (xs[i].ndim < 1 || xs[i].ndim > 4) return KVARN_CUDA_ERR_ARGUMENT;
+        set.x[i] = as_strided4(xs[i]);
+        set.n[i] = 1;
+        for (int d = 0; d < 4; ++d) set.n[i] *= set.x[i].shape[d];
+        set.bit_nonfinite[i] = bits[2 * i];
+        set.bit_range[i] = bits[2 * i + 1];
+        most = set.n[i] > most ? set.n[i] : most;
+    }
+    if (most == 0) return KVARN_CUDA_OK;
+    const int threads = 256;
+    const int64_t blocks = (most + threads - 1) / threads;
+    const dim3 grid((unsigned)(blocks < 4096 ? blocks : 4096), (unsigned)count);
+    check_many_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>(set, reinterpret_cast<int*>(flag));
     KVARN_CUDA_TRY(cudaGetLastError(), "check kernel launch");
     return KVARN_CUDA_OK;
 }

@@ -495,10 +495,14 @@ def _check_no_gpu_head_dim(head_dim, name="head_dim"):
 
 
 def _queue_checks(checks, flag_ptr, stream, what):
-    """Queues the checking kernel over each (view, NaN/Inf bit, |x| > 65504 bit) of checks; the bits land in
-    the int32 at flag_ptr."""
-    for view, nonfinite, out_of_range in checks:
+    """Queues the checking kernel over each (view, NaN/Inf bit, |x| > 65504 bit) of checks, in one launch (a
+    step's q, k and v); the bits land in the int32 at flag_ptr."""
+    if len(checks) == 1:
+        view, nonfinite, out_of_range = checks[0]
         _check(_cuda.check(view.spec(), flag_ptr, nonfinite, out_of_range, stream), what)
+        return
+    _check(_cuda.check_many(tuple(view.spec() for view, _, _ in checks), tuple((nf, r) for _, nf, r in checks),
+                            flag_ptr, stream), what)
 
 
 def _kv_checks(vk, vv):
