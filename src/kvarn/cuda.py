@@ -1238,7 +1238,7 @@ class PagedKVCache(_OwnsDeviceResources):
                              f"this cache was made for max_seq_len={self.max_seq_len}")
 
     def _append_tokens(self, layer, slots, vk, vv, stream, *, check_input, check_store, cow=None, store_flag=None,
-                       attend_meta=None):
+                       attend_meta=None, counts=None):
         """append() of checked views k, v [B, T, Hk, D] on `stream`, room checked. check_input: the
         NaN/Inf and fp16-range checks on the GPU; check_store: wait for the store kernel's flags (key
         norm, scale overflow) where tiles complete. Either raises with this call's pages returned and
@@ -1247,11 +1247,14 @@ class PagedKVCache(_OwnsDeviceResources):
         store_flag: where the store kernel ORs its flags instead (append_attend's flags=; nothing waits for it).
         attend_meta: an attend launch's metadata (int32 [rows][4]) to upload in the same copy (a host-to-device
         copy of a few bytes costs the host several microseconds): returns its device address and the bytes
-        from there; the caller then records the stream's event (append_attend, after its attend launch)."""
+        from there; the caller then records the stream's event (append_attend, after its attend launch).
+        counts: (the slots' lengths, their tile counts before and after) where the caller has them."""
         B, T, G = vk.shape[0], vk.shape[1], self.preset.group
-        lens0 = self._lengths[layer, slots]
+        if counts is None:
+            lens0 = self._lengths[layer, slots]
+            counts = lens0, self._tile_counts(lens0), self._tile_counts(lens0 + T)
+        lens0, tiles0, tiles1 = counts
         lens1 = lens0 + T
-        tiles0, tiles1 = self._tile_counts(lens0), self._tile_counts(lens1)
 
         # Host bookkeeping first (pages), undone if the GPU rejects the input.
         new_pages = []
@@ -1259,7 +1262,7 @@ class PagedKVCache(_OwnsDeviceResources):
         cow0 = len(cow)
         jobs = []
         try:
-            for b in np.flatnonzero(tiles1 > tiles0).tolist():  # the sequences that complete tiles
+            for b in (np.flatnonzero(tiles1 > tiles0).tolist() if tiles1 is not tiles0 else ()):  # completing tiles
                 slot = slots[b]
                 for ti in range(int(tiles0[b]), int(tiles1[b])):
                     if ti == len(self._pages[slot]):  # no layer has this tile yet
@@ -1451,10 +1454,10 @@ class PagedKVCache(_OwnsDeviceResources):
         splits, tps = self._choose_splits(tiles, self._programs_per_seq(num_q_heads))
         return layer, meta, splits, tps, lens.copy(), tiles
 
-    def _meta_rows(self, slots, lens):
+    def _meta_rows(self, slots, lens, tiles=None):
         """The attend kernels' metadata int32 [n][4] (slot, tiles, sink_len, tail_len) of slots attending
-        their first lens tokens, and the tile counts."""
-        tiles = self._tile_counts(lens)
+        their first lens tokens (holding `tiles` tiles, where the caller has them), and the tile counts."""
+        tiles = self._tile_counts(lens) if tiles is None else tiles
         sink_len = np.minimum(lens, self.sink_tokens)
         meta = np.empty((len(lens), 4), np.int32)
         meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3] = slots, tiles, sink_len, lens - sink_len - tiles * self.preset.group
@@ -1627,12 +1630,13 @@ class PagedKVCache(_OwnsDeviceResources):
         if _capturing(stream, "append_attend"):
             raise RuntimeError("append_attend: cannot be captured in a CUDA graph (it appends: host metadata, "
                                "pages)")
-        self._check_room(layer, slots, n, "k")
-        lens0 = self._lengths[layer, slots].copy()
+        lens0 = self._lengths[layer, slots]  # a copy (fancy indexing)
+        if int(lens0.max()) + n > self.max_seq_len:
+            self._check_room(layer, slots, n, "k")
         tiles0 = self._tile_counts(lens0)
         before_a_tile = self._tokens_before_a_tile(lens0, tiles0)
         # the pages the step's tiles take, counted before anything changes (as append finds out on the host)
-        if (before_a_tile < n).any() and self._pages_needed(slots, tiles0, self._tile_counts(lens0 + n)) > len(
+        if int(before_a_tile.min()) < n and self._pages_needed(slots, tiles0, self._tile_counts(lens0 + n)) > len(
                 self._free_pages):
             raise self._out_of_pages()
         if out is None:
@@ -1658,21 +1662,28 @@ class PagedKVCache(_OwnsDeviceResources):
         pages0 = [len(self._pages[slot]) for slot in slots]
         cow = []  # shared pages the step's chunks copied
         saved = self._save_tails(layer, slots, lens0, n, st, stream) if validate else []
-        pos, lens = 0, lens0
+        pos, lens, tiles = 0, lens0, tiles0
         try:
             while pos < n:
                 if pos:
                     lens = self._lengths[layer, slots]
-                    before_a_tile = self._tokens_before_a_tile(lens)
+                    tiles = self._tile_counts(lens)
+                    before_a_tile = self._tokens_before_a_tile(lens, tiles)
                 # as many tokens as complete no tile; 0 free: the next token completes one, alone
                 m = max(1, min(n - pos, int(before_a_tile.min())))
+                # a chunk of more than one token completes no tile; one token may complete some
+                tiles_after = tiles if m > 1 or int(before_a_tile.min()) > 0 else self._tile_counts(lens + 1)
                 # row b * m + i: token pos + i of sequence b, attending its first lens + i + 1 tokens
-                seen = lens + 1 if m == 1 else (lens[:, None] + np.arange(1, m + 1)).reshape(-1)
-                meta, tiles = self._meta_rows(slots if m == 1 else np.repeat(slots, m), seen)
-                splits, tps = self._choose_splits(tiles, self._programs_per_seq(Hq))
+                if m == 1:
+                    meta, seen_tiles = self._meta_rows(slots, lens + 1, tiles_after)
+                else:
+                    meta, seen_tiles = self._meta_rows(np.repeat(slots, m),
+                                                       (lens[:, None] + np.arange(1, m + 1)).reshape(-1))
+                splits, tps = self._choose_splits(seen_tiles, self._programs_per_seq(Hq))
                 meta_ptr, meta_bytes = self._append_tokens(
                     layer, slots, _token_slice(vk, pos, m), _token_slice(vv, pos, m), stream, check_input=False,
-                    check_store=validate, cow=cow, store_flag=flags_ptr, attend_meta=meta)
+                    check_store=validate, cow=cow, store_flag=flags_ptr, attend_meta=meta,
+                    counts=(lens, tiles, tiles_after))
                 self._launch_attend(stream, layer, meta_ptr, meta_bytes, _token_slice(vq, pos, m),
                                     _token_slice(vo, pos, m), scale, splits, tps, st)
                 pos += m
