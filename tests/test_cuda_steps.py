@@ -330,6 +330,34 @@ def test_fake_step_with_deferred_flags(fake, monkeypatch):
     assert kc.flags_error(0) is None
 
 
+def test_fake_decode_step_host_work(fake, monkeypatch):
+    """A deferred one-token step (KVarNCache's per layer) queues one check launch for q, k and v, one upload of
+    the append's and the attend's metadata together, write_tokens and attend, and no stream wait; where its token
+    completes a tile, the store too, still in one upload. The attend reads its rows from that upload."""
+    launches = _launches(fake, monkeypatch)
+    many = []
+    monkeypatch.setattr(fake, "check_many", lambda specs, bits, flag, stream: many.append(len(specs)) or 0)
+    fake.log_copies = True
+    rng = np.random.default_rng(_seed("fake-decode-host"))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    for seq, n in ((a, 254), (b, 100)):
+        cache.append([seq], FakeDevArray(fake, kv_like(rng, (1, n, 2, 128))), FakeDevArray(fake, kv_like(rng, (1, n, 2, 128))))
+    flags = FakeDevArray(fake, np.zeros(1, np.int32))
+    many.clear()
+    # (slot, tiles, sink_len, tail_len) of a's and b's rows: a's 256th token completes its first tile
+    for step, (want_calls, want_rows) in enumerate(((["write_tokens", "attend"], [[a, 0, 128, 127], [b, 0, 101, 0]]),
+                                                    (["store", "write_tokens", "attend"], [[a, 1, 128, 0], [b, 0, 102, 0]]))):
+        q = FakeDevArray(fake, kv_like(rng, (2, 1, 8, 128)))
+        k, v = (FakeDevArray(fake, kv_like(rng, (2, 1, 2, 128))) for _ in range(2))
+        fake.calls.clear()
+        fake.stream_ops.clear()
+        cache.append_attend(q, [a, b], k, v, validate=False, flags=flags)
+        assert many == [3] * (step + 1) and fake.calls == want_calls
+        assert [op[0] for op in fake.stream_ops] == ["memcpy_htod", "record"]
+        assert launches[-1][1].tolist() == want_rows
+
+
 def test_fake_step_refused_late_is_undone(fake, monkeypatch):
     """a (250 tokens) completes a tile at the step's 6th token, b (200) at its 56th, and the store flags b's
     tile: the step raises, and lengths, pages and both tails are as before the step, a's consumed tail
