@@ -193,6 +193,42 @@ def test_rollback_through_a_copy_on_write_and_a_fork():
     assert t.cache.length(branch, 0) == t.cache.length(parent, 0)
 
 
+@gpu
+@need_torch
+@pytest.mark.parametrize("bad", ["k", "q"])
+def test_a_flagged_deferred_step_that_completes_a_tile_reads_its_own_page(bad):
+    """A deferred step (validate=False, flags=) whose token completes a tile and whose checks flag it (NaN k: the
+    store kernel skips the tile; NaN q: it stores it) still points the block table at the tile's new page before
+    its attend reads the tile (a stale entry, here set to another page, was read; one outside the pool faulted:
+    an illegal address, s96). The flags name the fault; rollback gives back the cache as it was."""
+    rng = np.random.default_rng(_seed("ckpt-flagged-tile-" + bad))
+    cache = kc.PagedKVCache(2, 128, max_seqs=1, max_seq_len=1024)
+    s = cache.add_sequence()
+    cache.append([s], dev(kv_like(rng, (1, 255, 2, 128))), dev(kv_like(rng, (1, 255, 2, 128))))  # sink + 127
+    new = cache._free_pages[-1]  # the page the step's tile takes
+    stale = np.array([(new + 1) % cache.num_pages], np.int32)
+    kc._cuda.memcpy_htod(cache._block_table.ptr + s * cache.max_tiles * 4, stale.view(np.uint8), 0)
+    before = content(cache, s, 0)
+    q, k, v = (kv_like(rng, (1, 1, h, 128)) for h in (8, 2, 2))
+    (k if bad == "k" else q)[0, 0, 1, 5] = np.nan
+    flags = torch.zeros(1, dtype=torch.int32, device="cuda")
+    point = cache.checkpoint([s], 1)
+    cache.append_attend(dev(q), [s], dev(k), dev(v), validate=False, flags=flags)
+    assert str(kc.flags_error(int(flags.item()))) == f"{bad}: contains NaN or Inf"
+    assert block_table_row(cache, s)[0] == new == cache._pages[s][0]
+    cache.rollback(point)
+    assert content(cache, s, 0) == before and cache.length(s) == 255
+    k[0, 0, 1, 5] = q[0, 0, 1, 5] = 0.5
+    cache.append_attend(dev(q), [s], dev(k), dev(v))  # validated: the same step goes through
+    assert cache.length(s) == 256 and block_table_row(cache, s)[0] == cache._pages[s][0]
+
+
+def block_table_row(cache, s):
+    row = np.empty(cache.max_tiles, np.int32)
+    kc._cuda.memcpy_dtoh(row.view(np.uint8), cache._block_table.ptr + s * cache.max_tiles * 4, 0)
+    return row.tolist()
+
+
 # ---- FakeCuda (CI) -----------------------------------------------------------------------------------
 def writing_rows(fake, monkeypatch, cache):
     """FakeCuda's write_tokens writes nothing; this one writes each token where the kernel puts it (the sink below

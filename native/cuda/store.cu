@@ -320,12 +320,17 @@ __device__ __forceinline__ void load_rotate_rows(const RowSource& in, int G, flo
 // Grid: (n_jobs * Hk, 2): blockIdx.y 0 quantises K, 1 quantises V of one (tile, head).
 __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
 {
-    if (*a.flag & kInputFlags) return;
     const int Hk = a.c.num_kv_heads, D = a.c.head_dim, G = a.c.group;
     const int job = blockIdx.x / Hk, h = blockIdx.x % Hk;
     const bool is_k = blockIdx.y == 0;
     const int* jb = a.jobs + 7 * job;
     const int slot = jb[0], layer = jb[1], page = jb[2], b = jb[3], n_old = jb[4], t0 = jb[5], tile_index = jb[6];
+    // The block-table entry even for a batch the checks flagged: with deferred checks (append_attend's flags=)
+    // the step's attend still reads the tile (its output is thrown away once the flags are read), and must find a
+    // page of the pool there, not the entry's stale value.
+    if (a.c.block_table && is_k && h == 0 && threadIdx.x == 0)
+        reinterpret_cast<int*>(a.c.block_table)[(int64_t)slot * a.c.max_tiles + tile_index] = page;
+    if (*a.flag & kInputFlags) return;
     const int ld = D + 1;  // odd stride: row and column walks are both free of bank conflicts
     const int nv = G > D ? G : D;
 
@@ -516,8 +521,6 @@ __global__ void __launch_bounds__(kStoreThreads) store_kernel(StoreArgs a)
         }
     }
     if (!finite) atomicOr(a.flag, is_k ? KVARN_FLAG_K_SCALE_OVERFLOW : KVARN_FLAG_V_SCALE_OVERFLOW);
-    if (a.c.block_table && is_k && h == 0 && threadIdx.x == 0)
-        reinterpret_cast<int*>(a.c.block_table)[(int64_t)slot * a.c.max_tiles + tile_index] = page;
 }
 
 size_t store_smem_bytes(int G, int D)

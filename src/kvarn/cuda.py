@@ -851,7 +851,8 @@ class PagedKVCache(_OwnsDeviceResources):
         self._sink_v = DeviceArray((L, S, H, max(sink_cap, 1), D), np.float16)
         self._tail_k = DeviceArray((L, S, H, G, D), np.float16)
         self._tail_v = DeviceArray((L, S, H, G, D), np.float16)
-        self._block_table = DeviceArray((S, self.max_tiles), np.int32)
+        # zeroed: an entry read before any store wrote it points into the pool (page 0), never outside
+        self._block_table = DeviceArray((S, self.max_tiles), np.int32).zero_(0)
         self._streams = collections.OrderedDict()  # stream handle -> _StreamState, least recent first
         # A flag no kernel sets: write_tokens reads it when validate=False, so that a tile the store
         # kernel flags (keys beyond the norm bound, fp16 scale overflow) cannot stop the batch's tokens
