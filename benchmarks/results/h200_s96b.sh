@@ -22,6 +22,6 @@ grep -E "^FAILED|^ERROR" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"; 
 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x -p no:cacheprovider \
   tests/test_cuda_checkpoint.py -k "flagged_deferred" > "$OUT/memcheck.log" 2>&1
 echo "memcheck rc $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck.log" | tail -3; echo "[$(el) s] memcheck"
-timeout 240 python3 benchmarks/bench_generate_cuda.py --points 16384x1,8192x8,32768x4 --steps 24 \
+timeout 200 python3 benchmarks/bench_generate_cuda.py --points 16384x1,8192x8,32768x4 --steps 24 --rounds 1 \
   --out "$OUT/generate_cuda.json" > "$OUT/generate.log" 2>&1
 echo "generate rc $?"; cat "$OUT/generate.log"; echo "[$(el) s] end"
