@@ -28,3 +28,13 @@ build_ab_sites() {
   build_site /tmp/oldtree /tmp/site_old; local old=$?
   wait $new && [ $old -eq 0 ] && echo "[$(el) s] built"
 }
+# need_transformers: transformers >= 5.24 (KVarNCache's cache= API), installed from .whl/ (carry it) where the
+# machine's own is older (from the fifty-sixth session on; s95-s96 repeat it inline, as run)
+need_transformers() {
+  python3 - <<'PY' || python3 -m pip install -q --no-index --find-links .whl transformers==5.25.0 > /dev/null 2>&1
+import sys
+from importlib.metadata import version
+sys.exit(0 if tuple(int(x) for x in version("transformers").split(".")[:2]) >= (5, 24) else 1)
+PY
+  python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
+}

@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
-# Fifty-sixth session, device call s96b. s96 found an illegal address in test_gpu_beam_search_and_refused_step: a
-# deferred step (append_attend's flags=) whose NaN keys the checks flagged skipped the store kernel, and with it the
-# block-table entry of the tile its token completed, which the step's attend then read (stale: cudaMalloc's garbage).
-# The store kernel now writes the entry first. (1) The new regression test and the failed one, the CUDA step,
+# Fifty-sixth session, device call s96b: WRITTEN, NOT RUN (the session's device budget went on refused starts); for
+# the next GPU session, first. s96 found an illegal address in test_gpu_beam_search_and_refused_step: a deferred step
+# (append_attend's flags=) whose NaN keys the checks flagged skipped the store kernel, and with it the block-table
+# entry of the tile its token completed, which the step's attend then read (stale: cudaMalloc's garbage). The store
+# kernel now writes the entry first (1f7b554). (1) The new regression test and the one that faulted, the CUDA step,
 # checkpoint and transformers-cache test files; compute-sanitizer memcheck over the new test. (2) End to end
-# (bench_generate_cuda.py) with this session's lighter step path, three of s95b's points.
+# (bench_generate_cuda.py) with the session's lighter step path, three of s95b's points, one round.
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/machine.txt"
-python3 - <<'PY' || python3 -m pip install -q --no-index --find-links .whl transformers==5.25.0 > /dev/null 2>&1
-import sys
-from importlib.metadata import version
-sys.exit(0 if tuple(int(x) for x in version("transformers").split(".")[:2]) >= (5, 24) else 1)
-PY
-python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" >> "$OUT/machine.txt" 2>&1
+need_transformers >> "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 build_cuda || exit 1
 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider -n 8 tests/test_cuda_checkpoint.py tests/test_cuda_steps.py \
