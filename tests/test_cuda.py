@@ -1304,6 +1304,18 @@ def test_cython_wrapper_checks_sizes_before_native_code():
     with pytest.raises(ValueError, match="kv heads"):
         c.store(desc, (4096, 0, (2, 5, 4, 128), (2560, 512, 128, 1)), (4096, 0, (2, 5, 4, 128), (2560, 512, 128, 1)),
                 4096, 7 * 4, 1, 8, True, 4096, 0)
+    # check_many: one to three tensors, one (NaN/Inf, range) bit pair each, each a valid spec
+    x = (4096, 0, (2, 8, 128), (1024, 128, 1))
+    for xs, bits in (((), ()), ((x,) * 4, ((1, 0),) * 4), ((x, x), ((1, 0),))):
+        with pytest.raises(ValueError, match="^check_many: 1 to 3 tensors"):
+            c.check_many(xs, bits, 4096, 0)
+    with pytest.raises(ValueError, match="null pointer"):
+        c.check_many((x, (0, 0, (2, 8, 128), (1024, 128, 1))), ((1, 0), (2, 0)), 4096, 0)
+    with pytest.raises(ValueError, match="dtype code 7"):
+        c.check_many(((4096, 7, (2, 8, 128), (1024, 128, 1)),), ((1, 0),), 4096, 0)
+    with pytest.raises((TypeError, ValueError)):
+        c.check_many((x,), ((1, 0, 3),), 4096, 0)  # not a pair
+    assert c.check_many((x,), ((1, 0),), 0, 0) == c.ERR_ARGUMENT  # no flag: refused by the native call, unlaunched
 
 
 class FakeCuda:
