@@ -104,8 +104,8 @@ int kvarn_cuda_write_tokens(const kvarn_cuda_cache* c, int32_t layer, const kvar
 /* Quantises n_jobs full tiles into records (all kv heads of each job). jobs: device
  * int32 [n_jobs][7] = {slot, layer, page, b, n_old, t0, tile_index}: rows [0, n_old)
  * come from the slot's tail, rows [n_old, G) from k/v[b, t0 + r - n_old]. When
- * block_table is set, block_table[slot][tile_index] = page. round_f16: round inputs
- * to fp16 first (what the tail holds). Does nothing when *flag holds an input flag (NONFINITE,
+ * block_table is set, block_table[slot][tile_index] = page, always. round_f16: round inputs
+ * to fp16 first (what the tail holds). Stores nothing else when *flag holds an input flag (NONFINITE,
  * RANGE); sets KVARN_FLAG_K/V_SCALE_OVERFLOW, and KVARN_FLAG_KEY_NORM for keys beyond sqrt(D) * 2^17. */
 int kvarn_cuda_store(const kvarn_cuda_cache* c, const kvarn_cuda_tensor* k, const kvarn_cuda_tensor* v,
                      uintptr_t jobs, int32_t n_jobs, int32_t iters, int32_t round_f16, uintptr_t flag,
