@@ -211,18 +211,24 @@ def _launches(fake, monkeypatch):
     return got
 
 
+def _nine_token_step(fake, seed):
+    """A cache of a (250 tokens) and b (empty), and a 9-token step's q, k, v for both."""
+    rng = np.random.default_rng(_seed(seed))
+    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append([a], FakeDevArray(fake, kv_like(rng, (1, 250, 2, 128))), FakeDevArray(fake, kv_like(rng, (1, 250, 2, 128))))
+    q = FakeDevArray(fake, kv_like(rng, (2, 9, 8, 128)))
+    k, v = (FakeDevArray(fake, kv_like(rng, (2, 9, 2, 128))) for _ in range(2))
+    return cache, a, b, q, k, v
+
+
 def test_fake_step_runs_in_chunks_that_complete_no_tile(fake, monkeypatch):
     """a (250 tokens, sink 128, G 128) completes its first tile at the step's 6th token; b (empty) starts in
     the sink. A 9-token step runs as tokens 0-4 (one launch of 2 x 5 rows), 5 alone (a's store before it),
     6-8; each row's metadata is its token's own lengths, and each launch reads q and writes out at its
     tokens."""
     launches = _launches(fake, monkeypatch)
-    rng = np.random.default_rng(_seed("fake-step"))
-    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
-    a, b = cache.add_sequence(), cache.add_sequence()
-    cache.append([a], FakeDevArray(fake, kv_like(rng, (1, 250, 2, 128))), FakeDevArray(fake, kv_like(rng, (1, 250, 2, 128))))
-    q = FakeDevArray(fake, kv_like(rng, (2, 9, 8, 128)))
-    k, v = (FakeDevArray(fake, kv_like(rng, (2, 9, 2, 128))) for _ in range(2))
+    cache, a, b, q, k, v = _nine_token_step(fake, "fake-step")
     fake.calls.clear()
     out = cache.append_attend(q, [a, b], k, v)
     assert fake.calls == ["check"] * 3 + ["write_tokens", "attend", "store", "write_tokens", "attend",
@@ -299,12 +305,7 @@ def test_fake_step_with_deferred_flags(fake, monkeypatch):
     nothing waits or refuses: the step lands (lengths, launches as validated), f holds the bits, and flags_error
     names what validate=True would have raised. Bad flags, or flags with validate=True, are refused first."""
     _launches(fake, monkeypatch)
-    rng = np.random.default_rng(_seed("fake-step-flags"))
-    cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024)
-    a, b = cache.add_sequence(), cache.add_sequence()
-    cache.append([a], FakeDevArray(fake, kv_like(rng, (1, 250, 2, 128))), FakeDevArray(fake, kv_like(rng, (1, 250, 2, 128))))
-    q = FakeDevArray(fake, kv_like(rng, (2, 9, 8, 128)))
-    k, v = (FakeDevArray(fake, kv_like(rng, (2, 9, 2, 128))) for _ in range(2))
+    cache, a, b, q, k, v = _nine_token_step(fake, "fake-step-flags")
     flags = FakeDevArray(fake, np.zeros(1, np.int32))
     for bad, error, match in ((FakeDevArray(fake, np.zeros(1, np.float32)), TypeError, "^flags: expected a contiguous int32"),
                               (FakeDevArray(fake, np.zeros(1, np.int32), readonly=True), ValueError, "^flags: the array is read-only")):

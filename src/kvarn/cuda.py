@@ -495,12 +495,8 @@ def _check_no_gpu_head_dim(head_dim, name="head_dim"):
 
 
 def _queue_checks(checks, flag_ptr, stream, what):
-    """Queues the checking kernel over each (view, NaN/Inf bit, |x| > 65504 bit) of checks, in one launch (a
-    step's q, k and v); the bits land in the int32 at flag_ptr."""
-    if len(checks) == 1:
-        view, nonfinite, out_of_range = checks[0]
-        _check(_cuda.check(view.spec(), flag_ptr, nonfinite, out_of_range, stream), what)
-        return
+    """Queues the checking kernel over each (view, NaN/Inf bit, |x| > 65504 bit) of checks (at most three: a
+    step's q, k and v), in one launch; the bits land in the int32 at flag_ptr."""
     _check(_cuda.check_many(tuple(view.spec() for view, _, _ in checks), tuple((nf, r) for _, nf, r in checks),
                             flag_ptr, stream), what)
 
@@ -1263,7 +1259,8 @@ class PagedKVCache(_OwnsDeviceResources):
         cow0 = len(cow)
         jobs = []
         try:
-            for b in (np.flatnonzero(tiles1 > tiles0).tolist() if tiles1 is not tiles0 else ()):  # completing tiles
+            # the sequences that complete tiles (none where the caller passed the same counts for before and after)
+            for b in (np.flatnonzero(tiles1 > tiles0).tolist() if tiles1 is not tiles0 else ()):
                 slot = slots[b]
                 for ti in range(int(tiles0[b]), int(tiles1[b])):
                     if ti == len(self._pages[slot]):  # no layer has this tile yet
@@ -1650,11 +1647,12 @@ class PagedKVCache(_OwnsDeviceResources):
         for view in (vk, vv, vo):
             _order_after(stream, view, "append_attend")
         st = self._stream_state(stream)
+        step_checks = ((vq, _Q_NONFINITE, _Q_RANGE),) + _kv_checks(vk, vv)  # q, k and v whole
         if flags_ptr is not None:
-            _queue_checks(((vq, _Q_NONFINITE, _Q_RANGE),) + _kv_checks(vk, vv), flags_ptr, stream, "append_attend")
-        if validate:  # q, k and v whole, before anything changes
+            _queue_checks(step_checks, flags_ptr, stream, "append_attend")
+        if validate:  # before anything changes
             _check(_cuda.memset(st.flag.ptr, 0, 4, stream), "append_attend")
-            _queue_checks(((vq, _Q_NONFINITE, _Q_RANGE),) + _kv_checks(vk, vv), st.flag.ptr, stream, "append_attend")
+            _queue_checks(step_checks, st.flag.ptr, stream, "append_attend")
             flag = int(st.flag.to_numpy(stream)[0])
             self._refuse_queries(vq, flag, scale, stream)
             err = _flag_error(flag)
