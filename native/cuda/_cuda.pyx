@@ -51,8 +51,6 @@ cdef extern from "kvarn_cuda.h" nogil:
     int kvarn_cuda_stream_sync(uintptr_t stream)
     int kvarn_cuda_layout(int32_t kbits, int32_t vbits, int32_t group, int32_t head_dim, int64_t* out)
     int kvarn_cuda_format_supported(int32_t kbits, int32_t vbits, int32_t group, int32_t head_dim)
-    int kvarn_cuda_check(const kvarn_cuda_tensor* x, uintptr_t flag, int32_t bit_nonfinite, int32_t bit_range,
-                         uintptr_t stream)
     enum: KVARN_CUDA_MAX_CHECKS
     int kvarn_cuda_check_many(const kvarn_cuda_tensor* xs, const int32_t* bits, int32_t count, uintptr_t flag,
                               uintptr_t stream)
@@ -235,14 +233,9 @@ def format_supported(int kbits, int vbits, int group, int head_dim):
     return bool(kvarn_cuda_format_supported(kbits, vbits, group, head_dim))
 
 
-def check(tuple x, uintptr_t flag, int bit_nonfinite, int bit_range, uintptr_t stream):
-    cdef kvarn_cuda_tensor t
-    fill_tensor(&t, x)
-    return kvarn_cuda_check(&t, flag, bit_nonfinite, bit_range, stream)
-
-
 def check_many(tuple xs, tuple bits, uintptr_t flag, uintptr_t stream):
-    """check() of up to MAX_CHECKS tensors in one launch: xs[i] with bits[i] = (NaN/Inf bit, range bit)."""
+    """The NaN/Inf and fp16-range check of up to MAX_CHECKS tensors in one launch: xs[i] with bits[i] = (NaN/Inf
+    bit, range bit; 0: no range check), ORed into the int32 at flag."""
     cdef kvarn_cuda_tensor t[KVARN_CUDA_MAX_CHECKS]
     cdef int32_t b[2 * KVARN_CUDA_MAX_CHECKS]
     cdef int i, n = len(xs)

@@ -82,12 +82,8 @@ int kvarn_cuda_layout(int32_t kbits, int32_t vbits, int32_t group, int32_t head_
  * head_dim 64/128/256, and (kbits, vbits, group) one of the presets' combinations. */
 int kvarn_cuda_format_supported(int32_t kbits, int32_t vbits, int32_t group, int32_t head_dim);
 
-/* ORs bit_nonfinite into *flag when x holds NaN/Inf and bit_range when |x| > 65504
- * (bit_range = 0: no range check). x: up to 4 dims, any of the three dtypes. */
-int kvarn_cuda_check(const kvarn_cuda_tensor* x, uintptr_t flag, int32_t bit_nonfinite, int32_t bit_range,
-                     uintptr_t stream);
-/* kvarn_cuda_check of count (1..KVARN_CUDA_MAX_CHECKS) tensors in one launch: xs[i] with bits[2i] (NaN/Inf)
- * and bits[2i + 1] (range; 0: none), into the same flag. */
+/* Checks count (1..KVARN_CUDA_MAX_CHECKS) tensors in one launch: ORs bits[2i] into *flag when xs[i] holds
+ * NaN/Inf and bits[2i + 1] when |x| > 65504 (0: no range check). xs[i]: up to 4 dims, any of the three dtypes. */
 #define KVARN_CUDA_MAX_CHECKS 3
 int kvarn_cuda_check_many(const kvarn_cuda_tensor* xs, const int32_t* bits, int32_t count, uintptr_t flag,
                           uintptr_t stream);

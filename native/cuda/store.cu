@@ -51,11 +51,6 @@ __device__ void check_elements(const Strided4& x, int64_t n, int* flag, int bit_
     }
 }
 
-__global__ void check_kernel(Strided4 x, int64_t n, int* flag, int bit_nonfinite, int bit_range)
-{
-    check_elements(x, n, flag, bit_nonfinite, bit_range);
-}
-
 // One launch for a step's q, k and v (a launch costs the host microseconds): tensor blockIdx.y.
 __global__ void check_many_kernel(CheckSet set, int* flag)
 {
@@ -533,23 +528,6 @@ size_t store_smem_bytes(int G, int D)
 }  // namespace kvarn_cuda
 
 using namespace kvarn_cuda;
-
-extern "C" int kvarn_cuda_check(const kvarn_cuda_tensor* x, uintptr_t flag, int32_t bit_nonfinite, int32_t bit_range,
-                                uintptr_t stream)
-{
-    if (!x || !flag || x->ndim < 1 || x->ndim > 4) return KVARN_CUDA_ERR_ARGUMENT;
-    Strided4 s = as_strided4(*x);
-    int64_t n = 1;
-    for (int i = 0; i < 4; ++i) n *= s.shape[i];
-    if (n == 0) return KVARN_CUDA_OK;
-    const int threads = 256;
-    const int64_t blocks = (n + threads - 1) / threads;
-    const int grid = (int)(blocks < 4096 ? blocks : 4096);
-    check_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>(s, n, reinterpret_cast<int*>(flag), bit_nonfinite,
-                                                             bit_range);
-    KVARN_CUDA_TRY(cudaGetLastError(), "check kernel launch");
-    return KVARN_CUDA_OK;
-}
 
 extern "C" int kvarn_cuda_check_many(const kvarn_cuda_tensor* xs, const int32_t* bits, int32_t count, uintptr_t flag,
                                      uintptr_t stream)
