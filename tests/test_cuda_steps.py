@@ -298,6 +298,16 @@ def test_fake_step_refusals_queue_nothing(fake):
         with pytest.raises(ValueError, match=match):
             cache.append_attend(q, [a, b], k, k)
         assert fake.calls == ["check"] * 3 and (cache.length(a), cache.length(b)) == (256, 206)
+    # A one-token step (the decode path, _decode_rows) of a full sequence: refused the same way, a alone or beside b.
+    fake.flags_on_check = staticmethod(lambda nonfinite, out_of_range: 0)
+    cache.append([a], arr(1, 44, 2, 128), arr(1, 44, 2, 128))
+    flags = FakeDevArray(fake, np.zeros(1, np.int32))
+    for rows in ([a], [b, a]):
+        fake.calls.clear()
+        with pytest.raises(ValueError, match=f"^k: sequence {a} would hold 301 tokens"):
+            cache.append_attend(arr(len(rows), 1, 8, 128), rows, arr(len(rows), 1, 2, 128), arr(len(rows), 1, 2, 128),
+                                validate=False, flags=flags)
+        assert fake.calls == [] and (cache.length(a), cache.length(b)) == (300, 206)
 
 
 def test_fake_step_with_deferred_flags(fake, monkeypatch):
@@ -357,6 +367,66 @@ def test_fake_decode_step_host_work(fake, monkeypatch):
         assert many == [3] * (step + 1) and fake.calls == want_calls
         assert [op[0] for op in fake.stream_ops] == ["memcpy_htod", "record"]
         assert launches[-1][1].tolist() == want_rows
+
+
+@pytest.mark.parametrize("preset,sink,hq", [("k4v2_g128", None, 8), ("k4v4_g64", 0, 2), ("k4v2_g64", 64, 4)])
+def test_fake_decode_path_queues_what_the_general_path_queues(fake, monkeypatch, preset, sink, hq):
+    """One-token steps of up to _DECODE_ROWS rows work out their metadata in Python ints (_decode_rows): over steps
+    that fill the sink, complete tiles (those take the general path) and run on, with rows of different lengths and
+    batches of 1 to 3, every launch (the uploaded write_tokens and attend rows, the splits, the query rows) and the
+    lengths after each step equal the general path's (_DECODE_ROWS = 0)."""
+    def run(decode_rows):
+        monkeypatch.setattr(kc, "_DECODE_ROWS", decode_rows)
+        log = []
+
+        def write_tokens(desc, layer, k, v, meta, meta_bytes, B, flag, stream):
+            buf, off = fake._find(meta, 12 * B)
+            log.append(("write", layer, k[2], buf[off:off + 12 * B].view(np.int32).tolist(), flag == never))
+            return 0
+
+        def attend(desc, layer, meta, meta_bytes, rows, q, hq_, scale, out, scratch, scratch_bytes, splits, tps,
+                   q_rows, stream):
+            buf, off = fake._find(meta, 16 * rows)
+            log.append(("attend", layer, rows, buf[off:off + 16 * rows].view(np.int32).tolist(), q[2], hq_, scale,
+                        splits, tps, q_rows))
+            return 0
+
+        monkeypatch.setattr(fake, "write_tokens", write_tokens)
+        monkeypatch.setattr(fake, "attend", attend)
+        monkeypatch.setattr(fake, "store", lambda *a: log.append(("store", a[5])) or 0)
+        rng = np.random.default_rng(_seed("fake-decode-path"))
+        cache = kc.PagedKVCache(2, 64, preset, num_layers=2, max_seqs=3, max_seq_len=1024, sink_tokens=sink)
+        never = cache._never_set.ptr
+        ids = [cache.add_sequence() for _ in range(3)]
+        for layer in range(2):
+            for sid, n in zip(ids, (0, 200, 250)):
+                if n:
+                    cache.append([sid], FakeDevArray(fake, kv_like(rng, (1, n, 2, 64))),
+                                 FakeDevArray(fake, kv_like(rng, (1, n, 2, 64))), layer=layer)
+        flags = FakeDevArray(fake, np.zeros(1, np.int32))
+        lengths, storing = [], 0  # storing: steps that completed a tile
+        for step in range(200):
+            before = len(log)
+            rows = ids if step % 4 == 0 else ids[step % 3 : step % 3 + 1 + step % 2]  # batches of 3, 1 and 2
+            q = FakeDevArray(fake, kv_like(rng, (len(rows), 1, hq, 64)))
+            k, v = (FakeDevArray(fake, kv_like(rng, (len(rows), 1, 2, 64))) for _ in range(2))
+            cache.append_attend(q, rows, k, v, layer=step % 2, validate=step % 5 == 0,
+                                flags=None if step % 5 == 0 else flags)
+            lengths.append(cache._lengths.tolist())
+            storing += any(entry[0] == "store" for entry in log[before:])
+        return log, lengths, storing
+
+    taken = []
+    decode_step = kc.PagedKVCache._decode_step
+    monkeypatch.setattr(kc.PagedKVCache, "_decode_step", lambda self, *a: taken.append(1) or decode_step(self, *a))
+    decode_log, decode_lengths, storing = run(kc._DECODE_ROWS)
+    assert storing >= 4 and len(taken) == 200 - storing  # every step but those that complete a tile
+    general_log, general_lengths, _ = run(0)
+    assert len(taken) == 200 - storing
+    assert decode_lengths == general_lengths
+    assert len(decode_log) == len(general_log)
+    for got, want in zip(decode_log, general_log):
+        assert got == want
 
 
 def test_fake_step_refused_late_is_undone(fake, monkeypatch):

@@ -50,6 +50,9 @@ _DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 _DTYPE_BYTES = {0: 4, 1: 2, 2: 2}
 MAX_GRID_YZ = 65535  # CUDA's limit on a launch grid's y and z dimensions
 MAX_ATTEND_BATCH = MAX_GRID_YZ  # sequences per attend: the batch is a grid dimension
+# append_attend's one-token steps of up to this many rows work out their metadata in Python ints (_decode_rows);
+# numpy's per-call cost (~1 us an operation) wins beyond
+_DECODE_ROWS = 32
 # The checking kernel's bits for q: above k's and v's (FLAG_*), so that one flag word holds all three.
 _Q_NONFINITE, _Q_RANGE = 1 << 8, 1 << 9
 
@@ -1628,15 +1631,17 @@ class PagedKVCache(_OwnsDeviceResources):
         if _capturing(stream, "append_attend"):
             raise RuntimeError("append_attend: cannot be captured in a CUDA graph (it appends: host metadata, "
                                "pages)")
-        lens0 = self._lengths[layer, slots]  # a copy (fancy indexing)
-        if int(lens0.max()) + n > self.max_seq_len:
-            self._check_room(layer, slots, n, "k")
-        tiles0 = self._tile_counts(lens0)
-        before_a_tile = self._tokens_before_a_tile(lens0, tiles0)
-        # the pages the step's tiles take, counted before anything changes (as append finds out on the host)
-        if int(before_a_tile.min()) < n and self._pages_needed(slots, tiles0, self._tile_counts(lens0 + n)) > len(
-                self._free_pages):
-            raise self._out_of_pages()
+        decode = self._decode_rows(layer, slots) if n == 1 and B <= _DECODE_ROWS else None
+        if decode is None:
+            lens0 = self._lengths[layer, slots]  # a copy (fancy indexing)
+            if int(lens0.max()) + n > self.max_seq_len:
+                self._check_room(layer, slots, n, "k")
+            tiles0 = self._tile_counts(lens0)
+            before_a_tile = self._tokens_before_a_tile(lens0, tiles0)
+            # the pages the step's tiles take, counted before anything changes (as append finds out on the host)
+            if int(before_a_tile.min()) < n and self._pages_needed(slots, tiles0, self._tile_counts(lens0 + n)) > len(
+                    self._free_pages):
+                raise self._out_of_pages()
         if out is None:
             out = _empty_like(vq, vq.shape, vq.dtype)
             vo = _view(out, "out")  # a new array: nothing to check
@@ -1658,6 +1663,11 @@ class PagedKVCache(_OwnsDeviceResources):
             err = _flag_error(flag)
             if err is not None:
                 raise err
+        if decode is not None:
+            self._decode_step(layer, slots, decode, vk, vv, vq, vo, scale, st, stream)
+            if isinstance(out, DeviceArray):
+                out.stream = stream
+            return out
         pages0 = [len(self._pages[slot]) for slot in slots]
         cow = []  # shared pages the step's chunks copied
         saved = self._save_tails(layer, slots, lens0, n, st, stream) if validate else []
@@ -1693,6 +1703,53 @@ class PagedKVCache(_OwnsDeviceResources):
         if isinstance(out, DeviceArray):
             out.stream = stream
         return out
+
+    def _decode_rows(self, layer, slots):
+        """A one-token step's metadata worked out in Python ints (on a few rows cheaper than numpy's per-call cost,
+        ~1-4 us an operation, which _append_tokens and _meta_rows pay on every layer of every decode step): the
+        upload, int32 [B][3] write_tokens rows (slot, length before, first tail row) then [B][4] attend rows (slot,
+        tiles, sink_len, tail_len), the tile counts and the lengths before. None where a row's token completes a
+        tile or would pass max_seq_len: the general path takes those steps (pages, store jobs, the refusal)."""
+        sink, G = self.sink_tokens, self.preset.group
+        row = self._lengths[layer]
+        write, attend, tiles, lengths = [], [], [], []
+        for slot in slots:
+            length = row.item(slot)
+            if length >= self.max_seq_len:
+                return None
+            t = max(length - sink, 0) // G
+            seen = length + 1
+            sink_len = min(seen, sink)
+            tail_len = seen - sink_len - t * G
+            if tail_len == G:  # the token completes tile t
+                return None
+            write += (slot, length, sink + t * G)
+            attend += (slot, t, sink_len, tail_len)
+            tiles.append(t)
+            lengths.append(length)
+        return np.array(write + attend, np.int32), np.array(tiles, np.int64), lengths
+
+    def _decode_step(self, layer, slots, decode, vk, vv, vq, vo, scale, st, stream):
+        """append_attend's one-token step that completes no tile (_decode_rows' metadata): the upload, the token
+        write and the attend, what the general path's one chunk queues for it, without its bookkeeping (no pages,
+        no store jobs, no tails to save)."""
+        host, tiles, lengths = decode
+        B = len(slots)
+        splits, tps = self._choose_splits(tiles, self._programs_per_seq(vq.shape[2]))
+        try:
+            base = st.append_meta.get(host.nbytes)
+            meta_bytes = st.append_meta.buf.nbytes
+            self._wait_for_other_streams(stream, st, "append")
+            _check(_cuda.memcpy_htod(base, host.view(np.uint8), stream), "append")
+            _check(_cuda.write_tokens(self._desc, layer, vk.spec(), vv.spec(), base, meta_bytes, B,
+                                      self._never_set.ptr, stream), "append")
+            self._launch_attend(stream, layer, base + 12 * B, meta_bytes - 12 * B, vq, vo, scale, splits, tps, st)
+            row = self._lengths[layer]
+            for slot, length in zip(slots, lengths):
+                row[slot] = length + 1
+        finally:  # queued work (or none) on the stream either way, and the lengths say what was queued
+            self._epoch += 1
+            self._done(st, stream, "append_attend")
 
     def _save_tails(self, layer, slots, lens0, n, st, stream):
         """Device copies of the layer's tails that a later refusal in the step would need back, for
