@@ -17,8 +17,11 @@ import kvarn
 import kvarn.cuda as kc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_cuda import (FakeDevArray, _seed, _spiky_keys, check_against_cpu, dev, fake, force_splits,  # noqa: E402,F401
+import test_cuda  # noqa: E402
+from test_cuda import (FakeDevArray, _seed, _spiky_keys, check_against_cpu, dev, force_splits,  # noqa: E402,F401
                        gpu, kv_like, need_torch, torch)
+
+fake = test_cuda.fake  # the FakeCuda fixture (assigned, not imported: pyflakes takes the tests' argument for a shadow)
 
 
 # ---- GPU -------------------------------------------------------------------------------------------
