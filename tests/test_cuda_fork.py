@@ -16,8 +16,11 @@ import pytest
 import kvarn.cuda as kc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_cuda import FakeDevArray, _seed, _spiky_keys, dev, fake, gpu, kv_like, need_torch  # noqa: E402,F401
+import test_cuda  # noqa: E402
+from test_cuda import FakeDevArray, _seed, _spiky_keys, dev, gpu, kv_like, need_torch  # noqa: E402,F401
 from test_cuda_steps import content  # noqa: E402
+
+fake = test_cuda.fake  # the FakeCuda fixture (assigned, not imported: pyflakes takes the tests' argument for a shadow)
 
 LAYERS = 2
 
