@@ -1,7 +1,7 @@
 """End-to-end decoding on a GPU: transformers with KVarNCache(device="cuda") against its bf16 caches.
 
     python benchmarks/bench_generate_cuda.py [--shape llama8b] [--points 16384x1,32768x1,8192x8,32768x4] [--check-host 4096x1]
-                                             [--steps 32] [--rounds 2] [--out results/generate_cuda.json]
+                                             [--steps 32] [--rounds 2] [--general-path] [--out results/generate_cuda.json]
 
 The model has a real model's shape and random bf16 weights (no weights can be downloaded on the lent machine):
 ``llama8b`` is Llama-3.1-8B's (32 layers, hidden 4096, Hq 32 / Hk 8, head_dim 128, MLP 14336, vocab 128256),
@@ -12,7 +12,9 @@ forward at a time, each forward timed to a synchronised end. Caches, alternating
 - ``static``: StaticCache (bf16, preallocated to context + steps tokens; SDPA over all of them, the unfilled ones
   masked) + SDPA;
 - ``kvarn``: KVarNCache(device="cuda") (k4v2_g128): each step appends to each layer's PagedKVCache and runs kvarn's
-  CUDA decode attention (one append_attend per layer; its checks run on the GPU and are read once per forward).
+  CUDA decode attention (one append_attend per layer; its checks run on the GPU and are read once per forward);
+- ``kvarn-general`` (with --general-path): the same with append_attend's one-token decode path off
+  (kvarn.cuda._DECODE_ROWS = 0), every step through its general path: what the decode path saves end to end.
 Every cache is fed the same tokens (the dynamic cache's greedy ones, teacher-forced). Reported per point and cache:
 the median and minimum forward time per step, the cache's bytes (kvarn: the tokens' bytes, KVarNCache.nbytes; bf16:
 the K/V tensors), and its logits against the dynamic cache's for the same inputs (median relative L2 over steps
@@ -85,6 +87,18 @@ def run(model, kind, prompt, steps, fed=None, layer_outputs=None):
     """Prefill, then `steps` timed one-token forwards. Each step feeds the previous step's argmax, or with `fed`
     (the dynamic cache's tokens) fed[i], so that every cache's logits answer the same inputs. With `layer_outputs`
     (a list), each layer's attention output at the first one-token step is appended to it."""
+    import kvarn.cuda
+
+    decode_rows = kvarn.cuda._DECODE_ROWS
+    if kind == "kvarn-general":
+        kvarn.cuda._DECODE_ROWS = 0
+    try:
+        return _run(model, kind, prompt, steps, fed, layer_outputs)
+    finally:
+        kvarn.cuda._DECODE_ROWS = decode_rows
+
+
+def _run(model, kind, prompt, steps, fed, layer_outputs):
     from kvarn.integrations.transformers import cache_kwargs, restore_attention
 
     batch, context = prompt.shape
@@ -127,6 +141,8 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--general-path", action="store_true",
+                    help="also time kvarn-general: KVarNCache with append_attend's one-token decode path off")
     ap.add_argument("--check-host", default=None, metavar="CONTEXTxBATCH",
                     help="first, at this point: the GPU cache's logits against the host cache's (KVarNCache(config), "
                          "the same records, attention on the CPU) and both against DynamicCache's, over 8 steps "
@@ -160,10 +176,12 @@ def main():
         context, batch = (int(x) for x in point.split("x"))
         g = torch.Generator().manual_seed(context + batch)
         prompt = torch.randint(10, SHAPES[args.shape]["vocab_size"], (batch, context), generator=g).cuda()
-        per = {k: dict(times=[], nbytes=0) for k in ("dynamic", "static", "kvarn")}
-        for _ in range(args.rounds):
+        kinds = ("dynamic", "static", "kvarn") + (("kvarn-general",) if args.general_path else ())
+        per = {k: dict(times=[], nbytes=0) for k in kinds}
+        for r in range(args.rounds):
             fed = ref_logits = None
-            for kind in per:
+            # dynamic first (its tokens feed the others); the kvarn pair swaps places round by round
+            for kind in kinds if r % 2 == 0 else kinds[:2] + kinds[2:][::-1]:
                 times, tokens, logits, nbytes = run(model, kind, prompt, args.steps, fed)
                 if kind == "dynamic":
                     fed, ref_logits = tokens, logits
@@ -179,10 +197,10 @@ def main():
                        min_ms=1e3 * min(r["times"]), cache_mb=r["nbytes"] / 1e6, logits_error=r["error"],
                        argmax_agrees=r["argmax"])
             results.append(row)
-            print(f"{context:6d} x {batch:2d} {kind:8s} median {row['median_ms']:8.2f} ms  min {row['min_ms']:8.2f} ms"
+            print(f"{context:6d} x {batch:2d} {kind:13s} median {row['median_ms']:8.2f} ms  min {row['min_ms']:8.2f} ms"
                   f"  cache {row['cache_mb']:9.1f} MB  logits vs dynamic's {row['logits_error']:.2e}, argmax agrees "
                   f"{100 * row['argmax_agrees']:.0f} %", flush=True)
-        for kind in ("dynamic", "static"):
+        for kind in ("dynamic", "static") + (("kvarn-general",) if args.general_path else ()):
             a = [r for r in results if (r["context"], r["batch"]) == (context, batch)]
             base = next(r for r in a if r["cache"] == kind)["median_ms"]
             kv = next(r for r in a if r["cache"] == "kvarn")["median_ms"]
