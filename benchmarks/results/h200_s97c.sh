@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Fifty-seventh session, device call s97c. (1) End to end with the decode path on and off in one process
+# (bench_generate_cuda.py --general-path: kvarn-general is KVarNCache with kvarn.cuda._DECODE_ROWS = 0), two rounds,
+# so that the end-to-end share of this session's change is measured beside StaticCache on one machine instance.
+# (2) compute-sanitizer initcheck over the deferred path (not run before): the flagged deferred tests and the step
+# tests against one token at a time (n = 1: the decode path), and memcheck over the same.
+set -uo pipefail
+. benchmarks/results/device_prologue.sh
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/machine.txt"
+need_transformers >> "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+build_cuda || exit 1
+timeout 330 python3 benchmarks/bench_generate_cuda.py --points 16384x1,8192x8,32768x4 --steps 32 --rounds 2 \
+  --general-path --out "$OUT/generate_cuda.json" > "$OUT/generate.log" 2>&1
+echo "generate rc $?"; cat "$OUT/generate.log"; echo "[$(el) s] generated"
+for tool in initcheck memcheck; do
+  timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -x -p no:cacheprovider \
+    tests/test_cuda_checkpoint.py tests/test_cuda_steps.py -k "flagged_deferred or one_token_at_a_time" \
+    > "$OUT/$tool.log" 2>&1
+  echo "$tool rc $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/$tool.log" | tail -3; echo "[$(el) s] $tool"
+done
