@@ -10,7 +10,7 @@ set -uo pipefail
 need_transformers >> "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 build_cuda || exit 1
-timeout 330 python3 benchmarks/bench_generate_cuda.py --points 16384x1,8192x8,32768x4 --steps 32 --rounds 2 \
+timeout 250 python3 benchmarks/bench_generate_cuda.py --points 16384x1,8192x8 --steps 32 --rounds 2 \
   --general-path --out "$OUT/generate_cuda.json" > "$OUT/generate.log" 2>&1
 echo "generate rc $?"; cat "$OUT/generate.log"; echo "[$(el) s] generated"
 for tool in initcheck memcheck; do
