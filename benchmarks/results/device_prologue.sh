@@ -38,3 +38,10 @@ sys.exit(0 if tuple(int(x) for x in version("transformers").split(".")[:2]) >= (
 PY
   python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
 }
+# record_machine: the GPU, driver and host CPU (and, with need_transformers, the library versions) into
+# $OUT/machine.txt, shown in the log (from the fifty-seventh session's s97c on; earlier scripts repeat it inline).
+record_machine() {
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/machine.txt"
+  need_transformers >> "$OUT/machine.txt" 2>&1
+  cat "$OUT/machine.txt"
+}

@@ -8,9 +8,7 @@
 # only; memcheck ran over the flagged deferred tests in s97.)
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/machine.txt"
-need_transformers >> "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+record_machine
 build_cuda || exit 1
 timeout 150 python3 benchmarks/bench_generate_cuda.py --points 16384x1,8192x8 --steps 24 --rounds 2 \
   --general-path --out "$OUT/generate_cuda.json" > "$OUT/generate.log" 2>&1
