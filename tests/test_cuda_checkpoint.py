@@ -381,10 +381,13 @@ def test_a_one_token_checkpoint_does_no_device_work(fake, monkeypatch):
     assert point._buf.nbytes == 2 * 2 * 64 * 2 * (4 + 2 + 3)
 
 
-def test_rollback_takes_back_a_page_copied_on_write(fake, monkeypatch):
+@pytest.mark.parametrize("layer", [1, None])
+def test_rollback_takes_back_a_page_copied_on_write(fake, monkeypatch, layer):
     """A fork truncated to a tile boundary in layer 1 and given tokens there copies the pages it shares (copy on
     write); rollback gives it the shared pages back: counts, the free list, its block-table entries, and the records
-    (the parent's untouched); again after a second step. A fork made after the checkpoint keeps what it shares."""
+    (the parent's untouched); again after a second step. A fork made after the checkpoint keeps what it shares.
+    With a checkpoint of every layer (layer None), the pages it keeps start at the shortest layer's tile count (layer
+    1's 1, not layer 0's 3)."""
     cache = fake_cache(fake)
     writing_rows(fake, monkeypatch, cache)
     a = cache.add_sequence()
@@ -396,7 +399,7 @@ def test_rollback_takes_back_a_page_copied_on_write(fake, monkeypatch):
     shared = list(cache._pages[a])
     cache.truncate(b, 128 + 128, layer=1)  # layer 1 keeps tile 0; tiles 1, 2 stay shared for layer 0
     was = state(fake, cache)
-    point = cache.checkpoint([b], 300, layer=1)
+    point = cache.checkpoint([b], 300, layer=layer)
     for seed in range(2):
         fake_step(fake, cache, [b], 260, [1], "append_attend" if seed else "append", seed=seed)
         assert cache._pages[b][0] == shared[0] and not set(cache._pages[b][1:]) & set(shared)

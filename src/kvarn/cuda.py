@@ -1040,10 +1040,12 @@ class PagedKVCache(_OwnsDeviceResources):
         layer = None if layer is None else self._layer(layer)
         layers = list(range(self.num_layers)) if layer is None else [layer]
         lens = self._lengths[:, slots]  # a copy (fancy indexing)
-        sub = lens if layer is None else lens[layers]
+        sub = lens if layer is None else lens[layer : layer + 1]
         pages = []
         # tiles below every layer's count are never stored into by these appends: only later pages can change
-        for slot, t0 in zip(slots, self._tile_counts(sub).min(axis=0).tolist()):
+        # (the count at the shortest layer's length: counts grow with the length)
+        for slot, shortest in zip(slots, sub.min(axis=0).tolist()):
+            t0 = self._tile_count(shortest)
             held = self._pages[slot][t0:]
             pages.append((t0, held, self._page_gen[held].tolist() if held else []))
         saved, buf = [], None
@@ -1184,6 +1186,10 @@ class PagedKVCache(_OwnsDeviceResources):
 
     def _tile_counts(self, lengths):
         return np.maximum(lengths - self.sink_tokens, 0) // self.preset.group
+
+    def _tile_count(self, length: int) -> int:
+        """_tile_counts of one Python int (a few rows' worth of numpy calls cost more than the loop)."""
+        return max(length - self.sink_tokens, 0) // self.preset.group
 
     # ---- append ----------------------------------------------------------------
     @_on_own_device
@@ -1718,7 +1724,7 @@ class PagedKVCache(_OwnsDeviceResources):
             length = row.item(slot)
             if length >= self.max_seq_len:
                 return None
-            t = max(length - sink, 0) // G
+            t = self._tile_count(length)
             seen = length + 1
             sink_len = min(seen, sink)
             tail_len = seen - sink_len - t * G
