@@ -1269,8 +1269,7 @@ class PagedKVCache(_OwnsDeviceResources):
         cow0 = len(cow)
         jobs = []
         try:
-            # the sequences that complete tiles (none where the caller passed the same counts for before and after)
-            for b in (np.flatnonzero(tiles1 > tiles0).tolist() if tiles1 is not tiles0 else ()):
+            for b in np.flatnonzero(tiles1 > tiles0).tolist():  # the sequences that complete tiles
                 slot = slots[b]
                 for ti in range(int(tiles0[b]), int(tiles1[b])):
                     if ti == len(self._pages[slot]):  # no layer has this tile yet
