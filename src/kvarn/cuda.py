@@ -846,7 +846,9 @@ class PagedKVCache(_OwnsDeviceResources):
         # A sequence never holds more than max_seq_len tokens, so neither does its sink: a larger
         # sink_tokens (no token is ever quantised) needs no rows beyond that.
         sink_cap = min(self.sink_tokens, self.max_seq_len)
-        self._pool = DeviceArray((L, self.num_pages, H, self.record_bytes), np.uint8)
+        # zeroed: a deferred step whose checks flag its keys skips its tile's store, and its attend then reads the
+        # page unwritten (the flags refuse the step's output); a defined read for a page never stored into
+        self._pool = DeviceArray((L, self.num_pages, H, self.record_bytes), np.uint8).zero_(0)
         self._sink_k = DeviceArray((L, S, H, max(sink_cap, 1), D), np.float16)
         self._sink_v = DeviceArray((L, S, H, max(sink_cap, 1), D), np.float16)
         self._tail_k = DeviceArray((L, S, H, G, D), np.float16)
