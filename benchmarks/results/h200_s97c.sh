@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fifty-seventh session, device call s97c: WRITTEN, NOT RUN (refused starts spent the session's device budget); for a
-# later GPU session. (1) End to end with the decode path on and off in one process
+# Fifty-seventh session, device call s97c: written then, not run (refused starts spent that session's device budget);
+# run as written in the fifty-eighth session as s98a (logs results/h200_s98a/). (1) End to end with the decode path on and off in one process
 # (bench_generate_cuda.py --general-path: kvarn-general is KVarNCache with kvarn.cuda._DECODE_ROWS = 0), two rounds,
 # so that the end-to-end share of this session's change is measured beside StaticCache on one machine instance.
 # (2) compute-sanitizer initcheck over the deferred path (not run before): the flagged deferred tests and the step
