@@ -226,10 +226,15 @@ def test_a_flagged_deferred_step_that_completes_a_tile_reads_its_own_page(bad):
 def test_the_page_pool_starts_zeroed(fake, monkeypatch):
     """A deferred step that its checks flag skips its tile's store and still attends the page (the case above): the
     pool is zeroed when the cache is made, so that read is of defined bytes (compute-sanitizer initcheck reported the
-    page's record as uninitialised, s98), whatever the allocator handed out."""
+    page's record as uninitialised, s98a), whatever the allocator handed out."""
     real_malloc = fake.malloc
-    monkeypatch.setattr(fake, "malloc", lambda n: (lambda rc, ptr: (fake.memset(ptr, 0xA5, n, 0), (rc, ptr))[1])(
-        *real_malloc(n)))
+
+    def malloc_filled(n):  # bytes that are not zeros (FakeCuda's own malloc zeroes)
+        rc, ptr = real_malloc(n)
+        fake.memset(ptr, 0xA5, n, 0)
+        return rc, ptr
+
+    monkeypatch.setattr(fake, "malloc", malloc_filled)
     cache = kc.PagedKVCache(2, 128, max_seqs=2, max_seq_len=1024, num_layers=2)
     assert not host(fake, cache._pool).any() and not host(fake, cache._block_table).any()
     assert host(fake, cache._tail_k).all()  # the allocator's bytes: only what must be zeroed is
