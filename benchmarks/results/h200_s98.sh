@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fifty-eighth session, device call s98: s97c's initcheck (results/h200_s98a/, run as h200_s97c.sh) found the
+# Fifty-eighth session, device call s98: WRITTEN, NOT RUN (the device budget went on refused starts); for the next
+# GPU session, first. s97c's initcheck (results/h200_s98a/, run as h200_s97c.sh) found the
 # flagged deferred step's attend reading its tile's page unwritten (the store kernel skips a flagged tile); the pool
 # is now zeroed when a cache is made. (1) initcheck over the flagged deferred tests again, (2) the GPU tests of
 # test_cuda_checkpoint.py on that build (cut to the device budget left).
