@@ -1040,7 +1040,6 @@ class PagedKVCache(_OwnsDeviceResources):
         slots = self._slots(seq_ids)
         n = check_positive_int(n_tokens, "n_tokens", 0)
         layer = None if layer is None else self._layer(layer)
-        layers = list(range(self.num_layers)) if layer is None else [layer]
         lens = self._lengths[:, slots]  # a copy (fancy indexing)
         sub = lens if layer is None else lens[layer : layer + 1]
         pages = []
@@ -1065,7 +1064,7 @@ class PagedKVCache(_OwnsDeviceResources):
                 for tail_buf in (self._tail_k, self._tail_v):
                     for i, b in picks:
                         width = int(rows[i, b]) * D * 2  # each head's first rows, packed in the copy
-                        src = tail_buf.ptr + self._slot_rows_offset(layers[i], slots[b], 0)
+                        src = tail_buf.ptr + self._slot_rows_offset(i if layer is None else layer, slots[b], 0)
                         _check(_cuda.memcpy_2d_dtod(dst, width, src, pitch, width, H, 0), "checkpoint")
                         saved.append((src, dst, width))
                         dst += width * H
