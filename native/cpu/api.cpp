@@ -567,8 +567,14 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
             }
         }
         const int64_t n_items = (int64_t)items.size();
-        if (items.size() > (size_t)PTRDIFF_MAX / sizeof(float) / state_floats) return (int)KVARN_ERR_ARGUMENT;
-        std::unique_ptr<float[]> states(new float[items.size() * state_floats]);
+        // Each item's state starts on its own cache line: items that run side by side on two threads are mostly
+        // neighbours, and one's per-tile writes of l (and m) shared a line with the other's last query row, read
+        // every tile, so the line moved between the cores twice a record.
+        constexpr size_t kLineFloats = 64 / sizeof(float);
+        const size_t state_stride = (state_floats + kLineFloats - 1) / kLineFloats * kLineFloats;
+        if (items.size() >= (size_t)PTRDIFF_MAX / sizeof(float) / state_stride) return (int)KVARN_ERR_ARGUMENT;
+        std::unique_ptr<float[]> state_buffer(new float[(items.size() + 1) * state_stride]);
+        float* const states = state_buffer.get() + (kLineFloats - reinterpret_cast<uintptr_t>(state_buffer.get()) / sizeof(float) % kLineFloats) % kLineFloats;
         // The rotated frame serves only the quantised tiles: an all-fp16 batch (the FP16Cache,
         // short sequences still in their sink) needs no Hadamard and no rotated sum.
         bool any_tiles = false;
@@ -587,14 +593,14 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
             for (int h = 0; h < n_q; ++h) {
                 const size_t row = row_at(w0.seq, w0.kv_head, h);
                 float m = -std::numeric_limits<float>::infinity();
-                for (int64_t s = 0; s < n; ++s) m = std::max(m, states[(first + s) * state_floats + h]);
+                for (int64_t s = 0; s < n; ++s) m = std::max(m, states[(first + s) * state_stride + h]);
                 float l = 0.0f;
                 float* o = out + row;
                 float* r = any_tiles ? rot_sum.get() + row : nullptr;
                 std::fill(o, o + D, 0.0f);
                 if (r) std::fill(r, r + D, 0.0f);
                 for (int64_t s = 0; s < n; ++s) {
-                    const float* base = states.get() + (first + s) * state_floats;
+                    const float* base = states + (first + s) * state_stride;
                     if (base[n_q + h] == 0.0f) continue;  // split saw no tokens for this head
                     const float wgt = std::exp(base[h] - m);
                     l += wgt * base[n_q + h];
@@ -626,7 +632,7 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
         auto body = [&](int64_t i) {
             const WorkItem& w = items[i];
             const kvarn_cache_view& c = caches[w.seq];
-            float* base = states.get() + i * state_floats;
+            float* base = states + i * state_stride;
             SoftmaxState st{base, base + n_q, base + 2 * n_q, base + 2 * n_q + (size_t)n_q * D};
             float* q_scaled = base + 2 * n_q + 2 * (size_t)n_q * D;
             float* q_rot = q_scaled + (size_t)n_q * D;
