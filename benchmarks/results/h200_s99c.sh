@@ -3,7 +3,8 @@
 # scripts/gpu_run.sh sanitize last ran in s94b, before checkpoint / rollback and deferred checks (s95) and the
 # one-token decode path (s97), which memcheck and initcheck have seen only over selected tests since. (1) memcheck
 # over the step and checkpoint test files (one-token and multi-token steps, deferred flags, rollbacks); (2) racecheck
-# and synccheck over their one-token and deferred tests; (3) scripts/gpu_run.sh sanitize as it stands.
+# and synccheck over their one-token and deferred tests. (scripts/gpu_run.sh sanitize, first planned as (3), was cut:
+# refused starts left too little device time for it.)
 set -uo pipefail
 . benchmarks/results/device_prologue.sh
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"; } > "$OUT/machine.txt"; cat "$OUT/machine.txt"
@@ -15,8 +16,7 @@ san() {  # TOOL LIMIT LOG PYTEST-ARGS...
     > "$OUT/$log" 2>&1
   echo "$tool rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/$log" | tail -3; echo "[$(el) s] $tool"
 }
-san memcheck 170 memcheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py
-san racecheck 80 racecheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py -k "one_token or deferred"
-san synccheck 60 synccheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py -k "one_token or deferred"
-OUT="$OUT/gpu_run" timeout 190 scripts/gpu_run.sh sanitize > "$OUT/sanitize.log" 2>&1
-echo "sanitize rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|exit|ok" "$OUT/sanitize.log" | head -20; echo "[$(el) s] end"
+san memcheck 160 memcheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py
+san racecheck 70 racecheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py -k "one_token or deferred"
+san synccheck 50 synccheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py -k "one_token or deferred"
+echo "[$(el) s] end"
