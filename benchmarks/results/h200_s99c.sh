@@ -16,7 +16,7 @@ san() {  # TOOL LIMIT LOG PYTEST-ARGS...
     > "$OUT/$log" 2>&1
   echo "$tool rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/$log" | tail -3; echo "[$(el) s] $tool"
 }
-san memcheck 160 memcheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py
-san racecheck 70 racecheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py -k "one_token or deferred"
-san synccheck 50 synccheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py -k "one_token or deferred"
+san memcheck 120 memcheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py
+san racecheck 50 racecheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py -k "one_token or deferred"
+san synccheck 35 synccheck_steps.log tests/test_cuda_steps.py tests/test_cuda_checkpoint.py -k "one_token or deferred"
 echo "[$(el) s] end"
