@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fifty-ninth session, device call s99c: compute-sanitizer over what the fixed sanitizer workload does not reach.
+# Fifty-ninth session, device call s99c: WRITTEN, NOT RUN (every start after s99b was refused until the device budget
+# was spent); for the next GPU session. compute-sanitizer over what the fixed sanitizer workload does not reach.
 # scripts/gpu_run.sh sanitize last ran in s94b, before checkpoint / rollback and deferred checks (s95) and the
 # one-token decode path (s97), which memcheck and initcheck have seen only over selected tests since. (1) memcheck
 # over the step and checkpoint test files (one-token and multi-token steps, deferred flags, rollbacks); (2) racecheck
