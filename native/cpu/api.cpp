@@ -573,8 +573,9 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
         constexpr size_t kLineFloats = 64 / sizeof(float);
         const size_t state_stride = (state_floats + kLineFloats - 1) / kLineFloats * kLineFloats;
         if (items.size() >= (size_t)PTRDIFF_MAX / sizeof(float) / state_stride) return (int)KVARN_ERR_ARGUMENT;
-        std::unique_ptr<float[]> state_buffer(new float[(items.size() + 1) * state_stride]);
-        float* const states = state_buffer.get() + (kLineFloats - reinterpret_cast<uintptr_t>(state_buffer.get()) / sizeof(float) % kLineFloats) % kLineFloats;
+        std::unique_ptr<float[]> state_buffer(new float[(items.size() + 1) * state_stride]);  // + 1: room to align
+        const size_t past_line = reinterpret_cast<uintptr_t>(state_buffer.get()) / sizeof(float) % kLineFloats;
+        float* const states = state_buffer.get() + (kLineFloats - past_line) % kLineFloats;
         // The rotated frame serves only the quantised tiles: an all-fp16 batch (the FP16Cache,
         // short sequences still in their sink) needs no Hadamard and no rotated sum.
         bool any_tiles = false;
