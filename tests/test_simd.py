@@ -221,6 +221,50 @@ def test_int_vnni_and_madd_forms_are_bit_identical(mode, preset, Hk, D, Hq, n, r
         np.testing.assert_array_equal(madd, kvarn.attend(q, c), err_msg=isa)
 
 
+HAS_VBMI = _native.cpu_has_vbmi() and "avx512" in ISAS
+
+
+def test_vbmi_switch():
+    for isa in simd_isas():
+        kvarn.set_isa(isa)
+        try:
+            _native.set_vbmi(False)
+            assert not _native.vbmi()
+        finally:
+            _native.set_vbmi(True)
+        assert _native.vbmi() == (isa == "avx512" and _native.cpu_has_vbmi())  # on by default where the CPU has it
+    kvarn.set_isa("scalar")
+    assert not _native.vbmi()
+
+
+@pytest.mark.skipif(not HAS_VBMI, reason="needs AVX-512 VBMI (not on this CPU)")
+@pytest.mark.parametrize("mode,vnni", [("int16", True), ("int16", False), ("int8", True)],
+                         ids=["int16-vnni", "int16-madd", "int8"])  # avx512's int8 runs only with VNNI
+@pytest.mark.parametrize("preset,Hk,D,Hq,n", [("k4v2_g128", 3, 64, 9, 1000), ("k4v2_g128", 8, 128, 32, 700),
+                                              ("k4v2_g64", 2, 80, 6, 500), ("k4v2_g128", 1, 96, 3, 450),
+                                              ("k2v2_g128", 2, 112, 4, 400), ("k4v2_g64", 2, 256, 2, 333),
+                                              ("k4v2_g128", 1, 48, 5, 300), ("k4v2_g128", 1, 288, 3, 300)])
+def test_int_vbmi_and_insert_forms_are_bit_identical(mode, vnni, preset, Hk, D, Hq, n, rng):
+    """The avx512 integer kernels' VBMI layouts (vpermb / vpermt2b for the 2-bit value codes' quads at head_dim
+    <= 128, vpermb for the 4-bit key codes' pairs at head_dim <= 256) give the same integer sums as the forms of
+    AVX-512 CPUs without VBMI: the outputs match bit for bit, with VNNI and in the vpmaddwd forms. head_dim
+    48 and 288 take neither permute (the forms must agree there trivially)."""
+    c = _cache(rng, preset, Hk, D, n)
+    q = (rng.standard_normal((Hq, D)) * 3).astype(np.float32)
+    kvarn.set_isa("avx512")
+    _native.set_score_mode(mode)
+    try:
+        _native.set_vnni(vnni)
+        _native.set_vbmi(False)
+        insert = kvarn.attend(q, c, num_threads=2)
+        _native.set_vbmi(True)
+        assert _native.vbmi() and _native.score_mode() == mode
+        np.testing.assert_array_equal(insert, kvarn.attend(q, c, num_threads=2))
+    finally:
+        _native.set_vnni(True)
+        _native.set_vbmi(True)
+
+
 def test_score_mode_api():
     assert _native.set_score_mode("bogus") == _native.ERR_ARGUMENT
     for isa in MODE_ISAS["int8"]:

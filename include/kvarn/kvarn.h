@@ -1,7 +1,7 @@
 /*
  * kvarn C ABI: what the Python wrappers (and any other host) call. C99 or later, or C++.
  * The int-returning kernel and setter functions return a kvarn_status; the queries
- * (kvarn_isa_available, kvarn_score_mode, kvarn_cpu_has_*, kvarn_vnni) return their
+ * (kvarn_isa_available, kvarn_score_mode, kvarn_cpu_has_*, kvarn_vnni, kvarn_vbmi) return their
  * value, kvarn_active_isa a static string. None aborts on bad arguments; a call that
  * returns KVARN_ERR_ARGUMENT or KVARN_ERR_ISA has written no output buffer.
  * Shapes are checked in Python first; the checks here are a second line of
@@ -31,7 +31,7 @@
  * Threads: kernel calls (hadamard, quantize, dequantize, attend, balance) may run
  * concurrently from any number of threads; they share one internal thread pool,
  * and a call that finds it busy runs its work on the calling thread. The settings
- * (kvarn_set_isa, kvarn_set_score_mode, kvarn_set_vnni) are process-wide and
+ * (kvarn_set_isa, kvarn_set_score_mode, kvarn_set_vnni, kvarn_set_vbmi) are process-wide and
  * thread-safe, but a call in flight on another thread may run part of its work
  * under the old setting and part under the new (results within the modes'
  * tolerance): change them when no kernel call is running. After fork() the child
@@ -94,6 +94,13 @@ int kvarn_cpu_has_vnni(void);
 int kvarn_cpu_has_avx_vnni(void);
 void kvarn_set_vnni(int32_t on);
 int kvarn_vnni(void);
+/* AVX-512 VBMI's byte permutes lay out the 2-bit value codes in the avx512 kernels where the CPU has
+ * them (kvarn_cpu_has_vbmi); kvarn_set_vbmi(0) makes them use the form of AVX-512 CPUs without VBMI
+ * (bit-identical results), 1 restores the default: for tests and A/B timings. kvarn_vbmi: whether
+ * the active kernels use VBMI now. */
+int kvarn_cpu_has_vbmi(void);
+void kvarn_set_vbmi(int32_t on);
+int kvarn_vbmi(void);
 
 /* ---- Kernels ----------------------------------------------------------------- */
 /* In place, x [rows][head_dim]: the orthonormal block Hadamard (its own inverse). x may be

@@ -26,6 +26,7 @@ struct CpuFeatures {
     bool avx512 = false;  // AVX-512 F/BW/VL/DQ with ZMM state enabled by the OS
     bool avx512_vnni = false;
     bool avx_vnni = false;  // AVX-VNNI: VEX-encoded vpdpwssd on ymm (cpuid 7.1 eax bit 4)
+    bool avx512_vbmi = false;  // AVX-512 VBMI: vpermb / vpermt2b (cpuid 7.0 ecx bit 1)
 };
 
 #ifdef KVARN_X86
@@ -53,10 +54,11 @@ CpuFeatures detect()
     const unsigned leaf7_subleaves = a;  // highest valid subleaf of leaf 7
     const bool avx2 = b & (1u << 5);
     const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
-               avx512vl = b & (1u << 31), vnni = c & (1u << 11);
+               avx512vl = b & (1u << 31), vnni = c & (1u << 11), vbmi = c & (1u << 1);
     f.avx2 = ymm_state && avx2 && fma && f16c;
     f.avx512 = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl;
     f.avx512_vnni = f.avx512 && vnni;
+    f.avx512_vbmi = f.avx512 && vbmi;
     if (leaf7_subleaves >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         f.avx_vnni = f.avx2 && (a & (1u << 4));
@@ -190,6 +192,12 @@ bool avx_vnni_on() { return g_vnni.load(std::memory_order_relaxed) && features()
 bool avx512_vnni_on() { return g_vnni.load(std::memory_order_relaxed) && features().avx512_vnni; }
 
 namespace {
+std::atomic<bool> g_vbmi{true};  // use VBMI's byte permutes where cpuid has them (kvarn_set_vbmi)
+}  // namespace
+
+bool avx512_vbmi_on() { return g_vbmi.load(std::memory_order_relaxed) && features().avx512_vbmi; }
+
+namespace {
 // Default: int16 (k4 scores and 2-bit values in exact int32 sums of int16-rounded
 // weights: relative L2 ~1e-4 from the float path, thousands of times below the
 // quantisation's own error) wherever the active kernels run it (score_mode()), else float.
@@ -271,6 +279,12 @@ int kvarn_cpu_has_vnni(void) { return kvarn::features().avx512_vnni ? 1 : 0; }
 int kvarn_cpu_has_avx_vnni(void) { return kvarn::features().avx_vnni ? 1 : 0; }
 
 void kvarn_set_vnni(int32_t on) { kvarn::g_vnni = on != 0; }
+
+int kvarn_cpu_has_vbmi(void) { return kvarn::features().avx512_vbmi ? 1 : 0; }
+
+void kvarn_set_vbmi(int32_t on) { kvarn::g_vbmi = on != 0; }
+
+int kvarn_vbmi(void) { return kvarn::active_kernels() == &kvarn::tables().avx512 && kvarn::avx512_vbmi_on() ? 1 : 0; }
 
 int kvarn_vnni(void)
 {

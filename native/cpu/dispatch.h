@@ -9,6 +9,10 @@ const KernelTable* active_kernels();
 // off (their vpmaddwd + vpaddd forms, as on CPUs without VNNI: tests and A/B timings).
 bool avx_vnni_on();
 bool avx512_vnni_on();
+// Whether the avx512 kernels use AVX-512 VBMI's byte permutes (vpermb, vpermt2b) for the 2-bit value codes' layout:
+// default where cpuid has it; kvarn_set_vbmi(0) selects the form that AVX-512 CPUs without VBMI run (Skylake-SP/X,
+// Cascade Lake), whose results are bit-identical (tests and A/B timings).
+bool avx512_vbmi_on();
 // How the active SIMD attention computes q.k on 4-bit keys and p.v on 2-bit values:
 // float FMA, or int16-rounded queries and weights against the integer codes with
 // exact int32 sums (vpdpwssd with VNNI, else vpmaddwd + vpaddd), or int8 queries

@@ -24,6 +24,9 @@ cdef extern from "kvarn/kvarn.h" nogil:
     int kvarn_cpu_has_avx_vnni()
     void kvarn_set_vnni(int32_t on)
     int kvarn_vnni()
+    int kvarn_cpu_has_vbmi()
+    void kvarn_set_vbmi(int32_t on)
+    int kvarn_vbmi()
 
     int kvarn_hadamard_f32(float* x, int64_t rows, int32_t head_dim)
     int kvarn_hadamard_f64(double* x, int64_t rows, int32_t head_dim)

@@ -72,6 +72,22 @@ def vnni():
     return bool(kvarn_vnni())
 
 
+def cpu_has_vbmi():
+    return bool(kvarn_cpu_has_vbmi())
+
+
+def set_vbmi(bint on):
+    """False: the avx512 kernels lay out the 2-bit value codes as AVX-512 CPUs without VBMI do
+    (bit-identical results; tests, A/B timings); True: VBMI's byte permutes where the CPU has
+    them (the default)."""
+    kvarn_set_vbmi(on)
+
+
+def vbmi():
+    """Whether the active kernels use VBMI's byte permutes now."""
+    return bool(kvarn_vbmi())
+
+
 def default_threads():
     return kvarn_default_threads()
 

@@ -51,6 +51,8 @@ def _cmd_info(args) -> int:
         print(f"int16 dot products: {'vpdpwssd (VNNI)' if _native.vnni() else 'vpmaddwd + vpaddd (no VNNI here)'}")
     elif mode == "int8":
         print(f"int8 dot products: {'vpdpbusd (VNNI)' if _native.vnni() else 'vpmaddubsw + vpaddw (no VNNI here)'}")
+    if mode != "float" and kvarn.active_isa() == "avx512":
+        print(f"2-bit value codes' layout: {'vpermb / vpermt2b (VBMI)' if _native.vbmi() else 'inserts + vpermd + vpshufb'}")
     from . import cuda  # always importable; the compiled module and a GPU are optional
 
     print(f"CUDA: {'available' if cuda.is_available() else 'unavailable (' + cuda.unavailable_reason() + ')'}")

@@ -24,7 +24,7 @@
 //   - kvarn_balance: scales finite and in [exp(-0.3), exp(10)] for a finite matrix;
 //   - kvarn_scan_f32 / kvarn_scan_f16: *max_abs and the fp16 copy against a reference, out
 //     written exactly when the header says;
-//   - the settings: kvarn_active_isa / kvarn_score_mode / kvarn_vnni report what was set.
+//   - the settings: kvarn_active_isa / kvarn_score_mode / kvarn_vnni / kvarn_vbmi report what was set.
 // A failed check prints "INVARIANT <id>: ..." and aborts (libFuzzer saves the input).
 // Environment: KVARN_FUZZ_ISA=scalar|avx2|avx512 fixes the ISA (else the input picks it);
 // KVARN_FUZZ_SKIP=id,id,... turns checks off (to go on fuzzing past a known finding);
@@ -56,8 +56,8 @@ bool skipped(const char* id) { return g_skip.find(std::string(",") + id + ",") !
 
 [[noreturn]] __attribute__((format(printf, 2, 3))) void fail(const char* id, const char* fmt, ...)
 {
-    std::fprintf(stderr, "INVARIANT %s (op %s, isa %s, score mode %d, vnni %d): ", id, g_op, kvarn_active_isa(),
-                 kvarn_score_mode(), kvarn_vnni());
+    std::fprintf(stderr, "INVARIANT %s (op %s, isa %s, score mode %d, vnni %d, vbmi %d): ", id, g_op, kvarn_active_isa(),
+                 kvarn_score_mode(), kvarn_vnni(), kvarn_vbmi());
     va_list ap;
     va_start(ap, fmt);
     std::vfprintf(stderr, fmt, ap);
@@ -514,6 +514,8 @@ void configure(Gen& g)
     set_isa_or_die(isa);
     const int vnni = (cfg >> 4) & 1;
     kvarn_set_vnni(vnni);
+    const int vbmi = (cfg >> 5) & 1;
+    kvarn_set_vbmi(vbmi);
     const int mode = (cfg >> 2) % 3;
     const int rc = kvarn_set_score_mode(mode);
     const bool has_avx2 = kvarn_isa_available("avx2");
@@ -525,7 +527,9 @@ void configure(Gen& g)
     if (rc == KVARN_OK) CHECK("settings", kvarn_score_mode() == want, "kvarn_score_mode %d, expected %d", kvarn_score_mode(), want);
     const int want_vnni = scalar ? 0 : g_isa == "avx512" ? (vnni && kvarn_cpu_has_vnni()) : (vnni && kvarn_cpu_has_avx_vnni());
     CHECK("settings", kvarn_vnni() == want_vnni, "kvarn_vnni %d, expected %d", kvarn_vnni(), want_vnni);
-    vlog("[config] isa %s mode %d vnni %d\n", g_isa.c_str(), kvarn_score_mode(), kvarn_vnni());
+    const int want_vbmi = g_isa == "avx512" && vbmi && kvarn_cpu_has_vbmi();
+    CHECK("settings", kvarn_vbmi() == want_vbmi, "kvarn_vbmi %d, expected %d", kvarn_vbmi(), want_vbmi);
+    vlog("[config] isa %s mode %d vnni %d vbmi %d\n", g_isa.c_str(), kvarn_score_mode(), kvarn_vnni(), kvarn_vbmi());
 }
 
 // Compare two float arrays bit for bit, any NaN equal to any NaN.

@@ -208,17 +208,24 @@ int main()
         // Bounds are what matters here: run the int paths over every format under ASan
         // (with VNNI where the CPU has it, and the vpmaddwd forms); their accuracy is
         // checked in tests/test_simd.py.
-        for (int vnni : {1, 0}) {
-            kvarn_set_vnni(vnni);
-            for (int mode : {1, 2}) {
-                if (kvarn_set_score_mode(mode) != KVARN_OK) continue;
-                if (kvarn_score_mode() != mode) continue;  // int8 where it cannot run is int16: done
-                std::printf("   score mode %d, vnni %d (in use: %d): bounds only\n", mode, vnni, kvarn_vnni());
-                quiet = true;
-                check_table(&full);
-                quiet = false;
+        // (and avx512 with VBMI's byte permutes where the CPU has them, and without).
+        for (int vbmi : {1, 0}) {
+            if (!vbmi && !kvarn_vbmi()) continue;  // no VBMI in use here: the first pass ran the forms without it
+            kvarn_set_vbmi(vbmi);
+            for (int vnni : {1, 0}) {
+                kvarn_set_vnni(vnni);
+                for (int mode : {1, 2}) {
+                    if (kvarn_set_score_mode(mode) != KVARN_OK) continue;
+                    if (kvarn_score_mode() != mode) continue;  // int8 where it cannot run is int16: done
+                    std::printf("   score mode %d, vnni %d (in use: %d), vbmi in use %d: bounds only\n", mode, vnni,
+                                kvarn_vnni(), kvarn_vbmi());
+                    quiet = true;
+                    check_table(&full);
+                    quiet = false;
+                }
             }
         }
+        kvarn_set_vbmi(1);
         kvarn_set_vnni(1);
         kvarn_set_score_mode(0);
     }

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "dispatch.h"
 #include "kvarn/kernels.h"
 #include "sinkhorn.h"
@@ -261,6 +263,27 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b)
     asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
     return acc;
 }
+// AVX-512 VBMI's byte permutes, as asm for the same reason: this file is built without -mavx512vbmi, so the
+// compiler cannot put VBMI instructions where the CPU may lack them (Skylake-SP/X, Cascade Lake); these run
+// only where avx512_vbmi_on(). vpermb: table's byte idx[i] & 63. vpermt2b: a's byte idx[i] & 63, or b's where
+// idx[i] & 64.
+inline __m512i vpermb(__m512i idx, __m512i table)
+{
+    __m512i out;
+    asm("vpermb %2, %1, %0" : "=v"(out) : "v"(idx), "v"(table));
+    return out;
+}
+inline __m512i vpermb_zero(__mmask64 keep, __m512i idx, __m512i table)  // bytes outside keep are 0
+{
+    __m512i out;
+    asm("vpermb %2, %1, %0%{%3%}%{z%}" : "=v"(out) : "v"(idx), "v"(table), "Yk"(keep));
+    return out;
+}
+inline __m512i vpermt2b(__m512i a, __m512i idx, __m512i b)
+{
+    asm("vpermt2b %2, %1, %0" : "+v"(a) : "v"(idx), "v"(b));
+    return a;
+}
 
 // ---- attention over quantised tiles --------------------------------------------------------
 constexpr int kHeadGroup = 4;
@@ -483,6 +506,84 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const Sco
     }
 }
 
+// Int16 scores for 4-bit keys with AVX-512 VBMI (head_dim <= 256): the same int32 sums as tile_scores_k4_int16,
+// on fewer layout operations (the loop is bound by its vector operations' issue, docs/simd.md). Per channel pair
+// and 64-token half, rows d and d+1 share one register n (a load and an insert), and four zero-masked vpermb
+// lay out its bytes as (row d, row d+1) word pairs: from n itself for the even tokens, which then carry their
+// odd neighbour's high nibble too (a word is c_even + 16 c_odd), and from n & 0xF0 for the odd ones (16 c_odd).
+// So one and where the broadcast form needs two, and four permutes for its six unpacks. The finish takes
+// the odd tokens' sums out of the even ones' exactly: S_even = acc_even - acc_odd, S_odd = acc_odd / 16 (an
+// exact shift). acc_even <= D/2 * 2 * 255 * 32768 < 2^31 for D <= 256.
+// Accumulators: j 0 / 1 the even tokens 2i / 32 + 2i of the half (lane i), j 2 / 3 the odd tokens 2i+1 / 33+2i.
+struct ScoreOrderVbmi {
+    alignas(64) uint8_t pair[2][64];  // vpermb index: dword i of output k = bytes n[16k + i], n[32 + 16k + i] as words
+    alignas(64) int32_t idx[2][16];   // token 16b + t: even[b / 2] lane 8 (b % 2) + t / 2, or that + 16 (odd[b / 2])
+};
+constexpr ScoreOrderVbmi make_score_order_vbmi()
+{
+    ScoreOrderVbmi o{};
+    for (int k = 0; k < 2; ++k)
+        for (int i = 0; i < 16; ++i) {  // word 2i: row d's byte 16k + i; word 2i + 1: row d + 1's (n byte 32 + 16k + i)
+            o.pair[k][4 * i] = (uint8_t)(16 * k + i);
+            o.pair[k][4 * i + 2] = (uint8_t)(32 + 16 * k + i);
+        }
+    for (int b = 0; b < 2; ++b)
+        for (int t = 0; t < 16; ++t) o.idx[b][t] = 8 * b + t / 2 + (t % 2 ? 16 : 0);
+    return o;
+}
+constexpr ScoreOrderVbmi kScoreOrderVbmi = make_score_order_vbmi();
+
+template <int NH, bool kVnni>
+void tile_scores_k4_int16_vbmi(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
+                               Prefetcher& pf)
+{
+    const int G = a.G;
+    const size_t row_bytes = (size_t)G / 2;
+    const __m512i high = _mm512_set1_epi8((char)0xF0);
+    const __m512i pair0 = _mm512_load_si512(kScoreOrderVbmi.pair[0]), pair1 = _mm512_load_si512(kScoreOrderVbmi.pair[1]);
+    const __mmask64 low_bytes = 0x5555555555555555ull;  // each word's low byte: the code; the high byte 0
+    for (int half = 0; half < G / 64; ++half) {
+        __m512i acc[NH][4];
+        for (int h = 0; h < NH; ++h)
+            for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_si512();
+        const uint8_t* p = kc + half * 32;
+        for (int d = 0; d < D; d += 2, p += 2 * row_bytes) {
+            pf.step();
+            const __m512i n = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+                                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row_bytes)), 1);
+            const __m512i n_high = _mm512_and_si512(n, high);
+            const __m512i w0 = vpermb_zero(low_bytes, pair0, n), w1 = vpermb_zero(low_bytes, pair1, n);
+            const __m512i w2 = vpermb_zero(low_bytes, pair0, n_high), w3 = vpermb_zero(low_bytes, pair1, n_high);
+            for (int h = 0; h < NH; ++h) {
+                int32_t q2;
+                memcpy(&q2, qi + h * D + d, 4);
+                const __m512i qb = _mm512_set1_epi32(q2);
+                acc[h][0] = dpwssd<kVnni>(acc[h][0], w0, qb);
+                acc[h][1] = dpwssd<kVnni>(acc[h][1], w1, qb);
+                acc[h][2] = dpwssd<kVnni>(acc[h][2], w2, qb);
+                acc[h][3] = dpwssd<kVnni>(acc[h][3], w3, qb);
+            }
+        }
+        // As finish_int_scores: the same integer sums per token, so the same floats.
+        const __m512i order0 = _mm512_load_si512(kScoreOrderVbmi.idx[0]), order1 = _mm512_load_si512(kScoreOrderVbmi.idx[1]);
+        for (int h = 0; h < NH; ++h) {
+            const __m512 sc = _mm512_set1_ps(a.qscale[h]), z = _mm512_set1_ps(a.qz[h]);
+            __m512 even[2], odd[2];
+            for (int k = 0; k < 2; ++k) {
+                even[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h][k], acc[h][2 + k])), sc);
+                odd[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(acc[h][2 + k], 4)), sc);
+            }
+            for (int b = 0; b < 4; ++b) {
+                const int t = half * 64 + 16 * b;
+                const __m512 v = _mm512_permutex2var_ps(even[b / 2], b % 2 ? order1 : order0, odd[b / 2]);
+                const __m512 sv = _mm512_mul_ps(_mm512_load_ps(a.kt + t), _mm512_add_ps(v, z));
+                _mm512_store_ps(a.s + h * a.G + t, sv);
+                smax[h] = _mm512_max_ps(smax[h], sv);
+            }
+        }
+    }
+}
+
 // tmp[h][d] = sum_t w[h][t] code[t][d]; C 16-channel vectors per pass.
 template <int VB, int NH, int C>
 inline void values_chunk(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const float* w, float* tmp,
@@ -517,27 +618,76 @@ void tile_values(const uint8_t* vcodes, int D, int G, const float* w, float* tmp
 
 // The codes of tokens t..t+3 for channels d0 .. d0+16C-1 (rows row_bytes apart), as
 // one register whose dword b holds byte b of each of the four rows (channels 4b..4b+3,
-// token r in byte r): row r goes to lane r, a vpermd gathers dword L of every row into
-// lane L and an in-lane vpshufb transposes each lane's 4x4 bytes.
-template <int C>
-inline __m512i load_code_quads(const uint8_t* p, size_t row_bytes)
+// token r in byte r). Three forms (kQuads*), the same register:
+// - Insert (any CPU, any head_dim): row r goes to lane r (a load and three inserts), a vpermd
+//   gathers dword L of every row into lane L and an in-lane vpshufb transposes each lane's 4x4 bytes;
+// - Vpermb (VBMI, a 64-channel chunk of head_dim 64, whose four 16-byte rows lie end to end):
+//   one 64-byte load and one vpermb;
+// - Vpermt2b (VBMI, a 64-channel chunk with row_bytes <= 32, i.e. head_dim <= 128): two 64-byte loads
+//   (from rows 0 and 2) and one vpermt2b. The second reads up to 48 - row_bytes bytes past the chunk's
+//   bytes in row 3, inside the record (its vc, va and vz follow the value codes).
+// The value loops are bound by the issue of their vector operations (docs/simd.md, Kernels item 5): the
+// permutes replace five of them (two p5-only shuffles, three inserts) by one (vpermt2b: two).
+enum { kQuadsInsert = 0, kQuadsVpermb = 1, kQuadsVpermt2b = 2 };
+
+// The byte permute for the VBMI forms: output byte 16L + 4b + r is byte 4L + b of row r, which sits at
+// r * row_bytes from the first load (Vpermb), or at 64 (r / 2) + row_bytes (r % 2) across the two (Vpermt2b).
+struct QuadPattern {
+    alignas(64) uint8_t base[64];  // 4L + b
+    uint64_t odd_row, high_row;    // the bytes with r odd, r >= 2
+};
+constexpr QuadPattern make_quad_pattern()
 {
-    const __mmask16 bytes = (__mmask16)((1u << (4 * C)) - 1);  // 4 bytes per 16 channels; never reads past the row
-    __m512i rows;
-    if (C == 4) {
-        rows = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes)), 1);
-        rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)), 2);
-        rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)), 3);
-    } else {
-        rows = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(bytes, p));
-        rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + row_bytes), 1);
-        rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 2 * row_bytes), 2);
-        rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 3 * row_bytes), 3);
+    QuadPattern q{};
+    for (int i = 0; i < 64; ++i) {
+        const int L = i / 16, b = (i / 4) % 4, r = i % 4;
+        q.base[i] = (uint8_t)(4 * L + b);
+        if (r % 2) q.odd_row |= 1ull << i;
+        if (r / 2) q.high_row |= 1ull << i;
     }
-    const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512i transpose = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-    return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(lanes, rows), transpose);
+    return q;
+}
+constexpr QuadPattern kQuadPattern = make_quad_pattern();
+
+template <int Q>
+inline __m512i quad_permute(size_t row_bytes)
+{
+    if constexpr (Q == kQuadsInsert) {
+        return _mm512_setzero_si512();  // unused
+    } else {
+        const __m512i base = _mm512_load_si512(kQuadPattern.base);
+        const __m512i odd = _mm512_mask_add_epi8(base, kQuadPattern.odd_row, base, _mm512_set1_epi8((char)row_bytes));
+        const int high = Q == kQuadsVpermb ? 2 * (int)row_bytes : 64;
+        return _mm512_mask_add_epi8(odd, kQuadPattern.high_row, odd, _mm512_set1_epi8((char)high));
+    }
+}
+
+template <int C, int Q>
+inline __m512i load_code_quads(const uint8_t* p, size_t row_bytes, __m512i permute)
+{
+    static_assert(Q == kQuadsInsert || C == 4, "the permute forms serve whole 64-channel chunks");
+    if constexpr (Q == kQuadsVpermb) {
+        return vpermb(permute, _mm512_loadu_si512(p));
+    } else if constexpr (Q == kQuadsVpermt2b) {
+        return vpermt2b(_mm512_loadu_si512(p), permute, _mm512_loadu_si512(p + 2 * row_bytes));
+    } else {
+        const __mmask16 bytes = (__mmask16)((1u << (4 * C)) - 1);  // 4 bytes per 16 channels; never reads past the row
+        __m512i rows;
+        if (C == 4) {
+            rows = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes)), 1);
+            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * row_bytes)), 2);
+            rows = _mm512_inserti32x4(rows, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * row_bytes)), 3);
+        } else {
+            rows = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(bytes, p));
+            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + row_bytes), 1);
+            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 2 * row_bytes), 2);
+            rows = _mm512_inserti32x4(rows, _mm_maskz_loadu_epi8(bytes, p + 3 * row_bytes), 3);
+        }
+        const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        const __m512i transpose = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+        return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(lanes, rows), transpose);
+    }
 }
 
 // The lanes' sum, wrapping as the hardware's adds do. GCC's _mm512_reduce_add_epi32 adds in plain int, where
@@ -586,11 +736,12 @@ inline void store_value_sums(const __m512i (&S)[4], int32_t w_sum, float wscale,
 // vpdpbusd (weights unsigned, codes signed) does four tokens x 16 channels per
 // instruction with exact int32 sums (<= 4*3*255 per quad). The result is formed with
 // centred codes as in the int16 path.
-template <int NH, int C>
+template <int NH, int C, int Q>
 inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const uint8_t* w8,
                                  const int32_t* w8_sum, const float* wscale, const float* wsum, float* tmp,
                                  Prefetcher& pf)
 {
+    const __m512i permute = quad_permute<Q>(row_bytes);
     __m512i a[NH][4];
     for (int h = 0; h < NH; ++h)
         for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_si512();
@@ -599,7 +750,7 @@ inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D,
     for (int t = 0; t < G; t += 4, p += 4 * row_bytes) {
         pf.step();
         pf.step();
-        const __m512i quads = load_code_quads<C>(p, row_bytes);
+        const __m512i quads = load_code_quads<C, Q>(p, row_bytes, permute);
         __m512i x[4];
         x[0] = _mm512_and_si512(quads, m);
         x[1] = _mm512_and_si512(_mm512_srli_epi32(quads, 2), m);
@@ -628,11 +779,12 @@ inline void values_chunk_v2_int8(const uint8_t* vcodes, size_t row_bytes, int D,
 // 1.5) would add them up as a bias: sum_t w16 y = 2 sum_t w16 c - 3 W16 exactly in
 // int32 (W16 = sum_t w16), and sum_t w c = (wscale sum_t w16 y + 3 wsum) / 2 takes
 // the 3 sum w part from the exact float weights (store_value_sums).
-template <int NH, int C, bool kVnni>
+template <int NH, int C, bool kVnni, int Q>
 inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D, int G, int d0, const int16_t* w16,
                                    const int32_t* w16_sum, const float* wscale, const float* wsum, float* tmp,
                                    Prefetcher& pf)
 {
+    const __m512i permute = quad_permute<Q>(row_bytes);
     __m512i a[NH][4];
     for (int h = 0; h < NH; ++h)
         for (int k = 0; k < 4; ++k) a[h][k] = _mm512_setzero_si512();
@@ -640,7 +792,7 @@ inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D
     for (int t = 0; t < G; t += 4, p += 4 * row_bytes) {
         pf.step();
         pf.step();
-        const __m512i even = load_code_quads<C>(p, row_bytes);
+        const __m512i even = load_code_quads<C, Q>(p, row_bytes, permute);
         const __m512i odd = _mm512_srli_epi16(even, 8);
         __m512i xe[4], xo[4];
         for (int k = 0; k < 4; ++k) {
@@ -666,45 +818,45 @@ inline void values_chunk_v2_int16(const uint8_t* vcodes, size_t row_bytes, int D
     }
 }
 
-template <int NH, bool kVnni>
-void tile_values_v2_int16(const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
-                           const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
+// A record's 2-bit value sums in 64-, 32- and 16-channel chunks, each by chunk(C, Q, d0) with its quad form Q:
+// with VBMI (kVbmi) the 64-channel chunks of head_dim <= 128 take a byte permute (load_code_quads).
+template <bool kVbmi, class Chunk>
+inline void value_chunks(int D, Chunk&& chunk)
 {
     const size_t row_bytes = (size_t)D / 4;
     int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64)
-        values_chunk_v2_int16<NH, 4, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
-    for (; d0 + 32 <= D; d0 += 32)
-        values_chunk_v2_int16<NH, 2, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
-    for (; d0 < D; d0 += 16)
-        values_chunk_v2_int16<NH, 1, kVnni>(vcodes, row_bytes, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+    if constexpr (kVbmi) {
+        if (row_bytes == 16)
+            for (; d0 + 64 <= D; d0 += 64) chunk(std::integral_constant<int, 4>{}, std::integral_constant<int, kQuadsVpermb>{}, d0);
+        if (row_bytes <= 32)
+            for (; d0 + 64 <= D; d0 += 64) chunk(std::integral_constant<int, 4>{}, std::integral_constant<int, kQuadsVpermt2b>{}, d0);
+    }
+    for (; d0 + 64 <= D; d0 += 64) chunk(std::integral_constant<int, 4>{}, std::integral_constant<int, kQuadsInsert>{}, d0);
+    for (; d0 + 32 <= D; d0 += 32) chunk(std::integral_constant<int, 2>{}, std::integral_constant<int, kQuadsInsert>{}, d0);
+    for (; d0 < D; d0 += 16) chunk(std::integral_constant<int, 1>{}, std::integral_constant<int, kQuadsInsert>{}, d0);
 }
 
-template <bool kVnni>
+template <bool kVnni, bool kVbmi>
 void values_v2_int16_dispatch(int nh, const uint8_t* vcodes, int D, int G, const int16_t* w16, const int32_t* w16_sum,
                                const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
     with_head_count(nh, [&](auto heads) {
-        tile_values_v2_int16<decltype(heads)::value, kVnni>(vcodes, D, G, w16, w16_sum, wscale, wsum, tmp, pf);
+        value_chunks<kVbmi>(D, [&](auto c, auto q, int d0) {
+            values_chunk_v2_int16<decltype(heads)::value, decltype(c)::value, kVnni, decltype(q)::value>(
+                vcodes, (size_t)D / 4, D, G, d0, w16, w16_sum, wscale, wsum, tmp, pf);
+        });
     });
 }
 
-template <int NH>
-void tile_values_v2_int8(const uint8_t* vcodes, int D, int G, const uint8_t* w8, const int32_t* w8_sum,
-                         const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
-{
-    const size_t row_bytes = (size_t)D / 4;
-    int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) values_chunk_v2_int8<NH, 4>(vcodes, row_bytes, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
-    for (; d0 + 32 <= D; d0 += 32) values_chunk_v2_int8<NH, 2>(vcodes, row_bytes, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
-    for (; d0 < D; d0 += 16) values_chunk_v2_int8<NH, 1>(vcodes, row_bytes, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
-}
-
+template <bool kVbmi>
 void values_v2_int8_dispatch(int nh, const uint8_t* vcodes, int D, int G, const uint8_t* w8, const int32_t* w8_sum,
                              const float* wscale, const float* wsum, float* tmp, Prefetcher& pf)
 {
     with_head_count(nh, [&](auto heads) {
-        tile_values_v2_int8<decltype(heads)::value>(vcodes, D, G, w8, w8_sum, wscale, wsum, tmp, pf);
+        value_chunks<kVbmi>(D, [&](auto c, auto q, int d0) {
+            values_chunk_v2_int8<decltype(heads)::value, decltype(c)::value, decltype(q)::value>(
+                vcodes, (size_t)D / 4, D, G, d0, w8, w8_sum, wscale, wsum, tmp, pf);
+        });
     });
 }
 
@@ -723,12 +875,14 @@ void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, f
     });
 }
 
-template <bool kVnni>
+template <bool kVnni, bool kVbmi>
 void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                            Prefetcher& pf)
 {
     with_head_count(nh, [&](auto heads) {
-        if (D <= 256)
+        if (kVbmi && D <= 256)
+            tile_scores_k4_int16_vbmi<decltype(heads)::value, kVnni>(kc, D, qi, a, smax, pf);
+        else if (D <= 256)
             tile_scores_k4_int16<decltype(heads)::value, kVnni, true>(kc, D, qi, a, smax, pf);
         else
             tile_scores_k4_int16<decltype(heads)::value, kVnni, false>(kc, D, qi, a, smax, pf);
@@ -872,6 +1026,7 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
     const bool int_values = VB == 2 && score_mode() != kScoresFloat;
     const bool byte_values = int_values && score_mode() == kScoresInt8;  // the int8 mode: 8-bit value weights too
     const bool vnni = avx512_vnni_on();  // int8 (vpdpbusd) runs only then: score_mode() says so
+    const bool vbmi = avx512_vbmi_on();  // the value codes' byte permutes (load_code_quads)
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
         const uint8_t* rec = first_record + tile * tile_stride;
         Prefetcher pf{nullptr, nullptr, 0};
@@ -937,10 +1092,14 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
             __m512 smax[kHeadGroup];
             for (int h = 0; h < nh; ++h) smax[h] = _mm512_set1_ps(-INFINITY);
             const ScoreArgs args{qscale, qz, kt, G, s};
-            if (mode == kScoresInt16 && vnni) {
-                scores_int16_dispatch<true>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+            if (mode == kScoresInt16 && vnni && vbmi) {
+                scores_int16_dispatch<true, true>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+            } else if (mode == kScoresInt16 && vnni) {
+                scores_int16_dispatch<true, false>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+            } else if (mode == kScoresInt16 && vbmi) {
+                scores_int16_dispatch<false, true>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
             } else if (mode == kScoresInt16) {
-                scores_int16_dispatch<false>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+                scores_int16_dispatch<false, false>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
             } else if (mode == kScoresInt8) {
                 scores_int8_dispatch(nh, rec + L.k_codes, D, qi8, args, smax, pf);
             } else {
@@ -969,12 +1128,18 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 else
                     weights(weights_heads<NH, false, false>);
             });
-            if (byte_values)
-                values_v2_int8_dispatch(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
+            if (byte_values && vbmi)
+                values_v2_int8_dispatch<true>(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
+            else if (byte_values)
+                values_v2_int8_dispatch<false>(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
+            else if (int_values && vnni && vbmi)
+                values_v2_int16_dispatch<true, true>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
             else if (int_values && vnni)
-                values_v2_int16_dispatch<true>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
+                values_v2_int16_dispatch<true, false>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
+            else if (int_values && vbmi)
+                values_v2_int16_dispatch<false, true>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
             else if (int_values)
-                values_v2_int16_dispatch<false>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
+                values_v2_int16_dispatch<false, false>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
             else
                 values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             for (int h = 0; h < nh; ++h) {
