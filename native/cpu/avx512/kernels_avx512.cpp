@@ -397,22 +397,51 @@ constexpr ScoreOrder make_score_order()
 }
 constexpr ScoreOrder kScoreOrder = make_score_order();
 
+// The VBMI int16 score loop's accumulators (tile_scores_k4_int16_vbmi): j 0 / 1 the even tokens 2i / 32 + 2i of
+// a 64-token half (lane i), j 2 / 3 the odd tokens 2i + 1 / 33 + 2i.
+struct ScoreOrderVbmi {
+    alignas(64) uint8_t pair[2][64];  // vpermb index: dword i of output k = bytes n[16k + i], n[32 + 16k + i] as words
+    alignas(64) int32_t idx[2][16];   // token 16b + t: even[b / 2] lane 8 (b % 2) + t / 2, or that + 16 (odd[b / 2])
+};
+constexpr ScoreOrderVbmi make_score_order_vbmi()
+{
+    ScoreOrderVbmi o{};
+    for (int k = 0; k < 2; ++k)
+        for (int i = 0; i < 16; ++i) {  // word 2i: row d's byte 16k + i; word 2i + 1: row d + 1's (n byte 32 + 16k + i)
+            o.pair[k][4 * i] = (uint8_t)(16 * k + i);
+            o.pair[k][4 * i + 2] = (uint8_t)(32 + 16 * k + i);
+        }
+    for (int b = 0; b < 2; ++b)
+        for (int t = 0; t < 16; ++t) o.idx[b][t] = 8 * b + t / 2 + (t % 2 ? 16 : 0);
+    return o;
+}
+constexpr ScoreOrderVbmi kScoreOrderVbmi = make_score_order_vbmi();
+
 // Epilogue shared by the integer score kernels: 64 tokens' int32 sums per head,
 // put into token order (one two-source permute per 16 tokens) and finished as
-// s = kt * (sum * qscale + qz); smax[h] keeps the running maximum.
-// kHighTimes16: the upper 256 bits of each sum hold 16x the codes' sum (high nibbles masked in place), exactly.
-template <int NH, bool kHighTimes16 = false>
+// s = kt * (sum * qscale + qz); smax[h] keeps the running maximum. The accumulators' layouts:
+// kScoresPlain (kScoreOrder), kScoresHighTimes16 (the same, the upper 256 bits of each sum holding 16x the
+// codes' sum: high nibbles masked in place, exactly), kScoresVbmi (kScoreOrderVbmi: the even tokens' sums
+// carry 16x their odd neighbours', taken out exactly).
+enum { kScoresPlain = 0, kScoresHighTimes16 = 1, kScoresVbmi = 2 };
+template <int NH, int kLayout>
 inline void finish_int_scores(const __m512i (&acc)[NH][4], const ScoreArgs& a, int half, __m512* smax)
 {
     const __m512i high_by_16 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
     for (int h = 0; h < NH; ++h) {
         const __m512 sc = _mm512_set1_ps(a.qscale[h]), z = _mm512_set1_ps(a.qz[h]);
         __m512 f[4];
-        for (int j = 0; j < 4; ++j)
-            f[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(kHighTimes16 ? _mm512_srav_epi32(acc[h][j], high_by_16) : acc[h][j]), sc);
+        for (int j = 0; j < 4; ++j) {
+            __m512i sum = acc[h][j];
+            if (kLayout == kScoresHighTimes16) sum = _mm512_srav_epi32(sum, high_by_16);
+            if (kLayout == kScoresVbmi) sum = j < 2 ? _mm512_sub_epi32(sum, acc[h][j + 2]) : _mm512_srai_epi32(sum, 4);
+            f[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), sc);
+        }
         for (int b = 0; b < 4; ++b) {
             const int t = half * 64 + 16 * b;
-            const __m512 v = _mm512_permutex2var_ps(f[2 * (b % 2)], _mm512_load_si512(kScoreOrder.idx[b]), f[2 * (b % 2) + 1]);
+            const __m512 v = kLayout == kScoresVbmi
+                                 ? _mm512_permutex2var_ps(f[b / 2], _mm512_load_si512(kScoreOrderVbmi.idx[b % 2]), f[2 + b / 2])
+                                 : _mm512_permutex2var_ps(f[2 * (b % 2)], _mm512_load_si512(kScoreOrder.idx[b]), f[2 * (b % 2) + 1]);
             const __m512 sv = _mm512_mul_ps(_mm512_load_ps(a.kt + t), _mm512_add_ps(v, z));
             _mm512_store_ps(a.s + h * a.G + t, sv);
             smax[h] = _mm512_max_ps(smax[h], sv);
@@ -459,7 +488,23 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
                 acc[h][3] = dpbusd(acc[h][3], w3, qb);
             }
         }
-        finish_int_scores<NH, true>(acc, a, half, smax);
+        finish_int_scores<NH, kScoresHighTimes16>(acc, a, half, smax);
+    }
+}
+
+// acc[h][j] += w_j's int16 pairs times head h's query pair (qi[h][d], qi[h][d + 1]), for the int16 score loops.
+template <int NH, bool kVnni>
+inline void dot_code_pairs(__m512i (&acc)[NH][4], __m512i w0, __m512i w1, __m512i w2, __m512i w3, const int16_t* qi,
+                           int D, int d)
+{
+    for (int h = 0; h < NH; ++h) {
+        int32_t q2;
+        memcpy(&q2, qi + h * D + d, 4);
+        const __m512i qb = _mm512_set1_epi32(q2);
+        acc[h][0] = dpwssd<kVnni>(acc[h][0], w0, qb);
+        acc[h][1] = dpwssd<kVnni>(acc[h][1], w1, qb);
+        acc[h][2] = dpwssd<kVnni>(acc[h][2], w2, qb);
+        acc[h][3] = dpwssd<kVnni>(acc[h][3], w3, qb);
     }
 }
 
@@ -497,17 +542,9 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const Sco
             const __m512i e = _mm512_unpacklo_epi8(n0, n1), f = _mm512_unpackhi_epi8(n0, n1);
             const __m512i w0 = _mm512_unpacklo_epi8(e, zero), w1 = _mm512_unpackhi_epi8(e, zero);
             const __m512i w2 = _mm512_unpacklo_epi8(f, zero), w3 = _mm512_unpackhi_epi8(f, zero);
-            for (int h = 0; h < NH; ++h) {
-                int32_t q2;
-                memcpy(&q2, qi + h * D + d, 4);
-                const __m512i qb = _mm512_set1_epi32(q2);
-                acc[h][0] = dpwssd<kVnni>(acc[h][0], w0, qb);
-                acc[h][1] = dpwssd<kVnni>(acc[h][1], w1, qb);
-                acc[h][2] = dpwssd<kVnni>(acc[h][2], w2, qb);
-                acc[h][3] = dpwssd<kVnni>(acc[h][3], w3, qb);
-            }
+            dot_code_pairs<NH, kVnni>(acc, w0, w1, w2, w3, qi, D, d);
         }
-        finish_int_scores<NH, kInPlace>(acc, a, half, smax);
+        finish_int_scores<NH, kInPlace ? kScoresHighTimes16 : kScoresPlain>(acc, a, half, smax);
     }
 }
 
@@ -519,24 +556,6 @@ void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const Sco
 // So one and where the broadcast form needs two, and four permutes for its six unpacks. The finish takes
 // the odd tokens' sums out of the even ones' exactly: S_even = acc_even - acc_odd, S_odd = acc_odd / 16 (an
 // exact shift). acc_even <= D/2 * 2 * 255 * 32768 < 2^31 for D <= 256.
-// Accumulators: j 0 / 1 the even tokens 2i / 32 + 2i of the half (lane i), j 2 / 3 the odd tokens 2i+1 / 33+2i.
-struct ScoreOrderVbmi {
-    alignas(64) uint8_t pair[2][64];  // vpermb index: dword i of output k = bytes n[16k + i], n[32 + 16k + i] as words
-    alignas(64) int32_t idx[2][16];   // token 16b + t: even[b / 2] lane 8 (b % 2) + t / 2, or that + 16 (odd[b / 2])
-};
-constexpr ScoreOrderVbmi make_score_order_vbmi()
-{
-    ScoreOrderVbmi o{};
-    for (int k = 0; k < 2; ++k)
-        for (int i = 0; i < 16; ++i) {  // word 2i: row d's byte 16k + i; word 2i + 1: row d + 1's (n byte 32 + 16k + i)
-            o.pair[k][4 * i] = (uint8_t)(16 * k + i);
-            o.pair[k][4 * i + 2] = (uint8_t)(32 + 16 * k + i);
-        }
-    for (int b = 0; b < 2; ++b)
-        for (int t = 0; t < 16; ++t) o.idx[b][t] = 8 * b + t / 2 + (t % 2 ? 16 : 0);
-    return o;
-}
-constexpr ScoreOrderVbmi kScoreOrderVbmi = make_score_order_vbmi();
 
 template <int NH, bool kVnni>
 void tile_scores_k4_int16_vbmi(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
@@ -559,33 +578,9 @@ void tile_scores_k4_int16_vbmi(const uint8_t* kc, int D, const int16_t* qi, cons
             const __m512i n_high = _mm512_and_si512(n, high);
             const __m512i w0 = vpermb_zero(low_bytes, pair0, n), w1 = vpermb_zero(low_bytes, pair1, n);
             const __m512i w2 = vpermb_zero(low_bytes, pair0, n_high), w3 = vpermb_zero(low_bytes, pair1, n_high);
-            for (int h = 0; h < NH; ++h) {
-                int32_t q2;
-                memcpy(&q2, qi + h * D + d, 4);
-                const __m512i qb = _mm512_set1_epi32(q2);
-                acc[h][0] = dpwssd<kVnni>(acc[h][0], w0, qb);
-                acc[h][1] = dpwssd<kVnni>(acc[h][1], w1, qb);
-                acc[h][2] = dpwssd<kVnni>(acc[h][2], w2, qb);
-                acc[h][3] = dpwssd<kVnni>(acc[h][3], w3, qb);
-            }
+            dot_code_pairs<NH, kVnni>(acc, w0, w1, w2, w3, qi, D, d);
         }
-        // As finish_int_scores: the same integer sums per token, so the same floats.
-        const __m512i order0 = _mm512_load_si512(kScoreOrderVbmi.idx[0]), order1 = _mm512_load_si512(kScoreOrderVbmi.idx[1]);
-        for (int h = 0; h < NH; ++h) {
-            const __m512 sc = _mm512_set1_ps(a.qscale[h]), z = _mm512_set1_ps(a.qz[h]);
-            __m512 even[2], odd[2];
-            for (int k = 0; k < 2; ++k) {
-                even[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h][k], acc[h][2 + k])), sc);
-                odd[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(acc[h][2 + k], 4)), sc);
-            }
-            for (int b = 0; b < 4; ++b) {
-                const int t = half * 64 + 16 * b;
-                const __m512 v = _mm512_permutex2var_ps(even[b / 2], b % 2 ? order1 : order0, odd[b / 2]);
-                const __m512 sv = _mm512_mul_ps(_mm512_load_ps(a.kt + t), _mm512_add_ps(v, z));
-                _mm512_store_ps(a.s + h * a.G + t, sv);
-                smax[h] = _mm512_max_ps(smax[h], sv);
-            }
-        }
+        finish_int_scores<NH, kScoresVbmi>(acc, a, half, smax);
     }
 }
 
