@@ -397,7 +397,7 @@ constexpr ScoreOrder make_score_order()
 }
 constexpr ScoreOrder kScoreOrder = make_score_order();
 
-// The VBMI int16 score loop's accumulators (tile_scores_k4_int16_vbmi): j 0 / 1 the even tokens 2i / 32 + 2i of
+// The accumulators of tile_scores_k4_int16's VBMI layout: j 0 / 1 the even tokens 2i / 32 + 2i of
 // a 64-token half (lane i), j 2 / 3 the odd tokens 2i + 1 / 33 + 2i.
 struct ScoreOrderVbmi {
     alignas(64) uint8_t pair[2][64];  // vpermb index: dword i of output k = bytes n[16k + i], n[32 + 16k + i] as words
@@ -492,77 +492,45 @@ void tile_scores_k4_int8(const uint8_t* kc, int D, const int8_t* qi, const Score
     }
 }
 
-// acc[h][j] += w_j's int16 pairs times head h's query pair (qi[h][d], qi[h][d + 1]), for the int16 score loops.
+// acc[h][j] += w[j]'s int16 pairs times head h's query pair (qi[h][d], qi[h][d + 1]): tile_scores_k4_int16's step.
 template <int NH, bool kVnni>
-inline void dot_code_pairs(__m512i (&acc)[NH][4], __m512i w0, __m512i w1, __m512i w2, __m512i w3, const int16_t* qi,
-                           int D, int d)
+inline void dot_code_pairs(__m512i (&acc)[NH][4], const __m512i (&w)[4], const int16_t* qi, int D, int d)
 {
     for (int h = 0; h < NH; ++h) {
         int32_t q2;
         memcpy(&q2, qi + h * D + d, 4);
         const __m512i qb = _mm512_set1_epi32(q2);
-        acc[h][0] = dpwssd<kVnni>(acc[h][0], w0, qb);
-        acc[h][1] = dpwssd<kVnni>(acc[h][1], w1, qb);
-        acc[h][2] = dpwssd<kVnni>(acc[h][2], w2, qb);
-        acc[h][3] = dpwssd<kVnni>(acc[h][3], w3, qb);
+        for (int j = 0; j < 4; ++j) acc[h][j] = dpwssd<kVnni>(acc[h][j], w[j], qb);
     }
 }
 
-// Int16 scores for 4-bit keys (VNNI vpdpwssd): rows d and d+1 are interleaved
-// so that each dword holds one token's two codes as int16, multiplied by the
-// int16 pair (q16[d], q16[d+1]) and summed exactly in int32 (|sum| <= 2*15*32768
-// per pair, D/2 pairs: fits for D <= 1024). Same token order as the int8 path.
-// kInPlace: the high nibbles masked in place as 16 c (no shift beside the vpdpwssd,
-// whose ports bound the loop), which fits int32 while D/2 * 2*240*32767 < 2^31: to D 272 (used to 256).
-template <int NH, bool kVnni, bool kInPlace>
+// Int16 scores for 4-bit keys (VNNI vpdpwssd): rows d and d+1 are laid out so that each dword holds one
+// token's two codes as int16, multiplied by the int16 pair (q16[d], q16[d+1]) and summed exactly in int32
+// (|sum| <= 2*15*32768 per pair, D/2 pairs: fits for D <= 1024). Three layouts (finish_int_scores):
+// - kScoresPlain: the rows broadcast to both halves of a register, the upper half shifted by a nibble, masked
+//   and interleaved into words by unpacks (same token order as the int8 path; any head_dim);
+// - kScoresHighTimes16: the same with the high nibbles masked in place as 16 c (no shift beside the vpdpwssd,
+//   whose ports bound the loop), which fits int32 while D/2 * 2*240*32767 < 2^31: to D 272 (used to 256);
+// - kScoresVbmi (AVX-512 VBMI, head_dim <= 256): the same int32 sums on fewer layout operations. Rows d and d+1
+//   share one register n (a load and an insert), and four zero-masked vpermb lay out its bytes as (row d,
+//   row d+1) word pairs: from n itself for the even tokens, which then carry their odd neighbour's high nibble
+//   too (a word is c_even + 16 c_odd), and from n & 0xF0 for the odd ones (16 c_odd). So one and where the
+//   broadcast forms need two, and four permutes for their six unpacks. The finish takes the odd tokens' sums out
+//   of the even ones' exactly: S_even = acc_even - acc_odd, S_odd = acc_odd / 16 (an exact shift);
+//   acc_even <= D/2 * 2 * 255 * 32768 < 2^31 for D <= 256.
+template <int NH, bool kVnni, int kLayout>
 void tile_scores_k4_int16(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                           Prefetcher& pf)
 {
     const int G = a.G;
     const size_t row_bytes = (size_t)G / 2;
+    // the broadcast layouts
     const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-    const __m512i nib = kInPlace ? _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8((char)0xF0), 1)
-                                 : _mm512_set1_epi8(0x0F);
+    const __m512i nib = kLayout == kScoresHighTimes16
+                            ? _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8((char)0xF0), 1)
+                            : _mm512_set1_epi8(0x0F);
     const __m512i zero = _mm512_setzero_si512();
-    for (int half = 0; half < G / 64; ++half) {
-        __m512i acc[NH][4];
-        for (int h = 0; h < NH; ++h)
-            for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_si512();
-        const uint8_t* p = kc + half * 32;
-        for (int d = 0; d < D; d += 2, p += 2 * row_bytes) {
-            pf.step();
-            __m512i n0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-            __m512i n1 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row_bytes)));
-            if (!kInPlace) {
-                n0 = _mm512_srlv_epi64(n0, shift);
-                n1 = _mm512_srlv_epi64(n1, shift);
-            }
-            n0 = _mm512_and_si512(n0, nib);
-            n1 = _mm512_and_si512(n1, nib);
-            const __m512i e = _mm512_unpacklo_epi8(n0, n1), f = _mm512_unpackhi_epi8(n0, n1);
-            const __m512i w0 = _mm512_unpacklo_epi8(e, zero), w1 = _mm512_unpackhi_epi8(e, zero);
-            const __m512i w2 = _mm512_unpacklo_epi8(f, zero), w3 = _mm512_unpackhi_epi8(f, zero);
-            dot_code_pairs<NH, kVnni>(acc, w0, w1, w2, w3, qi, D, d);
-        }
-        finish_int_scores<NH, kInPlace ? kScoresHighTimes16 : kScoresPlain>(acc, a, half, smax);
-    }
-}
-
-// Int16 scores for 4-bit keys with AVX-512 VBMI (head_dim <= 256): the same int32 sums as tile_scores_k4_int16,
-// on fewer layout operations (the loop is bound by its vector operations' issue, docs/simd.md). Per channel pair
-// and 64-token half, rows d and d+1 share one register n (a load and an insert), and four zero-masked vpermb
-// lay out its bytes as (row d, row d+1) word pairs: from n itself for the even tokens, which then carry their
-// odd neighbour's high nibble too (a word is c_even + 16 c_odd), and from n & 0xF0 for the odd ones (16 c_odd).
-// So one and where the broadcast form needs two, and four permutes for its six unpacks. The finish takes
-// the odd tokens' sums out of the even ones' exactly: S_even = acc_even - acc_odd, S_odd = acc_odd / 16 (an
-// exact shift). acc_even <= D/2 * 2 * 255 * 32768 < 2^31 for D <= 256.
-
-template <int NH, bool kVnni>
-void tile_scores_k4_int16_vbmi(const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
-                               Prefetcher& pf)
-{
-    const int G = a.G;
-    const size_t row_bytes = (size_t)G / 2;
+    // the VBMI layout
     const __m512i high = _mm512_set1_epi8((char)0xF0);
     const __m512i pair0 = _mm512_load_si512(kScoreOrderVbmi.pair[0]), pair1 = _mm512_load_si512(kScoreOrderVbmi.pair[1]);
     const __mmask64 low_bytes = 0x5555555555555555ull;  // each word's low byte: the code; the high byte 0
@@ -573,14 +541,34 @@ void tile_scores_k4_int16_vbmi(const uint8_t* kc, int D, const int16_t* qi, cons
         const uint8_t* p = kc + half * 32;
         for (int d = 0; d < D; d += 2, p += 2 * row_bytes) {
             pf.step();
-            const __m512i n = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
-                                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row_bytes)), 1);
-            const __m512i n_high = _mm512_and_si512(n, high);
-            const __m512i w0 = vpermb_zero(low_bytes, pair0, n), w1 = vpermb_zero(low_bytes, pair1, n);
-            const __m512i w2 = vpermb_zero(low_bytes, pair0, n_high), w3 = vpermb_zero(low_bytes, pair1, n_high);
-            dot_code_pairs<NH, kVnni>(acc, w0, w1, w2, w3, qi, D, d);
+            __m512i w[4];
+            if constexpr (kLayout == kScoresVbmi) {
+                const __m512i n = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row_bytes)), 1);
+                const __m512i n_high = _mm512_and_si512(n, high);
+                w[0] = vpermb_zero(low_bytes, pair0, n);
+                w[1] = vpermb_zero(low_bytes, pair1, n);
+                w[2] = vpermb_zero(low_bytes, pair0, n_high);
+                w[3] = vpermb_zero(low_bytes, pair1, n_high);
+            } else {
+                __m512i n0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+                __m512i n1 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + row_bytes)));
+                if (kLayout == kScoresPlain) {
+                    n0 = _mm512_srlv_epi64(n0, shift);
+                    n1 = _mm512_srlv_epi64(n1, shift);
+                }
+                n0 = _mm512_and_si512(n0, nib);
+                n1 = _mm512_and_si512(n1, nib);
+                const __m512i e = _mm512_unpacklo_epi8(n0, n1), f = _mm512_unpackhi_epi8(n0, n1);
+                w[0] = _mm512_unpacklo_epi8(e, zero);
+                w[1] = _mm512_unpackhi_epi8(e, zero);
+                w[2] = _mm512_unpacklo_epi8(f, zero);
+                w[3] = _mm512_unpackhi_epi8(f, zero);
+            }
+            dot_code_pairs<NH, kVnni>(acc, w, qi, D, d);
         }
-        finish_int_scores<NH, kScoresVbmi>(acc, a, half, smax);
+        finish_int_scores<NH, kLayout>(acc, a, half, smax);
     }
 }
 
@@ -649,16 +637,22 @@ constexpr QuadPattern make_quad_pattern()
 }
 constexpr QuadPattern kQuadPattern = make_quad_pattern();
 
+// The permute index as if every row were row 0 or 2 (rows 1 and 3 are row_bytes further on).
+template <int Q>
+inline __m512i quad_index_rows_0_2(size_t row_bytes)
+{
+    const __m512i base = _mm512_load_si512(kQuadPattern.base);
+    const int high = Q == kQuadsVpermb ? 2 * (int)row_bytes : 64;
+    return _mm512_mask_add_epi8(base, kQuadPattern.high_row, base, _mm512_set1_epi8((char)high));
+}
 template <int Q>
 inline __m512i quad_permute(size_t row_bytes)
 {
     if constexpr (Q == kQuadsInsert) {
         return _mm512_setzero_si512();  // unused
     } else {
-        const __m512i base = _mm512_load_si512(kQuadPattern.base);
-        const __m512i odd = _mm512_mask_add_epi8(base, kQuadPattern.odd_row, base, _mm512_set1_epi8((char)row_bytes));
-        const int high = Q == kQuadsVpermb ? 2 * (int)row_bytes : 64;
-        return _mm512_mask_add_epi8(odd, kQuadPattern.high_row, odd, _mm512_set1_epi8((char)high));
+        const __m512i rows_0_2 = quad_index_rows_0_2<Q>(row_bytes);
+        return _mm512_mask_add_epi8(rows_0_2, kQuadPattern.odd_row, rows_0_2, _mm512_set1_epi8((char)row_bytes));
     }
 }
 
@@ -671,9 +665,7 @@ struct QuadPairPermutes {
 template <int Q>
 inline QuadPairPermutes quad_pair_permutes(size_t row_bytes)
 {
-    const __m512i base = _mm512_load_si512(kQuadPattern.base);
-    const int high = Q == kQuadsVpermb ? 2 * (int)row_bytes : 64;
-    const __m512i even = _mm512_mask_add_epi8(base, kQuadPattern.high_row, base, _mm512_set1_epi8((char)high));
+    const __m512i even = quad_index_rows_0_2<Q>(row_bytes);
     return {even, _mm512_add_epi8(even, _mm512_set1_epi8((char)row_bytes))};
 }
 template <int Q>
@@ -922,17 +914,33 @@ void scores_dispatch(int nh, const uint8_t* kc, int D, int G, const float* qa, f
     });
 }
 
+// Run-time switches (VNNI, VBMI) as template arguments: f(std::true_type) or f(std::false_type), and for two.
+template <class F>
+inline void with_flag(bool on, F&& f)
+{
+    if (on)
+        f(std::true_type{});
+    else
+        f(std::false_type{});
+}
+template <class F>
+inline void with_flags(bool a, bool b, F&& f)
+{
+    with_flag(a, [&](auto a_on) { with_flag(b, [&](auto b_on) { f(a_on, b_on); }); });
+}
+
 template <bool kVnni, bool kVbmi>
 void scores_int16_dispatch(int nh, const uint8_t* kc, int D, const int16_t* qi, const ScoreArgs& a, __m512* smax,
                            Prefetcher& pf)
 {
     with_head_count(nh, [&](auto heads) {
+        constexpr int NH = decltype(heads)::value;
         if (kVbmi && D <= 256)
-            tile_scores_k4_int16_vbmi<decltype(heads)::value, kVnni>(kc, D, qi, a, smax, pf);
+            tile_scores_k4_int16<NH, kVnni, kScoresVbmi>(kc, D, qi, a, smax, pf);
         else if (D <= 256)
-            tile_scores_k4_int16<decltype(heads)::value, kVnni, true>(kc, D, qi, a, smax, pf);
+            tile_scores_k4_int16<NH, kVnni, kScoresHighTimes16>(kc, D, qi, a, smax, pf);
         else
-            tile_scores_k4_int16<decltype(heads)::value, kVnni, false>(kc, D, qi, a, smax, pf);
+            tile_scores_k4_int16<NH, kVnni, kScoresPlain>(kc, D, qi, a, smax, pf);
     });
 }
 
@@ -1139,14 +1147,11 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
             __m512 smax[kHeadGroup];
             for (int h = 0; h < nh; ++h) smax[h] = _mm512_set1_ps(-INFINITY);
             const ScoreArgs args{qscale, qz, kt, G, s};
-            if (mode == kScoresInt16 && vnni && vbmi) {
-                scores_int16_dispatch<true, true>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
-            } else if (mode == kScoresInt16 && vnni) {
-                scores_int16_dispatch<true, false>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
-            } else if (mode == kScoresInt16 && vbmi) {
-                scores_int16_dispatch<false, true>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
-            } else if (mode == kScoresInt16) {
-                scores_int16_dispatch<false, false>(nh, rec + L.k_codes, D, qi16, args, smax, pf);
+            if (mode == kScoresInt16) {
+                with_flags(vnni, vbmi, [&](auto vnni_on, auto vbmi_on) {
+                    scores_int16_dispatch<decltype(vnni_on)::value, decltype(vbmi_on)::value>(nh, rec + L.k_codes, D, qi16,
+                                                                                              args, smax, pf);
+                });
             } else if (mode == kScoresInt8) {
                 scores_int8_dispatch(nh, rec + L.k_codes, D, qi8, args, smax, pf);
             } else {
@@ -1175,18 +1180,16 @@ void attend_tiles_impl(const float* q_rot, int n_q, const TileFormat& fmt, const
                 else
                     weights(weights_heads<NH, false, false>);
             });
-            if (byte_values && vbmi)
-                values_v2_int8_dispatch<true>(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
-            else if (byte_values)
-                values_v2_int8_dispatch<false>(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale, wsum, tmp, pf);
-            else if (int_values && vnni && vbmi)
-                values_v2_int16_dispatch<true, true>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
-            else if (int_values && vnni)
-                values_v2_int16_dispatch<true, false>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
-            else if (int_values && vbmi)
-                values_v2_int16_dispatch<false, true>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
+            if (byte_values)
+                with_flag(vbmi, [&](auto vbmi_on) {
+                    values_v2_int8_dispatch<decltype(vbmi_on)::value>(nh, rec + L.v_codes, D, G, w8, w_int_sum, wscale,
+                                                                      wsum, tmp, pf);
+                });
             else if (int_values)
-                values_v2_int16_dispatch<false, false>(nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
+                with_flags(vnni, vbmi, [&](auto vnni_on, auto vbmi_on) {
+                    values_v2_int16_dispatch<decltype(vnni_on)::value, decltype(vbmi_on)::value>(
+                        nh, rec + L.v_codes, D, G, w16, w_int_sum, wscale, wsum, tmp, pf);
+                });
             else
                 values_dispatch<VB>(nh, rec + L.v_codes, D, G, s, tmp, pf);
             for (int h = 0; h < nh; ++h) {
