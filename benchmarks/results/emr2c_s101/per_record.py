@@ -1,18 +1,14 @@
 """Per-record time of kvarn.attend on one thread, random k4v2 caches (python per_record.py HQ HK D): the time's
 growth from 1K to 4K tokens (records in L2) and from 16K to 32K (in L3) over the records added, min of 0.7 s per
 context, three rounds. S61_NOVBMI=1: the avx512 kernels' forms without VBMI (kvarn._native.set_vbmi(False))."""
-import sys, time, numpy as np, kvarn
+import sys, numpy as np, kvarn
+from timing import best
 hq, hk, d = [int(x) for x in sys.argv[1:4]]
 import os
 rng = np.random.default_rng(0)
 if os.environ.get("S61_NOVBMI"):
     from kvarn import _native
     _native.set_vbmi(False)
-def best(fn, secs=1.0):
-    fn(); b = 1e9; t_end = time.time() + secs
-    while time.time() < t_end:
-        t = time.perf_counter(); fn(); b = min(b, time.perf_counter() - t)
-    return b
 caches = {}
 for ctx in (1024, 4096, 16384, 32768):
     c = kvarn.KVCache(num_kv_heads=hk, head_dim=d)

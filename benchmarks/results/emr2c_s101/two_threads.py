@@ -1,13 +1,9 @@
 """kvarn.attend at 2 threads over a random k4v2 cache (python two_threads.py HQ HK D CTX): three minima of 1 s each, us."""
-import sys, time, numpy as np, kvarn
+import sys, numpy as np, kvarn
+from timing import best
 hq, hk, d, ctx = [int(x) for x in sys.argv[1:5]]
 rng = np.random.default_rng(0)
-def best(fn, secs=1.0):
-    fn(); b = 1e9; t_end = time.time() + secs
-    while time.time() < t_end:
-        t = time.perf_counter(); fn(); b = min(b, time.perf_counter() - t)
-    return b
 k = rng.standard_normal((hk, ctx, d)).astype(np.float16)
 c = kvarn.KVCache(num_kv_heads=hk, head_dim=d); c.append(k, k)
 q = rng.standard_normal((hq, d)).astype(np.float32)
-print(" ".join(f"{best(lambda: kvarn.attend(q, c, num_threads=2))*1e6:.1f}" for _ in range(3)))
+print(" ".join(f"{best(lambda: kvarn.attend(q, c, num_threads=2), 1.0)*1e6:.1f}" for _ in range(3)))
