@@ -345,3 +345,67 @@ def test_the_same_cache_twice_in_a_step_is_refused(rng):
     with pytest.raises(ValueError, match="appears twice"):
         kvarn.append_attend_batch(q, [cache, cache], [k, k], [v, v])
     assert len(cache) == 250
+
+
+def _general_path_forbidden(monkeypatch):
+    """Makes the general path (append_attend_chunks) fail, so a test sees the one-token path do the work."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a one-token step took the general path")
+    monkeypatch.setattr(_ops, "append_attend_chunks", forbidden)
+
+
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+def test_one_token_steps_match_append_then_attend(isa, quantize_on, rng, monkeypatch):
+    """append_attend's one-token case has its own path (_ops._append_attend_one): token by token through
+    the sink, the tail, the token that completes a tile and those after it, with float16 / float32 /
+    float64 inputs and one or two threads, bit for bit what append then attend give, the same records."""
+    _general_path_forbidden(monkeypatch)
+    Hq, Hk, D, n = 9, 3, 64, 270
+    k, v = tokens(rng, Hk, n, D)
+    q = rng.standard_normal((n, Hq, D)).astype(np.float32)
+    ref_cache, cache = pair(Hk, D, 0, k, v, quantize_on=quantize_on)
+    for i in range(n):
+        dtype = (np.float16, np.float32, np.float64)[i % 3]
+        qi, ki, vi = q[i : i + 1].astype(dtype), k[:, i : i + 1].astype(dtype), v[:, i : i + 1].astype(dtype)
+        ref = one_at_a_time(qi, ref_cache, ki, vi, num_threads=1 + i % 2)
+        out = kvarn.append_attend(qi, cache, ki, vi, num_threads=1 + i % 2)
+        assert out.shape == (1, Hq, D) and out.dtype == np.float32
+        assert np.array_equal(out, ref), i
+    assert_same_content(cache, ref_cache)
+    assert cache.num_tiles == 1 and cache.tail_len == 14  # "next" quantised the full tail on token 257
+
+
+def test_refused_one_token_steps_keep_the_cache(rng, monkeypatch):
+    """One-token steps refused before the append (q), by it (k, v) and after it, by the native call (scores
+    over spiky keys that overflow float32, as in test_cache's spiky test), here on the token that completes a
+    tile: the cache as it was every time, and then it takes a good step as a copy of it does."""
+    _general_path_forbidden(monkeypatch)
+    k = np.ones((1, 256, 16), np.float32)
+    spikes = rng.random(k.shape) < 0.02
+    k[spikes] = 65504 * np.sign(rng.standard_normal(spikes.sum()))
+    cache = kvarn.KVCache(1, 16, sink_tokens=0)
+    cache.append(k[:, :255], np.ones_like(k[:, :255]))
+    parts = cache.to_parts()
+    keys = cache.dequantize()[0][0][:128]
+    q_limit = np.finfo(np.float32).max / (16 * 2**17)  # check_queries' bound on max |q * scale|
+    q_over = (np.sign(keys[int(np.linalg.norm(keys, axis=-1).argmax())]) * q_limit * 0.9).astype(np.float32)[None, None]
+    token, one = k[:, 255:], np.ones((1, 1, 16), np.float32)
+    bad = [
+        ("a NaN in q", np.full((1, 1, 16), np.nan, np.float32), token, one, "^q: contains NaN"),
+        ("q beyond the overflow bound", np.full((1, 1, 16), 1e37, np.float32), token, one, "^q: max"),
+        ("a NaN in k", np.ones((1, 1, 16), np.float32), np.full((1, 1, 16), np.nan, np.float32), one, "^k: contains"),
+        ("v beyond fp16", np.ones((1, 1, 16), np.float32), token, one * 1e6, "^v: values beyond"),
+        ("scores that overflow after the append", q_over, token, one, "^q: the attention scores or outputs overflowed"),
+    ]
+    for what, q, kk, vv, words in bad:
+        with pytest.raises(ValueError, match=words):
+            kvarn.append_attend(q, cache, kk, vv, scale=1.0)
+        assert len(cache) == 255 and cache.num_tiles == 1, what
+        after = cache.to_parts()
+        for key in parts:
+            assert np.array_equal(parts[key], after[key]), (what, key)
+    ref_cache = kvarn.KVCache.from_parts(**parts)
+    q = np.ones((1, 1, 16), np.float32)
+    assert np.array_equal(kvarn.append_attend(q, cache, token, one), one_at_a_time(q, ref_cache, token, one))
+    assert cache.num_tiles == 2
+    assert_same_content(cache, ref_cache)

@@ -662,6 +662,8 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
     if single:
         if not isinstance(caches, cache_type):
             raise TypeError(f"cache: expected a kvarn.{cache_type.__name__}, got {type(caches).__name__}")
+        if _one_token_step(q, caches, k, v):
+            return _append_attend_one(q, caches, k, v, scale, num_threads)
         caches, names = [caches], ["cache"]
     else:
         check_caches(caches, cache_type, allow_empty=True)
@@ -710,6 +712,33 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
                 c._undo_locked(point)
             raise
     return out[0] if single else out
+
+
+def _one_token_step(q, cache, k, v) -> bool:
+    """Whether a single-cache step is the decode loop's common case: one token, q [1, Hq, D] and k, v
+    arrays [Hk, 1, D] of the cache's heads and head_dim (anything else takes the general path)."""
+    shape = (cache.num_kv_heads, 1, cache.head_dim)
+    return (isinstance(q, np.ndarray) and q.ndim == 3 and q.shape[0] == 1 and isinstance(k, np.ndarray)
+            and isinstance(v, np.ndarray) and k.shape == shape and v.shape == shape)
+
+
+def _append_attend_one(q, cache, k, v, scale, num_threads) -> np.ndarray:
+    """append_attend_caches(single=True) for _one_token_step's case: the same checks in the same order
+    (scale, q, then append's of k and v), the same errors and the same undo, as the general path gives
+    a one-token step (one append, one native call), without its per-row bookkeeping: 15-26 us a step
+    on the 2-vCPU box (RESULTS, section 2, sixty-second session), as much as the native call at short
+    contexts."""
+    D = cache.head_dim
+    scale = check_scale(scale, D)
+    q = check_queries(q, cache.num_kv_heads, D, ndim=3, scale=scale)
+    with cache._append_lock:
+        point = cache._undo_point()
+        try:
+            cache._append_locked(k, v, num_threads)
+            return run_attend(q, [cache], scale, num_threads, ["cache"])
+        except BaseException:
+            cache._undo_locked(point)
+            raise
 
 
 def append_attend_chunks(q, caches, k, v, scale: float, num_threads, out, row_error, names=None,
