@@ -404,8 +404,43 @@ def test_refused_one_token_steps_keep_the_cache(rng, monkeypatch):
         after = cache.to_parts()
         for key in parts:
             assert np.array_equal(parts[key], after[key]), (what, key)
+    # the batch form for one sequence takes the same path, and names the cache as the general path does
+    with pytest.raises(ValueError, match=r"overflowed float32 for these queries and caches\[0\]; "):
+        kvarn.append_attend_batch(q_over[None], [cache], token[None], one[None], scale=1.0)
+    assert all(np.array_equal(parts[key], value) for key, value in cache.to_parts().items())
     ref_cache = kvarn.KVCache.from_parts(**parts)
     q = np.ones((1, 1, 16), np.float32)
     assert np.array_equal(kvarn.append_attend(q, cache, token, one), one_at_a_time(q, ref_cache, token, one))
     assert cache.num_tiles == 2
     assert_same_content(cache, ref_cache)
+
+
+@pytest.mark.parametrize("kind", ["kvarn", "fp16"])
+def test_one_sequence_one_token_batch_steps_match(kind, rng, monkeypatch):
+    """append_attend_batch / append_attend_fp16_batch with one sequence and one token take the one-token path
+    too (stacked or listed k, v): bit for bit the appends and the batch attend, the same records; a refused token
+    leaves the cache as it was, with the general path's message."""
+    _general_path_forbidden(monkeypatch)
+    Hq, Hk, D, n = 4, 2, 32, 140
+    k, v = tokens(rng, Hk, n, D)
+    q = rng.standard_normal((n, Hq, D)).astype(np.float32)
+    make, step, attend = ((kvarn.KVCache, kvarn.append_attend_batch, kvarn.attend_batch) if kind == "kvarn" else
+                          (kvarn.FP16Cache, kvarn.append_attend_fp16_batch, kvarn.attend_fp16_batch))
+    cache, ref_cache = make(Hk, D), make(Hk, D)
+    for i in range(n):
+        ki, vi = k[:, i : i + 1], v[:, i : i + 1]
+        rows = (ki[None], vi[None]) if i % 2 else ([ki], [vi])
+        out = step(q[None, i : i + 1], [cache], *rows)
+        ref_cache.append(ki, vi)
+        assert out.shape == (1, 1, Hq, D) and np.array_equal(out[0, 0], attend(q[None, i], [ref_cache])[0]), i
+    bad = k[:, :1].copy()
+    bad[1, 0, 3] = np.nan
+    before = cache.checkpoint() if kind == "kvarn" else cache.keys_values()
+    with pytest.raises(ValueError, match="^k: contains NaN"):
+        step(q[None, :1], [cache], bad[None], v[None, :, :1])
+    assert len(cache) == n
+    if kind == "kvarn":
+        assert_same_content(cache, ref_cache)
+        assert len(before) == n
+    else:
+        assert all(np.array_equal(a, b) for a, b in zip(before, cache.keys_values()))
