@@ -515,9 +515,10 @@ def test_decode_cold(benchmark, shape, ctx, batch, isa):
         check_output(dd, name, np.asarray(outs[name], np.float32)[0], float(1.0 / np.sqrt(d)), mode, label=f"cold {name}")
 
 
-# Multi-token steps (a speculative decoder's draft of n tokens verified at once): up to 32K (each case
-# dequantises its cache once for the float64 check).
-STEP_TOKENS = [4] if QUICK else [2, 4, 8]
+# Multi-token steps (a speculative decoder's draft of n tokens verified at once; n = 1, a plain decode step
+# through append_attend's one-token path, against append + attend): up to 32K (each case dequantises its
+# cache once for the float64 check).
+STEP_TOKENS = [4] if QUICK else [1, 2, 4, 8]
 STEP_CASES = [pytest.param(shape, ctx, n, id=f"{shape}-{ctx}-{n}") for shape in SHAPES for ctx in CONTEXTS
               for n in STEP_TOKENS if ctx <= 32768]
 
