@@ -1,23 +1,9 @@
 """One-token decode steps of B sequences (SmolLM2's shape, 500-1055 tokens) through kvarn.append_attend_batch,
 against B appends + one attend_batch, one thread: per row the best of 20 rounds' medians, each round 100 steps
 on fresh copies of the caches. Run once per build."""
-import time
 import numpy as np
 import kvarn
-
-
-def per_step(caches, step, n=100, rounds=20):
-    best = float("inf")
-    for _ in range(rounds):
-        cs = [c.copy() for c in caches]
-        ts = []
-        for _ in range(n):
-            t = time.perf_counter()
-            step(cs)
-            ts.append(time.perf_counter() - t)
-        best = min(best, float(np.median(ts)))
-    return best * 1e6
-
+from step_timing import per_step
 
 rng = np.random.default_rng(0)
 hq, hk, d = 9, 3, 64
@@ -36,7 +22,10 @@ for B in (1, 4, 16):
             c.append(kv[b], kv[b], num_threads=1)
         return kvarn.attend_batch(q[:, 0], cs, num_threads=1)
 
-    one = per_step(caches, lambda cs: kvarn.append_attend_batch(q, cs, kv, kv, num_threads=1))
-    two = per_step(caches, separate)
+    def fresh():
+        return [c.copy() for c in caches]
+
+    one = per_step(fresh, lambda cs: kvarn.append_attend_batch(q, cs, kv, kv, num_threads=1), rounds=20)
+    two = per_step(fresh, separate, rounds=20)
     print(f"B {B:2d}: append_attend_batch {one:6.1f} us, appends + attend_batch {two:6.1f} us, ratio {one / two:.2f}",
           flush=True)

@@ -1,23 +1,9 @@
 """One-token decode steps through kvarn.append_attend against append + attend (two calls), at the SmolLM2 and
 headline shapes, 1K tokens, 1 and 2 threads: per row the best of 30 rounds' medians, each round 100 steps on a
 fresh copy of the cache (so every round crosses the same tail slots, no tile completes). Run once per build."""
-import time
 import numpy as np
 import kvarn
-
-
-def per_step(cache, step, n=100, rounds=30):
-    best = float("inf")
-    for _ in range(rounds):
-        c = cache.copy()
-        ts = []
-        for _ in range(n):
-            t = time.perf_counter()
-            step(c)
-            ts.append(time.perf_counter() - t)
-        best = min(best, float(np.median(ts)))
-    return best * 1e6
-
+from step_timing import per_step
 
 rng = np.random.default_rng(0)
 for hq, hk, d in ((9, 3, 64), (32, 8, 128)):
@@ -26,7 +12,7 @@ for hq, hk, d in ((9, 3, 64), (32, 8, 128)):
     q = rng.standard_normal((1, hq, d)).astype(np.float32)
     kv = rng.standard_normal((hk, 1, d)).astype(np.float32)
     for th in (1, 2):
-        one = per_step(cache, lambda c: kvarn.append_attend(q, c, kv, kv, num_threads=th))
-        two = per_step(cache, lambda c: (c.append(kv, kv, num_threads=th), kvarn.attend(q[0], c, num_threads=th)))
+        one = per_step(cache.copy, lambda c: kvarn.append_attend(q, c, kv, kv, num_threads=th))
+        two = per_step(cache.copy, lambda c: (c.append(kv, kv, num_threads=th), kvarn.attend(q[0], c, num_threads=th)))
         print(f"Hq {hq} Hk {hk} D {d} ctx 1000 threads {th}: append_attend {one:6.1f} us, append + attend {two:6.1f} us,"
               f" ratio {one / two:.2f}", flush=True)
