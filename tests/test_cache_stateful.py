@@ -11,6 +11,8 @@ truncation_point recipe; to lengths it must refuse), take checkpoints and roll b
 (also a speculative decoder's draft / reject / accept / back-to-the-draft step, and an audit that
 every held checkpoint still restores its content), copy (copy(), copy.copy, copy.deepcopy, pickle;
 also a copy and the original then given different tokens), round-trip through to_parts / from_parts,
+take decode steps through append_attend (one token, its own path, or three) against a copy given the
+tokens one at a time with an attend after each, and refused one-token steps (NaN / Inf, a bad query),
 and make appends that must be refused (NaN, Inf, beyond fp16, wrong dtype, shape, heads, head_dim,
 rank; valid input whose all-60000 tile overflows its fp16 scales) and must leave the cache exactly as
 it was (sizes, parts, records, dequantisation, repr, an attention output). Up to three caches live at
@@ -474,6 +476,56 @@ class KVCacheMachine(RuleBasedStateMachine):
         if back_to_draft and keep_draft:
             self.check_entry(e, "after the accepted tokens")
             self.roll_back(e, draft_state)
+
+    @rule(i=IDX, n=st.sampled_from([1, 1, 1, 3]), seed=SEEDS, threads=THREADS)
+    def decode_step(self, i, n, seed, threads):
+        """kvarn.append_attend of n tokens (one: its one-token path), against a copy given the same tokens one
+        at a time with an attend after each (the same threads: the same splits, so the same bits)."""
+        e = self.entry(i)
+        n = min(n, MAX_TOKENS - len(e))
+        if n == 0:
+            return
+        self.appends += 1
+        k, v = make_chunk([seed, self.appends], self.H, n, self.D, ("float32", "float32"), "contiguous", self.scale)
+        q = self.rng.standard_normal((n, self.query().shape[0], self.D)).astype(np.float32)
+        witness = e.cache.copy()
+        want = []
+        for j in range(n):
+            witness.append(k[:, j : j + 1], v[:, j : j + 1], num_threads=threads)
+            want.append(kvarn.attend(q[j], witness, num_threads=threads))
+        out = kvarn.append_attend(q, e.cache, k, v, num_threads=threads)
+        expect(np.array_equal(out, np.stack(want)), f"append_attend of {n} differs from appending and attending")
+        e.k = np.concatenate([e.k, k.astype(np.float16)], axis=1)
+        e.v = np.concatenate([e.v, v.astype(np.float16)], axis=1)
+        e.tiles = self.canonical_tiles(len(e))
+
+    @rule(i=IDX, kind=st.sampled_from(["nan_k", "inf_v", "nan_q", "q_heads"]), seed=SEEDS)
+    def refused_decode_step(self, i, kind, seed):
+        """A one-token append_attend that must raise, naming the problem, and change nothing."""
+        e = self.entry(i)
+        k, v = make_chunk(seed, self.H, 1, self.D, ("float32", "float32"), "contiguous", 1.0)
+        q = self.query()[None]
+        if kind == "nan_k":
+            k[0, 0, 0] = np.nan
+            msg = "k: contains NaN or Inf"
+        elif kind == "inf_v":
+            v[-1, 0, -1] = np.inf
+            msg = "v: contains NaN or Inf"
+        elif kind == "nan_q":
+            q[0, -1, 0] = np.nan
+            msg = "q: contains NaN or Inf"
+        else:
+            q = np.zeros((1, 0, self.D), np.float32)
+            msg = "0 query heads is not a positive multiple"
+        probe = self.query()
+        before = observe(e.cache, probe)
+        try:
+            kvarn.append_attend(q, e.cache, k, v)
+        except ValueError as error:
+            expect(msg in str(error), f"refused decode step ({kind}): {error}")
+        else:
+            raise AssertionError(f"refused decode step ({kind}): accepted")
+        assert_observed_same(before, observe(e.cache, probe), f"refused decode step ({kind})")
 
     @rule(i=IDX)
     def audit_checkpoints(self, i):
