@@ -1,6 +1,6 @@
 """Adversarial probe of the public API: every call either works or raises ValueError/TypeError (named);
 the cache is unchanged after a refusal; nothing crashes (run in a subprocess by the caller)."""
-import numpy as np, kvarn, itertools, sys, traceback
+import numpy as np, kvarn
 rng = np.random.default_rng(3)
 H, D = 2, 64
 def mk():
