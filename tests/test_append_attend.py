@@ -442,3 +442,21 @@ def test_one_sequence_one_token_batch_steps_match(kind, rng, monkeypatch):
         assert_same_content(cache, ref_cache)
     else:  # the first n tokens as appended (views: the refused token could only have gone past them)
         assert all(np.array_equal(a, b) for a, b in zip(cache.keys_values(), (k, v)))
+
+
+def test_rows_as_nested_lists_take_any_step(rng):
+    """k and v rows that are not arrays (nested lists, as append takes them) go through steps of one chunk and of
+    several (crossing a tile), as arrays do; a ragged row is refused by name, appending nothing."""
+    k, v = tokens(rng, 2, 270, 32)
+    q = rng.standard_normal((1, 20, 4, 32)).astype(np.float32)
+    for start, n in ((100, 3), (240, 20)):  # inside a tile; across the tile that completes at 256
+        ref_cache, cache = pair(2, 32, start, k, v)
+        new_k, new_v = k[:, start : start + n], v[:, start : start + n]
+        want = kvarn.append_attend_batch(q[:, :n], [ref_cache], new_k[None], new_v[None])
+        out = kvarn.append_attend_batch(q[:, :n], [cache], [new_k.tolist()], [new_v.tolist()])
+        assert np.array_equal(out, want), (start, n)
+        assert_same_content(cache, ref_cache)
+    ragged = [[[0.0] * 32, [0.0] * 31]] * 2
+    with pytest.raises(TypeError, match="^k: cannot be read as a numpy array"):
+        kvarn.append_attend_batch(q[:, :2], [cache], [ragged], [new_v[:, :2].tolist()])
+    assert_same_content(cache, ref_cache)

@@ -689,7 +689,14 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
         raise ValueError(f"k, v: {len(k)} and {len(v)} sequences' tokens for {B} caches")
     n, Hq = q.shape[1], q.shape[2]
     stacked = (B, Hk, n, D)  # k, v as one array each: no per-row look (~1 us a row)
-    shapes = None if _shaped(k, stacked) and _shaped(v, stacked) else {np.shape(x) for x in list(k) + list(v)}
+    if _shaped(k, stacked) and _shaped(v, stacked):
+        shapes = None
+    else:
+        # Rows as arrays (nested lists, say, as append takes them; unreadable ones refused by name): the
+        # chunks below slice them.
+        k, v = ([x if isinstance(x, np.ndarray) else _plain_float_array(x, name) for x in rows]
+                for name, rows in (("k", k), ("v", v)))
+        shapes = {x.shape for x in k + v}
     if shapes is not None and shapes != {(Hk, n, D)}:
         what = "" if single else "each sequence's "
         raise ValueError(f"k, v: {what}tokens must be [{Hk}, {n}, {D}] (kv heads, q's {n} tokens, head_dim), "
