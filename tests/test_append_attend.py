@@ -356,7 +356,7 @@ def _general_path_forbidden(monkeypatch):
 
 @pytest.mark.parametrize("quantize_on", ["fill", "next"])
 def test_one_token_steps_match_append_then_attend(isa, quantize_on, rng, monkeypatch):
-    """append_attend's one-token case has its own path (_ops._append_attend_one): token by token through
+    """append_attend's one-token case has its own path (_ops._append_attend_one_cache): token by token through
     the sink, the tail, the token that completes a tile and those after it, with float16 / float32 /
     float64 inputs and one or two threads, bit for bit what append then attend give, the same records."""
     _general_path_forbidden(monkeypatch)
@@ -459,4 +459,33 @@ def test_rows_as_nested_lists_take_any_step(rng):
     ragged = [[[0.0] * 32, [0.0] * 31]] * 2
     with pytest.raises(TypeError, match="^k: cannot be read as a numpy array"):
         kvarn.append_attend_batch(q[:, :2], [cache], [ragged], [new_v[:, :2].tolist()])
+    assert_same_content(cache, ref_cache)
+
+
+def test_one_cache_steps_of_several_tokens_skip_the_batch_bookkeeping(rng, monkeypatch):
+    """Steps of several tokens on one cache (append_attend, and the batch forms given one sequence) take the
+    one-cache path too: the general path's shape check is made to fail, and each step still equals token by token,
+    across a tile's completion; a bad token late in such a step rolls it back."""
+    def forbidden(*args):
+        raise AssertionError("a one-cache step took the general path")
+    monkeypatch.setattr(_ops, "_shaped", forbidden)
+    Hq, Hk, D = 4, 2, 32
+    k, v = tokens(rng, Hk, 400, D)
+    q = rng.standard_normal((400, Hq, D)).astype(np.float32)
+    ref_cache, cache = pair(Hk, D, 0, k, v)
+    pos = 0
+    for i, n in enumerate([5, 120, 7, 130, 3]):  # 250, 262: tiles complete inside the second and fourth steps
+        ks, vs, qs = k[:, pos : pos + n], v[:, pos : pos + n], q[pos : pos + n]
+        want = one_at_a_time(qs, ref_cache, ks, vs)
+        if i % 2:
+            out = kvarn.append_attend(qs, cache, ks, vs)
+        else:
+            out = kvarn.append_attend_batch(qs[None], [cache], ks[None], vs[None])[0]
+        assert np.array_equal(out, want), i
+        pos += n
+    assert_same_content(cache, ref_cache)
+    bad = k[:, pos : pos + 125].copy()  # 265 + 125: the tile ending at token 384 completes before the bad token
+    bad[0, 124, 0] = np.nan
+    with pytest.raises(ValueError, match="^k: contains NaN"):
+        kvarn.append_attend(q[pos : pos + 125], cache, bad, v[:, pos : pos + 125])
     assert_same_content(cache, ref_cache)

@@ -661,16 +661,16 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
     if single:
         if not isinstance(caches, cache_type):
             raise TypeError(f"cache: expected a kvarn.{cache_type.__name__}, got {type(caches).__name__}")
-        if _one_token_step(q, caches, k, v):
-            return _append_attend_one(q, caches, k, v, scale, num_threads, "cache")
+        if _one_cache_step(q, caches, k, v):
+            return _append_attend_one_cache(q, caches, k, v, scale, num_threads, "cache")
         caches, names = [caches], ["cache"]
     else:
-        # One sequence's one token (a batch API called for one sequence, the fp16 baseline's step): the same path.
+        # One sequence (a batch API called for one, as the fp16 baseline's steps are): the same path.
         if (isinstance(caches, (list, tuple)) and len(caches) == 1 and isinstance(caches[0], cache_type)
                 and isinstance(q, np.ndarray) and q.ndim == 4 and isinstance(k, (np.ndarray, list, tuple))
                 and isinstance(v, (np.ndarray, list, tuple)) and len(k) == 1 and len(v) == 1
-                and _one_token_step(q[0], caches[0], k[0], v[0])):
-            return _append_attend_one(q[0], caches[0], k[0], v[0], scale, num_threads, "caches[0]")[None]
+                and _one_cache_step(q[0], caches[0], k[0], v[0])):
+            return _append_attend_one_cache(q[0], caches[0], k[0], v[0], scale, num_threads, "caches[0]")[None]
         check_caches(caches, cache_type, allow_empty=True)
         names = None
     first = caches[0]
@@ -736,31 +736,41 @@ def _shaped(x, shape) -> bool:
     return isinstance(x, np.ndarray) and x.shape == shape
 
 
-def _one_token_step(q, cache, k, v) -> bool:
-    """Whether a step on one cache is the decode loop's common case: one token, q [1, Hq, D] and k, v
-    arrays [Hk, 1, D] of the cache's heads and head_dim (anything else takes the general path)."""
-    shape = (cache.num_kv_heads, 1, cache.head_dim)
-    return (isinstance(q, np.ndarray) and q.ndim == 3 and q.shape[0] == 1 and isinstance(k, np.ndarray)
-            and isinstance(v, np.ndarray) and k.shape == shape and v.shape == shape)
+def _one_cache_step(q, cache, k, v) -> bool:
+    """Whether a step is on one cache with arrays throughout: q [n, Hq, D] (n >= 1) and k, v [Hk, n, D] of the
+    cache's heads and head_dim (anything else takes the general path, whose checks name what is wrong)."""
+    if not (isinstance(q, np.ndarray) and q.ndim == 3 and q.shape[0] >= 1):
+        return False
+    shape = (cache.num_kv_heads, q.shape[0], cache.head_dim)
+    return isinstance(k, np.ndarray) and isinstance(v, np.ndarray) and k.shape == shape and v.shape == shape
 
 
-def _append_attend_one(q, cache, k, v, scale, num_threads, name: str) -> np.ndarray:
-    """append_attend_caches for _one_token_step's case (name: what errors call the cache): the same checks
-    in the same order (scale, q, then append's of k and v), the same errors and the same undo as the general
-    path gives a one-token step on one cache (one append, one native call), without its per-row bookkeeping:
-    15-26 us a step on the 2-vCPU box (RESULTS, section 2, sixty-second session), as much as the native call
-    at short contexts."""
+def _append_attend_one_cache(q, cache, k, v, scale, num_threads, name: str) -> np.ndarray:
+    """append_attend_caches for _one_cache_step's case (name: what errors call the cache): the same checks in
+    the same order (scale, q, then append's of k and v), the same chunks, errors and undo as the general path,
+    without its bookkeeping for several caches: 15-26 us a one-token step on the 2-vCPU box, as much as the
+    native call at short contexts, and 7-20 us a step of 2-4 tokens (RESULTS, section 2, sixty-second session).
+    One token (the decode loop's step) is one append and one native call."""
     D = cache.head_dim
     scale = check_scale(scale, D)
     q = check_queries(q, cache.num_kv_heads, D, ndim=3, scale=scale)
+    n = q.shape[0]
     with cache._append_lock:
         point = cache._undo_point()
         try:
-            cache._append_locked(k, v, num_threads)
-            return run_attend(q, [cache], scale, num_threads, [name])
+            if n == 1:
+                cache._append_locked(k, v, num_threads)
+                return run_attend(q, [cache], scale, num_threads, [name])
+            out = np.empty((1, *q.shape), np.float32)
+            append_attend_chunks(q[None], [cache], [k], [v], scale, num_threads, out, _same_error, [name], locked=True)
+            return out[0]
         except BaseException:
             cache._undo_locked(point)
             raise
+
+
+def _same_error(b, error):  # row_error for one cache: its errors as they are
+    return error
 
 
 def append_attend_chunks(q, caches, k, v, scale: float, num_threads, out, row_error, names=None,
