@@ -465,7 +465,7 @@ def test_rows_as_nested_lists_take_any_step(rng):
 def test_one_cache_steps_of_several_tokens_skip_the_batch_bookkeeping(rng, monkeypatch):
     """Steps of several tokens on one cache (append_attend, and the batch forms given one sequence) take the
     one-cache path too: the general path's shape check is made to fail, and each step still equals token by token,
-    across a tile's completion; a bad token late in such a step rolls it back."""
+    also across a tile's completion; a bad token after a tile completed inside the step rolls it back."""
     def forbidden(*args):
         raise AssertionError("a one-cache step took the general path")
     monkeypatch.setattr(_ops, "_shaped", forbidden)
@@ -474,7 +474,7 @@ def test_one_cache_steps_of_several_tokens_skip_the_batch_bookkeeping(rng, monke
     q = rng.standard_normal((400, Hq, D)).astype(np.float32)
     ref_cache, cache = pair(Hk, D, 0, k, v)
     pos = 0
-    for i, n in enumerate([5, 120, 7, 130, 3]):  # 250, 262: tiles complete inside the second and fourth steps
+    for i, n in enumerate([5, 120, 7, 130, 3]):  # the first tile (tokens 128-255) completes inside the fourth step
         ks, vs, qs = k[:, pos : pos + n], v[:, pos : pos + n], q[pos : pos + n]
         want = one_at_a_time(qs, ref_cache, ks, vs)
         if i % 2:
