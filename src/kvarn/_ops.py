@@ -749,7 +749,7 @@ def _append_attend_one_cache(q, cache, k, v, scale, num_threads, name: str) -> n
     """append_attend_caches for _one_cache_step's case (name: what errors call the cache): the same checks in
     the same order (scale, q, then append's of k and v), the same chunks, errors and undo as the general path,
     without its bookkeeping for several caches: 15-26 us a one-token step on the 2-vCPU box, as much as the
-    native call at short contexts, and 7-20 us a step of 2-4 tokens (RESULTS, section 2, sixty-second session).
+    native call at short contexts, and 5-15 us a step of 2-4 tokens (RESULTS, section 2, sixty-second session).
     One token (the decode loop's step) is one append and one native call."""
     D = cache.head_dim
     scale = check_scale(scale, D)
