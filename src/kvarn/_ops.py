@@ -710,10 +710,17 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
     def row_error(b, error):
         return error if B == 1 else ValueError(f"sequence {b} ({_cache_name(names, b)}): {error}")
 
-    # The step is several appends: the caches' append locks are held throughout (taken in one global
-    # order, so that two steps over shared caches cannot deadlock), so that no other writer comes between
-    # them, and an undo cannot take another thread's append with it. Attends by others read published states.
-    # (Taken and released in a plain loop: an ExitStack cost ~1 us a cache.)
+    _undoable(caches, lambda: append_attend_chunks(q, caches, k, v, scale, num_threads, out, row_error, names,
+                                                   locked=True))
+    return out[0] if single else out
+
+
+def _undoable(caches, step):
+    """step()'s result, run holding every cache's append lock; if it raises, every cache is undone to where it
+    was. The step is several appends: the locks are held throughout (taken in one global order, so that two
+    steps over shared caches cannot deadlock), so that no other writer comes between them, and an undo cannot
+    take another thread's append with it. Attends by others read published states. (Taken and released in a
+    plain loop: an ExitStack cost ~1 us a cache.)"""
     taken = []
     try:
         for c in sorted(caches, key=id):
@@ -721,7 +728,7 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
             taken.append(c._append_lock)
         points = [c._undo_point() for c in caches]
         try:
-            append_attend_chunks(q, caches, k, v, scale, num_threads, out, row_error, names, locked=True)
+            return step()
         except BaseException:
             for c, point in zip(caches, points):
                 c._undo_locked(point)
@@ -729,7 +736,6 @@ def append_attend_caches(q, caches, k, v, cache_type, scale, num_threads, single
     finally:
         for lock in reversed(taken):
             lock.release()
-    return out[0] if single else out
 
 
 def _shaped(x, shape) -> bool:
@@ -749,24 +755,25 @@ def _append_attend_one_cache(q, cache, k, v, scale, num_threads, name: str) -> n
     """append_attend_caches for _one_cache_step's case (name: what errors call the cache): the same checks in
     the same order (scale, q, then append's of k and v), the same chunks, errors and undo as the general path,
     without its bookkeeping for several caches: 15-26 us a one-token step on the 2-vCPU box, as much as the
-    native call at short contexts, and 5-15 us a step of 2-4 tokens (RESULTS, section 2, sixty-second session).
-    One token (the decode loop's step) is one append and one native call."""
+    native call at short contexts, and a few us a step of 2-4 tokens (RESULTS, section 2, sixty-second session)."""
     D = cache.head_dim
     scale = check_scale(scale, D)
     q = check_queries(q, cache.num_kv_heads, D, ndim=3, scale=scale)
-    n = q.shape[0]
-    with cache._append_lock:
-        point = cache._undo_point()
-        try:
-            if n == 1:
+    if q.shape[0] == 1:
+        # The decode loop's step: one append and one native call, _undoable's work inline (at 1K the chunk loop
+        # cost ~8 us more, _undoable's generality ~4 us: results/emr2c_s102/mend_{chunks_,}ab.log).
+        with cache._append_lock:
+            point = cache._undo_point()
+            try:
                 cache._append_locked(k, v, num_threads)
                 return run_attend(q, [cache], scale, num_threads, [name])
-            out = np.empty((1, *q.shape), np.float32)
-            append_attend_chunks(q[None], [cache], [k], [v], scale, num_threads, out, _same_error, [name], locked=True)
-            return out[0]
-        except BaseException:
-            cache._undo_locked(point)
-            raise
+            except BaseException:
+                cache._undo_locked(point)
+                raise
+    out = np.empty((1, *q.shape), np.float32)
+    _undoable([cache], lambda: append_attend_chunks(q[None], [cache], [k], [v], scale, num_threads, out, _same_error,
+                                                    [name], locked=True))
+    return out[0]
 
 
 def _same_error(b, error):  # row_error for one cache: its errors as they are
