@@ -49,6 +49,7 @@ def fp16_kernel_layer_class():
     fp16-cache kernel: what kvarn's own speed is measured against, inside the model. Greedy batch-1
     decoding only (no rollback, masks or crops: a benchmark baseline, not an API). One class per process,
     so that main() can time its attend_pending."""
+    import numpy as np
     import torch
 
     import kvarn
@@ -68,13 +69,13 @@ def fp16_kernel_layer_class():
             self._pending = None
             k, v, q = _to_numpy(key_states, keep_f16=True), _to_numpy(value_states, keep_f16=True), _to_numpy(query)
             B, Hq, n, D = query.shape
-            out_tensor = torch.empty((B, n, Hq, D), dtype=torch.float32)
-            out = out_tensor.numpy()
+            out = np.empty((B, n, Hq, D), np.float32)
             # The same host path as KVarNLayer.attend_pending: the query checked, the caches not again.
             scale = check_scale(scaling, D)
             qs = check_step_queries(q, self.caches[0].num_kv_heads, D, scale)
             append_attend_chunks(qs, self.caches, k, v, scale, None, out, lambda b, error: error)
             self.cumulative_length += n
+            out_tensor = torch.from_numpy(out)
             if query.dtype is torch.float32 and query.is_cpu:
                 return out_tensor
             return out_tensor.to(device=query.device, dtype=query.dtype)

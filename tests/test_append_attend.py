@@ -489,3 +489,59 @@ def test_one_cache_steps_of_several_tokens_skip_the_batch_bookkeeping(rng, monke
     with pytest.raises(ValueError, match="^k: contains NaN"):
         kvarn.append_attend(q[pos : pos + 125], cache, bad, v[:, pos : pos + 125])
     assert_same_content(cache, ref_cache)
+
+
+@pytest.mark.parametrize("kind", ["kvarn", "fp16"])
+def test_one_token_batch_steps_write_straight_into_the_output(kind, rng, monkeypatch):
+    """Batch one-token steps of several sequences (a model's decode step) have the native call write the step's
+    output itself (no second array and copy): bit for bit B appends and the batch attend, through the sink, a tile
+    completion and the tail, rows of different lengths."""
+    real, given = _ops.run_attend, []
+
+    def run_attend(*args, **kwargs):
+        given.append(kwargs.get("out"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_ops, "run_attend", run_attend)
+    Hq, Hk, D, n = 6, 2, 48, 140
+    starts = [0, 5, 120]
+    data = [tokens(rng, Hk, s + n, D) for s in starts]
+    make, step, attend = ((kvarn.KVCache, kvarn.append_attend_batch, kvarn.attend_batch) if kind == "kvarn" else
+                          (kvarn.FP16Cache, kvarn.append_attend_fp16_batch, kvarn.attend_fp16_batch))
+    caches, ref_caches = [], []
+    for s, (k, v) in zip(starts, data):
+        for group in (caches, ref_caches):
+            group.append(make(Hk, D))
+            if s:
+                group[-1].append(k[:, :s], v[:, :s])
+    q = rng.standard_normal((len(starts), n, Hq, D)).astype(np.float32)
+    for i in range(n):
+        new_k = np.stack([k[:, s + i : s + i + 1] for s, (k, _) in zip(starts, data)])
+        new_v = np.stack([v[:, s + i : s + i + 1] for s, (_, v) in zip(starts, data)])
+        given.clear()
+        out = step(q[:, i : i + 1], caches, new_k, new_v)
+        assert len(given) == 1 and given[0] is not None and np.shares_memory(given[0], out), i
+        for c, kk, vv in zip(ref_caches, new_k, new_v):
+            c.append(kk, vv)
+        assert np.array_equal(out[:, 0], attend(q[:, i], ref_caches)), i
+    if kind == "kvarn":
+        for a, b in zip(caches, ref_caches):
+            assert_same_content(a, b)
+
+
+def test_run_attend_writes_a_given_output_or_returns_its_own(rng):
+    """run_attend's out: a C-contiguous float32 array of the queries' shape is written and returned; anything
+    else (another dtype or shape, a strided view) is left untouched and a new array returned, equal."""
+    Hq, Hk, D = 4, 2, 32
+    k, v = tokens(rng, Hk, 300, D)
+    cache = kvarn.KVCache(Hk, D)
+    cache.append(k, v)
+    q = rng.standard_normal((1, Hq, D)).astype(np.float32)
+    want = _ops.run_attend(q, [cache], 0.25, 1)
+    out = np.full((1, Hq, D), np.nan, np.float32)
+    assert _ops.run_attend(q, [cache], 0.25, 1, out=out) is out and np.array_equal(out, want)
+    for unfit in (np.zeros((1, Hq, D), np.float64), np.zeros((1, Hq + 1, D), np.float32),
+                  np.zeros((1, Hq, 2 * D), np.float32)[:, :, ::2]):
+        before = unfit.copy()
+        got = _ops.run_attend(q, [cache], 0.25, 1, out=unfit)
+        assert got is not unfit and np.array_equal(got, want) and np.array_equal(unfit, before)

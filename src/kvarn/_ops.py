@@ -800,7 +800,12 @@ def append_attend_chunks(q, caches, k, v, scale: float, num_threads, out, row_er
                     append(k[b][:, pos : pos + m], v[b][:, pos : pos + m], num_threads=num_threads)
             except ValueError as error:
                 raise row_error(b, error) from error
-        if m == 1:  # a decode step's one token: the plain call
+        if whole and m == 1:  # a decode step's one token: the plain call, straight into out
+            row = out[:, 0]
+            got = run_attend(q[:, 0], caches, scale, num_threads, names, out=row)
+            if got is not row:
+                row[...] = got
+        elif m == 1:
             out[:, pos] = run_attend(q[:, pos], caches, scale, num_threads, names)
         else:
             rows = np.ascontiguousarray(q[:, pos : pos + m]).reshape(B, m * Hq, D)
@@ -812,14 +817,16 @@ def _cache_name(names, i: int) -> str:
     return f"caches[{i}]" if names is None else names[i]
 
 
-def run_attend(q, caches, scale: float, num_threads, names=None, n_tokens: int = 1) -> np.ndarray:
+def run_attend(q, caches, scale: float, num_threads, names=None, n_tokens: int = 1, out=None) -> np.ndarray:
     """The native call for validated queries [B, n_tokens * Hq, D] (each sequence's last n_tokens
     tokens', token-major, attending causally) and caches (names: what errors call them, by default
-    caches[i])."""
+    caches[i]). out: a C-contiguous float32 array of q's shape to write (a new one by default), left
+    undefined where the call raises."""
     q32 = np.ascontiguousarray(q, np.float32)
     if not q32.flags.aligned:  # refused by the native code; np.require would cost ~2 us on every call
         q32 = q32.copy()
-    out = np.empty_like(q32)
+    if out is None or not (out.dtype is F32 and out.shape == q32.shape and out.flags.c_contiguous and out.flags.aligned):
+        out = np.empty_like(q32)
     views = [native_view(c) for c in caches]  # the snapshots attended
     for i, view in enumerate(views):
         if view.empty:  # emptied (truncated) by another thread
