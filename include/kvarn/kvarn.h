@@ -227,6 +227,11 @@ int32_t kvarn_default_threads(void);
 int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper, int64_t* finished,
                              int32_t* faulted);
 
+/* Testing hook (not for applications): how many attend calls reading about size_bytes bytes (the same
+ * power-of-two size class) found the pool's helpers asleep after idle time and were run by the calling
+ * thread alone (*alone) or with the helpers woken (*woken), as the pool chose from their past times. */
+int kvarn_testing_pool_wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken);
+
 #ifdef __cplusplus
 }
 #endif

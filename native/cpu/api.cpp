@@ -102,10 +102,16 @@ bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 // An item that throws (on any thread) still counts as done; run() waits for every item and
 // then rethrows the first exception on the caller. Rethrowing early would free the job while
 // workers still run it, and an exception escaping a worker would end the process.
+// Waking sleeping helpers costs the caller a futex wake and the helpers their wake-up, which on a
+// small VM outweighed the help for calls of up to a few hundred microseconds (docs/simd.md,
+// "Threads"). So a job after idle time that finds every helper it needs asleep, and whose caller
+// gave its size (bytes), is run by the caller alone or with the helpers woken, whichever has been
+// faster for jobs of that size (per power-of-two size class, both ways tried at first and now and
+// then after). The items are the same either way, so the results do not change.
 class ThreadPool {
 public:
     template <typename F>
-    void run(int64_t n, int threads, F& fn)
+    void run(int64_t n, int threads, F& fn, int64_t size_bytes = 0)
     {
         if (n <= 0) return;
         if (threads <= 1 || n == 1) return run_here(n, fn);
@@ -119,7 +125,23 @@ public:
         // worker never works on half-written fields.
         // Spin after this job only if it followed the previous one closely (see above).
         const int64_t start = now_ns();
-        spin_after_job_.store(start - last_end_ns_ <= kSpinNs, std::memory_order_relaxed);
+        const bool after_idle = start - last_end_ns_ > kSpinNs;
+        WakeChoice* choice = nullptr;  // set when this job is one the wake choice learns from
+        if (size_bytes > 0 && after_idle && sleeping_.load() >= helpers) {
+            choice = &wake_choices_[63 - __builtin_clzll((unsigned long long)size_bytes)];
+            if (!choice->wake_next()) {
+                try {
+                    run_here(n, fn);
+                } catch (...) {
+                    last_end_ns_ = now_ns();
+                    throw;
+                }
+                last_end_ns_ = now_ns();
+                choice->learn(false, (double)(last_end_ns_ - start) / (double)size_bytes);
+                return;
+            }
+        }
+        spin_after_job_.store(!after_idle, std::memory_order_relaxed);
         const uint64_t g = gen_.load(std::memory_order_relaxed);
         gen_.store(g + 1);
         while (active_.load() != 0) pause();
@@ -139,11 +161,50 @@ public:
         work();
         while (done_.load(std::memory_order_acquire) < n) pause();
         last_end_ns_ = now_ns();
+        if (choice && !failed_.load(std::memory_order_relaxed))
+            choice->learn(true, (double)(last_end_ns_ - start) / (double)size_bytes);
         // error_ was written before its item's done_ release, and done_ was read with acquire.
         if (failed_.load(std::memory_order_relaxed)) std::rethrow_exception(std::exchange(error_, nullptr));
     }
 
 private:
+    // For one size class of jobs that find the helpers asleep: the time per byte with the helpers woken and
+    // without (a running mean over the last ~8 of each, a sample capped at 4x it against a VM's hiccups).
+    // Each way is tried kWarmUp times first (alternately), then the faster one runs, the other every kExplore-th job.
+    struct WakeChoice {
+        static constexpr uint32_t kWarmUp = 3, kExplore = 16;
+        double ns_per_byte[2] = {0.0, 0.0};  // [0] alone, [1] helpers woken
+        uint32_t samples[2] = {0, 0}, jobs = 0;
+        int64_t runs[2] = {0, 0};  // jobs run each way (kvarn_testing_pool_wake_runs)
+        bool wake_next()
+        {
+            ++jobs;
+            if (samples[0] < kWarmUp || samples[1] < kWarmUp) return samples[1] <= samples[0];
+            const bool faster_wakes = ns_per_byte[1] < ns_per_byte[0];
+            return jobs % kExplore == 0 ? !faster_wakes : faster_wakes;
+        }
+        void learn(bool woke, double x)
+        {
+            double& mean = ns_per_byte[woke];
+            uint32_t& count = samples[woke];
+            mean = count == 0 ? x : mean + (std::min(x, 4.0 * mean) - mean) / 8.0;
+            ++runs[woke];
+            if (count < kWarmUp) ++count;
+        }
+    };
+
+public:
+    // The jobs of size_bytes' size class run alone / with sleeping helpers woken (a testing hook).
+    void wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken)
+    {
+        std::lock_guard<std::mutex> lk(run_mu_);
+        const WakeChoice& c = wake_choices_[63 - __builtin_clzll((unsigned long long)size_bytes)];
+        *alone = c.runs[0];
+        *woken = c.runs[1];
+    }
+
+private:
+
     // Every item on the calling thread, with the pool's contract: all items run, then the first
     // exception is rethrown (one thread, one item, a busy pool, or no helper thread to be had).
     template <typename F>
@@ -253,6 +314,7 @@ private:
     // reads and writes it, under run_mu_. Whether helpers spin after the current job (they read it).
     int64_t last_end_ns_ = 0;
     std::atomic<bool> spin_after_job_{false};
+    WakeChoice wake_choices_[64];  // by floor(log2(size_bytes)); only run() uses them, under run_mu_
     std::exception_ptr error_;  // the first item's exception; written by the thread that set failed_
     void (*call_)(void*, int64_t) = nullptr;
     void* ctx_ = nullptr;
@@ -692,7 +754,14 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
             const int64_t g = (int64_t)w.seq * Hk + w.kv_head;
             if (group_left[g].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(g);
         };
-        pool().run(n_items, threads, body);
+        // The bytes the call reads, for the pool's choice whether waking sleeping helpers pays.
+        int64_t bytes = 0;
+        for (int32_t b = 0; b < batch; ++b) {
+            const kvarn_cache_view& c = caches[b];
+            const int64_t rec = (int64_t)kvarn_layout(c.kbits, c.vbits, c.group, c.head_dim).total;
+            bytes += (int64_t)Hk * ((c.sink_len + c.tail_len) * 4 * (int64_t)D + c.num_tiles * rec);
+        }
+        pool().run(n_items, threads, body, bytes);
         return nonfinite.load(std::memory_order_relaxed) ? (int)KVARN_ERR_OVERFLOW : (int)KVARN_OK;
     });
 }
@@ -837,6 +906,15 @@ int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault
     *finished = done.load();
     *faulted = thrown.load() ? 1 : 0;
     return rc;
+}
+
+int kvarn_testing_pool_wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken)
+{
+    if (size_bytes <= 0 || !alone || !woken) return KVARN_ERR_ARGUMENT;
+    return guarded([&] {
+        pool().wake_runs(size_bytes, alone, woken);
+        return (int)KVARN_OK;
+    });
 }
 
 }  // extern "C"

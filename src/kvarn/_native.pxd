@@ -66,3 +66,4 @@ cdef extern from "kvarn/kvarn.h" nogil:
     int32_t kvarn_default_threads()
     int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper,
                                  int64_t* finished, int32_t* faulted)
+    int kvarn_testing_pool_wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken)

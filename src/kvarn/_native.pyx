@@ -391,3 +391,12 @@ def testing_pool_fault(int64_t n_items, int num_threads, bint fault_on_helper):
     with nogil:
         rc = kvarn_testing_pool_fault(n_items, num_threads, fault_on_helper, &finished, &faulted)
     return rc, finished, bool(faulted)
+
+
+def testing_pool_wake_runs(int64_t size_bytes):
+    """(status, calls run alone, calls with the helpers woken) for attend calls of size_bytes' size class
+    that found the helpers asleep: see kvarn_testing_pool_wake_runs. Tests only."""
+    cdef int64_t alone = 0
+    cdef int64_t woken = 0
+    cdef int rc = kvarn_testing_pool_wake_runs(size_bytes, &alone, &woken)
+    return rc, alone, woken
