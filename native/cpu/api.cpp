@@ -204,7 +204,6 @@ public:
     }
 
 private:
-
     // Every item on the calling thread, with the pool's contract: all items run, then the first
     // exception is rethrown (one thread, one item, a busy pool, or no helper thread to be had).
     template <typename F>
