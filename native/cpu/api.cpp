@@ -128,7 +128,7 @@ public:
         const bool after_idle = start - last_end_ns_ > kSpinNs;
         WakeChoice* choice = nullptr;  // set when this job is one the wake choice learns from
         if (size_bytes > 0 && after_idle && sleeping_.load() >= helpers) {
-            choice = &wake_choices_[63 - __builtin_clzll((unsigned long long)size_bytes)];
+            choice = &wake_choice(size_bytes);
             if (!choice->wake_next()) {
                 try {
                     run_here(n, fn);
@@ -172,24 +172,21 @@ private:
     // without (a running mean over the last ~8 of each, a sample capped at 4x it against a VM's hiccups).
     // Each way is tried kWarmUp times first (alternately), then the faster one runs, the other every kExplore-th job.
     struct WakeChoice {
-        static constexpr uint32_t kWarmUp = 3, kExplore = 16;
+        static constexpr int64_t kWarmUp = 3, kExplore = 16;
         double ns_per_byte[2] = {0.0, 0.0};  // [0] alone, [1] helpers woken
-        uint32_t samples[2] = {0, 0}, jobs = 0;
-        int64_t runs[2] = {0, 0};  // jobs run each way (kvarn_testing_pool_wake_runs)
+        int64_t runs[2] = {0, 0}, jobs = 0;  // jobs run each way (also kvarn_testing_pool_wake_runs), jobs asked
         bool wake_next()
         {
             ++jobs;
-            if (samples[0] < kWarmUp || samples[1] < kWarmUp) return samples[1] <= samples[0];
+            if (runs[0] < kWarmUp || runs[1] < kWarmUp) return runs[1] <= runs[0];
             const bool faster_wakes = ns_per_byte[1] < ns_per_byte[0];
             return jobs % kExplore == 0 ? !faster_wakes : faster_wakes;
         }
         void learn(bool woke, double x)
         {
             double& mean = ns_per_byte[woke];
-            uint32_t& count = samples[woke];
-            mean = count == 0 ? x : mean + (std::min(x, 4.0 * mean) - mean) / 8.0;
+            mean = runs[woke] == 0 ? x : mean + (std::min(x, 4.0 * mean) - mean) / 8.0;
             ++runs[woke];
-            if (count < kWarmUp) ++count;
         }
     };
 
@@ -198,12 +195,17 @@ public:
     void wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken)
     {
         std::lock_guard<std::mutex> lk(run_mu_);
-        const WakeChoice& c = wake_choices_[63 - __builtin_clzll((unsigned long long)size_bytes)];
+        const WakeChoice& c = wake_choice(size_bytes);
         *alone = c.runs[0];
         *woken = c.runs[1];
     }
 
 private:
+    WakeChoice& wake_choice(int64_t size_bytes)  // size_bytes > 0: its power-of-two class
+    {
+        return wake_choices_[63 - __builtin_clzll((unsigned long long)size_bytes)];
+    }
+
     // Every item on the calling thread, with the pool's contract: all items run, then the first
     // exception is rethrown (one thread, one item, a busy pool, or no helper thread to be had).
     template <typename F>

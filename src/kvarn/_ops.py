@@ -800,13 +800,11 @@ def append_attend_chunks(q, caches, k, v, scale: float, num_threads, out, row_er
                     append(k[b][:, pos : pos + m], v[b][:, pos : pos + m], num_threads=num_threads)
             except ValueError as error:
                 raise row_error(b, error) from error
-        if whole and m == 1:  # a decode step's one token: the plain call, straight into out
-            row = out[:, 0]
-            got = run_attend(q[:, 0], caches, scale, num_threads, names, out=row)
+        if m == 1:  # one token: the plain call, writing out's row itself where it is contiguous (one sequence or one token)
+            row = out[:, pos]
+            got = run_attend(q[:, pos], caches, scale, num_threads, names, out=row)
             if got is not row:
                 row[...] = got
-        elif m == 1:
-            out[:, pos] = run_attend(q[:, pos], caches, scale, num_threads, names)
         else:
             rows = np.ascontiguousarray(q[:, pos : pos + m]).reshape(B, m * Hq, D)
             out[:, pos : pos + m] = run_attend(rows, caches, scale, num_threads, names, n_tokens=m).reshape(B, m, Hq, D)
