@@ -910,6 +910,57 @@ print(same, rc == 0, alone, woken, alone + woken)
     # of the five back-to-back calls such a call too.
     assert int(alone) >= 3 and int(woken) >= 3 and int(isolated) <= 15, r.stdout
 
+def _wake_choices(alone, woken):
+    """The pool's wake choice, fresh, over jobs taking alone[i] / woken[i] (time per byte) either way:
+    woke[i] as it chose (kvarn_testing_wake_choice)."""
+    alone, woken = np.asarray(alone, np.float64), np.asarray(woken, np.float64)
+    woke = np.full(len(alone), -1, np.int8)
+    assert _native.testing_wake_choice(alone, woken, woke) == _native.OK
+    return woke.astype(bool)
+
+
+def test_wake_choice_runs_the_faster_way_and_explores_the_other_at_a_bounded_cost():
+    n = 3000
+    warm = 6  # three jobs each way, alternately, the woken way first
+    for alone_t, woken_t in [(10.0, 1.0), (1.0, 10.0), (1.2, 1.0), (1.0, 1.2), (1.0, 1.0)]:
+        woke = _wake_choices(np.full(n, alone_t), np.full(n, woken_t))
+        assert woke[:warm].tolist() == [True, False] * 3
+        took = np.where(woke, woken_t, alone_t)[warm:]
+        best = min(alone_t, woken_t)
+        # The slower way still runs now and then (a machine's change must be noticed) ...
+        slower = woke[warm:] if woken_t > alone_t else ~woke[warm:]
+        if alone_t != woken_t:
+            assert 1 <= slower.sum() <= (n - warm) // 16 + 1, (alone_t, woken_t, slower.sum())
+        # ... and costs under 2 % of the time (every 16th job alone at 10x had cost 56 %).
+        assert took.sum() <= 1.02 * best * len(took), (alone_t, woken_t, took.sum() / (best * len(took)))
+
+
+def test_wake_choice_keeps_its_way_through_hiccups_and_follows_a_change():
+    n = 2000
+    # Every 5th job of the faster way (woken, 1.0 against 1.2) takes 4x as long, as on a VM now and then: the
+    # choice stays with it (a running mean pulled past 1.2 by one such job had run the slower way for dozens).
+    woken = np.where(np.arange(n) % 5 == 4, 4.0, 1.0)
+    woke = _wake_choices(np.full(n, 1.2), woken)
+    assert (~woke[6:]).sum() <= (n - 6) // 16 + 1, (~woke[6:]).sum()
+    # Waking becomes 3x slower than running alone at job 1000 (it had been twice as fast): within a few jobs the
+    # choice runs alone, and wakes the helpers only to explore after that.
+    change = 1000
+    alone = np.full(n, 2.0)
+    alone[change:] = 1.0
+    woken = np.where(np.arange(n) < change, 1.0, 3.0)
+    woke = _wake_choices(alone, woken)
+    assert woke[change - 16 : change].sum() >= 15
+    switched = change + int(np.argmax(~woke[change:]))
+    assert switched - change <= 8, switched - change
+    assert woke[switched + 1 :].sum() <= (n - switched) // 16 + 1
+
+
+def test_wake_choice_hook_refuses_mismatched_lengths():
+    woke = np.zeros(3, np.int8)
+    assert _native.testing_wake_choice(np.ones(3), np.ones(2), woke) == _native.ERR_ARGUMENT
+    assert not woke.any()
+
+
 # ---- fp16 cache (attend_dense_f16) ------------------------------------------------------------
 @pytest.mark.parametrize("n", ODD_LENGTHS)
 @pytest.mark.parametrize("head_dim,groups", [(128, 4), (64, 3), (16, 1), (80, 5)])

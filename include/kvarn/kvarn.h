@@ -232,6 +232,12 @@ int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault
  * thread alone (*alone) or with the helpers woken (*woken), as the pool chose from their past times. */
 int kvarn_testing_pool_wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken);
 
+/* Testing hook (not for applications): the pool's wake choice for one size class, fresh, over n_jobs jobs
+ * that would take alone_ns_per_byte[i] run alone or woken_ns_per_byte[i] with the helpers woken: woke[i] = 1
+ * where it chose to wake them (and learnt that time), else 0. */
+int kvarn_testing_wake_choice(int64_t n_jobs, const double* alone_ns_per_byte, const double* woken_ns_per_byte,
+                              int8_t* woke);
+
 #ifdef __cplusplus
 }
 #endif

@@ -82,6 +82,42 @@ bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 
 
 // ---- thread pool ----------------------------------------------------------------
+// For one size class of jobs that find the helpers asleep: the time per byte of the last kWindow jobs run
+// each way, whose median is that way's estimate (one hiccup of a VM moves it little: a running mean that a
+// slow outlier had pulled past the other way's kept the slower way running for dozens of jobs). Each way is
+// tried kWarmUp times first (alternately); then the faster one runs and the other one now and then, so that a
+// change in the machine is noticed: every kMinInterval-th job, or rarer where it is much slower, so that
+// exploring costs about kExploreCost of the time at most (waking 15 helpers can be ~10x faster than running
+// alone: every 16th job alone then cost ~1.5x on average), but at least every kMaxInterval-th job.
+struct WakeChoice {
+    static constexpr int kWarmUp = 3, kWindow = 8;
+    static constexpr int64_t kMinInterval = 16, kMaxInterval = 4096;
+    static constexpr double kExploreCost = 1.0 / 64;
+    double ns_per_byte[2][kWindow] = {};  // [0] alone, [1] helpers woken; job i of a way at i % kWindow
+    int64_t runs[2] = {0, 0};              // jobs run each way (also kvarn_testing_pool_wake_runs)
+    int64_t since_explored = 0;            // jobs since the slower way last ran
+    bool wake_next()
+    {
+        if (runs[0] < kWarmUp || runs[1] < kWarmUp) return runs[1] <= runs[0];
+        const double alone = estimate(0), woken = estimate(1);
+        const bool faster_wakes = woken < alone;
+        const double slower_by = (faster_wakes ? alone / woken : woken / alone) - 1.0;
+        const double interval = std::min((double)kMaxInterval, std::max((double)kMinInterval, slower_by / kExploreCost));
+        if (++since_explored < interval) return faster_wakes;
+        since_explored = 0;
+        return !faster_wakes;
+    }
+    void learn(bool woke, double x) { ns_per_byte[woke][runs[woke]++ % kWindow] = x; }
+    double estimate(bool woke) const  // the median of the way's last kWindow samples (kWarmUp or more)
+    {
+        const int n = (int)std::min<int64_t>(runs[woke], kWindow);
+        double v[kWindow];
+        std::copy(ns_per_byte[woke], ns_per_byte[woke] + n, v);
+        std::sort(v, v + n);
+        return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    }
+};
+
 // Runs fn(i) for i in [0, n) on up to `threads` threads, the caller included,
 // taking items dynamically. Completion waits for the *items*, not for every
 // thread to arrive (an OpenMP parallel-for ends in a barrier): a worker that
@@ -168,28 +204,6 @@ public:
     }
 
 private:
-    // For one size class of jobs that find the helpers asleep: the time per byte with the helpers woken and
-    // without (a running mean over the last ~8 of each, a sample capped at 4x it against a VM's hiccups).
-    // Each way is tried kWarmUp times first (alternately), then the faster one runs, the other every kExplore-th job.
-    struct WakeChoice {
-        static constexpr int64_t kWarmUp = 3, kExplore = 16;
-        double ns_per_byte[2] = {0.0, 0.0};  // [0] alone, [1] helpers woken
-        int64_t runs[2] = {0, 0}, jobs = 0;  // jobs run each way (also kvarn_testing_pool_wake_runs), jobs asked
-        bool wake_next()
-        {
-            ++jobs;
-            if (runs[0] < kWarmUp || runs[1] < kWarmUp) return runs[1] <= runs[0];
-            const bool faster_wakes = ns_per_byte[1] < ns_per_byte[0];
-            return jobs % kExplore == 0 ? !faster_wakes : faster_wakes;
-        }
-        void learn(bool woke, double x)
-        {
-            double& mean = ns_per_byte[woke];
-            mean = runs[woke] == 0 ? x : mean + (std::min(x, 4.0 * mean) - mean) / 8.0;
-            ++runs[woke];
-        }
-    };
-
 public:
     // The jobs of size_bytes' size class run alone / with sleeping helpers woken (a testing hook).
     void wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken)
@@ -907,6 +921,19 @@ int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault
     *finished = done.load();
     *faulted = thrown.load() ? 1 : 0;
     return rc;
+}
+
+int kvarn_testing_wake_choice(int64_t n_jobs, const double* alone_ns_per_byte, const double* woken_ns_per_byte,
+                              int8_t* woke)
+{
+    if (n_jobs < 0 || (n_jobs > 0 && (!alone_ns_per_byte || !woken_ns_per_byte || !woke))) return KVARN_ERR_ARGUMENT;
+    WakeChoice choice;
+    for (int64_t i = 0; i < n_jobs; ++i) {
+        const bool w = choice.wake_next();
+        woke[i] = w ? 1 : 0;
+        choice.learn(w, w ? woken_ns_per_byte[i] : alone_ns_per_byte[i]);
+    }
+    return KVARN_OK;
 }
 
 int kvarn_testing_pool_wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken)

@@ -1,5 +1,5 @@
 # Declarations of the C ABI in include/kvarn/kvarn.h.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 
 cdef extern from "kvarn/kvarn.h" nogil:
     enum kvarn_status:
@@ -67,3 +67,5 @@ cdef extern from "kvarn/kvarn.h" nogil:
     int kvarn_testing_pool_fault(int64_t n_items, int32_t num_threads, int32_t fault_on_helper,
                                  int64_t* finished, int32_t* faulted)
     int kvarn_testing_pool_wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken)
+    int kvarn_testing_wake_choice(int64_t n_jobs, const double* alone_ns_per_byte, const double* woken_ns_per_byte,
+                                  int8_t* woke)

@@ -4,7 +4,7 @@ kvarn/_ops.py; here we only take typed buffers, release the GIL and return
 the native status code (0 = ok). Each wrapper still checks that its buffers are
 as large as the native code will read or write (ValueError otherwise): a caller
 that skipped _ops must get an exception, never a read out of bounds."""
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport strchr
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT
@@ -400,3 +400,15 @@ def testing_pool_wake_runs(int64_t size_bytes):
     cdef int64_t woken = 0
     cdef int rc = kvarn_testing_pool_wake_runs(size_bytes, &alone, &woken)
     return rc, alone, woken
+
+
+def testing_wake_choice(const double[::1] alone_ns_per_byte not None, const double[::1] woken_ns_per_byte not None,
+                        int8_t[::1] woke not None):
+    """status; woke[i] = 1 where a fresh wake choice woke the helpers for job i, given each job's time per
+    byte either way (see kvarn_testing_wake_choice). Tests only."""
+    cdef int64_t n = woke.shape[0]
+    if alone_ns_per_byte.shape[0] != n or woken_ns_per_byte.shape[0] != n:
+        return KVARN_ERR_ARGUMENT
+    if n == 0:
+        return KVARN_OK
+    return kvarn_testing_wake_choice(n, &alone_ns_per_byte[0], &woken_ns_per_byte[0], &woke[0])
