@@ -112,8 +112,11 @@ struct WakeChoice {
     {
         const int n = (int)std::min<int64_t>(runs[woke], kWindow);
         double v[kWindow];
-        std::copy(ns_per_byte[woke], ns_per_byte[woke] + n, v);
-        std::sort(v, v + n);
+        for (int i = 0; i < n; ++i) {  // insertion sort (std::sort's unreachable n > 16 branch warns in GCC 12)
+            int j = i;
+            for (; j > 0 && v[j - 1] > ns_per_byte[woke][i]; --j) v[j] = v[j - 1];
+            v[j] = ns_per_byte[woke][i];
+        }
         return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
     }
 };
