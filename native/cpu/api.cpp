@@ -206,8 +206,6 @@ public:
         if (failed_.load(std::memory_order_relaxed)) std::rethrow_exception(std::exchange(error_, nullptr));
     }
 
-private:
-public:
     // The jobs of size_bytes' size class run alone / with sleeping helpers woken (a testing hook).
     void wake_runs(int64_t size_bytes, int64_t* alone, int64_t* woken)
     {
