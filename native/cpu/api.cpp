@@ -631,7 +631,11 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
         auto splits_for = [&](int64_t items_per_thread) {  // per group, for that many items per thread
             return (items_per_thread * threads + heads_total - 1) / heads_total;
         };
+        int64_t bytes = 0;  // the bytes the call reads, for the pool's choice whether waking sleeping helpers pays
         for (int32_t b = 0; b < batch; ++b) {
+            const kvarn_cache_view& c = caches[b];
+            const int64_t rec = c.num_tiles > 0 ? (int64_t)kvarn_layout(c.kbits, c.vbits, c.group, D).total : 0;
+            bytes += (int64_t)Hk * ((c.sink_len + c.tail_len) * 4 * (int64_t)D + c.num_tiles * rec);
             const int64_t U = total_units(caches[b]);
             // (one thread has nothing to even out: its items would only add their overhead)
             const int64_t fine = threads > 1 ? std::min<int64_t>(splits_for(kItemsPerThread), U / kFineSplitUnits) : 0;
@@ -770,13 +774,6 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
             const int64_t g = (int64_t)w.seq * Hk + w.kv_head;
             if (group_left[g].fetch_sub(1, std::memory_order_acq_rel) == 1) merge_group(g);
         };
-        // The bytes the call reads, for the pool's choice whether waking sleeping helpers pays.
-        int64_t bytes = 0;
-        for (int32_t b = 0; b < batch; ++b) {
-            const kvarn_cache_view& c = caches[b];
-            const int64_t rec = (int64_t)kvarn_layout(c.kbits, c.vbits, c.group, c.head_dim).total;
-            bytes += (int64_t)Hk * ((c.sink_len + c.tail_len) * 4 * (int64_t)D + c.num_tiles * rec);
-        }
         pool().run(n_items, threads, body, bytes);
         return nonfinite.load(std::memory_order_relaxed) ? (int)KVARN_ERR_OVERFLOW : (int)KVARN_OK;
     });
