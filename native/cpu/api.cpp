@@ -636,7 +636,7 @@ int kvarn_attend_tokens(const kvarn_cache_view* caches, int32_t batch, int32_t n
             const kvarn_cache_view& c = caches[b];
             const int64_t rec = c.num_tiles > 0 ? (int64_t)kvarn_layout(c.kbits, c.vbits, c.group, D).total : 0;
             bytes += (int64_t)Hk * ((c.sink_len + c.tail_len) * 4 * (int64_t)D + c.num_tiles * rec);
-            const int64_t U = total_units(caches[b]);
+            const int64_t U = total_units(c);
             // (one thread has nothing to even out: its items would only add their overhead)
             const int64_t fine = threads > 1 ? std::min<int64_t>(splits_for(kItemsPerThread), U / kFineSplitUnits) : 0;
             const int64_t coarse = std::min<int64_t>(splits_for(kMinItemsPerThread), U / kMinSplitUnits);
