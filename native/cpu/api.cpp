@@ -169,13 +169,14 @@ public:
         if (size_bytes > 0 && after_idle && sleeping_.load() >= helpers) {
             choice = &wake_choice(size_bytes);
             if (!choice->wake_next()) {
+                std::exception_ptr error;
                 try {
                     run_here(n, fn);
                 } catch (...) {
-                    last_end_ns_ = now_ns();
-                    throw;
+                    error = std::current_exception();
                 }
                 last_end_ns_ = now_ns();
+                if (error) std::rethrow_exception(error);  // a failed call teaches the choice nothing
                 choice->learn(false, (double)(last_end_ns_ - start) / (double)size_bytes);
                 return;
             }
