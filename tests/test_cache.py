@@ -2095,6 +2095,93 @@ def test_allocated_bytes_bound_the_spare_capacity(rng):
         assert cache.allocated_nbytes == cache.nbytes + free_tail + spare_records * H * rec
 
 
+@pytest.mark.parametrize("quantize_on", ["fill", "next"])
+@pytest.mark.parametrize("sink, start", [(None, 0), (None, 300), (0, 5), (70, 200)])
+def test_reserve_keeps_one_records_buffer_up_to_that_length(quantize_on, sink, start, rng):
+    """After reserve(n), appends up to n tokens write into one records buffer (no growth copy) and give
+    the records, sizes and outputs of a cache that never reserved."""
+    H, D, n = 2, 64, 1000
+    k, v = kv_like(rng, (H, n, D)), kv_like(rng, (H, n, D))
+    plain = kvarn.KVCache(H, D, "k4v2_g64", sink_tokens=sink, quantize_on=quantize_on)
+    roomy = kvarn.KVCache(H, D, "k4v2_g64", sink_tokens=sink, quantize_on=quantize_on)
+    for cache in (plain, roomy):
+        cache.append(k[:, :start], v[:, :start])
+    roomy.reserve(n)
+    buffer = roomy._state[2]
+    assert buffer.shape[0] == (n - roomy.sink_tokens) // 64
+    twin = roomy.copy()  # shares the buffer until its first tile, which it writes into a copy as roomy
+    twin.append(k[:, start:start + 200], v[:, start:start + 200])
+    assert twin.num_tiles > roomy.num_tiles and twin._state[2] is not buffer
+    assert twin._state[2].shape == buffer.shape and roomy._state[2] is buffer
+    allocated = None  # allocated_nbytes once the sink (whose buffers grow until it is full) is full
+    bounds = list(range(start, n, 37)) + [n]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        for cache in (plain, roomy):
+            cache.append(k[:, a:b], v[:, a:b])
+        assert roomy._state[2] is buffer
+        if roomy.sink_len == roomy.sink_tokens:
+            allocated = allocated or roomy.allocated_nbytes
+            assert roomy.allocated_nbytes == allocated
+        assert (roomy.num_tiles, roomy.tail_len, roomy.nbytes) == (plain.num_tiles, plain.tail_len, plain.nbytes)
+    assert roomy.num_tiles > 5
+    assert roomy.records.tobytes() == plain.records.tobytes()
+    q = rng.standard_normal((4, D)).astype(np.float32)
+    assert kvarn.attend(q, roomy, num_threads=1).tobytes() == kvarn.attend(q, plain, num_threads=1).tobytes()
+    roomy.reserve(n // 2)  # less than the room there: nothing changes
+    assert roomy._state[2] is buffer
+    roomy.append(k[:, :64], v[:, :64])  # past the reserved length: it grows as usual
+    assert roomy._state[2] is not buffer and roomy.num_tiles == plain.num_tiles + 1
+
+
+def test_reserve_keeps_a_staged_tile_and_a_rollback_returns_exactly(rng):
+    """reserve after a quantize_on="next" append staged a full tail keeps that tail's records; a rollback to a
+    checkpoint taken before the reserve gives the cache of that moment."""
+    H, D = 2, 64
+    cache = kvarn.KVCache(H, D, "k4v2_g64", quantize_on="next")
+    k, v = kv_like(rng, (H, 600, D)), kv_like(rng, (H, 600, D))
+    cache.append(k[:, :256], v[:, :256])  # sink 64, 2 tiles, a full tail: staged
+    staged = cache._staged
+    assert staged is not None and staged[0] is cache._state
+    point = cache.checkpoint()
+    snap = snapshot(cache)
+    cache.reserve(2000)
+    assert cache._staged is not None and cache._staged[0] is cache._state and cache._staged[1] is staged[1]
+    assert_unchanged(cache, snap)
+    cache.append(k[:, 256:600], v[:, 256:600])
+    twin = kvarn.KVCache(H, D, "k4v2_g64", quantize_on="next")
+    twin.append(k[:, :600], v[:, :600])
+    assert cache.records.tobytes() == twin.records.tobytes()
+    cache.rollback(point)
+    assert_unchanged(cache, snap)
+    cache.append(k[:, 256:600], v[:, 256:600])
+    assert cache.records.tobytes() == twin.records.tobytes()
+
+
+def test_reserve_refuses_bad_num_tokens_and_changes_nothing(monkeypatch, rng):
+    cache, _, _ = filled(rng, 2, 64, 700)
+    snap, allocated, buffer = snapshot(cache), cache.allocated_nbytes, cache._state[2]
+    cases = [(-1, ValueError, "num_tokens: must be >= 0, got -1"), (2**62 + 1, ValueError, "num_tokens: must be <="),
+             (1.5, TypeError, "num_tokens: expected an int, got float"), (True, TypeError, "num_tokens: expected an int"),
+             ("4096", TypeError, "num_tokens: expected an int, got str"), (None, TypeError, "num_tokens: expected an int")]
+    for value, exc, msg in cases:
+        with pytest.raises(exc, match=re.escape(msg)):
+            cache.reserve(value)
+        assert_unchanged(cache, snap)
+        assert cache.allocated_nbytes == allocated and cache._state[2] is buffer
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kvarn.cache.np, "zeros", no_memory)
+        with pytest.raises(MemoryError, match="num_tokens: 100000 tokens need 11381760 bytes of records"):
+            cache.reserve(100_000)
+    assert_unchanged(cache, snap)
+    assert cache.allocated_nbytes == allocated and cache._state[2] is buffer
+    cache.reserve(np.int64(4096))  # numpy integers are ints
+    assert cache._state[2].shape[0] == (4096 - 128) // 128
+
+
 def test_masked_array_hidden_nan_is_rejected(rng):
     """A masked array's hidden entries are data the cache would store: NaN there is refused by name."""
     k = rng.standard_normal((2, 5, 64)).astype(np.float32)

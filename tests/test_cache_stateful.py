@@ -422,6 +422,25 @@ class KVCacheMachine(RuleBasedStateMachine):
                 e.cache.truncation_point(length)
         assert_observed_same(before, observe(e.cache, q), f"refused truncate ({kind})")
 
+    # ---- room ---------------------------------------------------------------------------------
+    @rule(i=IDX, more=st.integers(-200, 600))
+    def reserve(self, i, more):
+        """Room for len + more tokens: the records buffer holds at least that many tiles after it, and
+        nothing observable changes but allocated_nbytes (which never shrinks)."""
+        e = self.entry(i)
+        q = self.query()
+        before = observe(e.cache, q)
+        num_tokens = max(0, len(e) + more)
+        e.cache.reserve(num_tokens)
+        after = observe(e.cache, q)
+        allocated = 5  # observe's index of allocated_nbytes
+        expect(after[allocated] >= before[allocated], f"reserve({num_tokens}): allocated_nbytes shrank")
+        room = e.cache._state[2].shape[0]
+        expect(room >= (num_tokens - min(num_tokens, self.sink_tokens)) // self.G,
+               f"reserve({num_tokens}): room for {room} tiles")
+        before[allocated] = after[allocated]
+        assert_observed_same(before, after, f"reserve({num_tokens})")
+
     # ---- checkpoints ------------------------------------------------------------------------
     @rule(i=IDX)
     def checkpoint(self, i):

@@ -425,6 +425,37 @@ def test_malformed_steps_are_refused_by_name_and_change_nothing():
     assert [len(c) for c in layer.caches] == [11, 11] and cache.get_seq_length() == 11
 
 
+def test_host_max_cache_len_gives_each_row_room_and_the_same_outputs():
+    """max_cache_len on the host: each row's KVCache reserves that many tokens at the first forward, and the
+    steps give what a cache without it gives; bad values are refused by name."""
+    roomy, plain = _tiny_cache(preset="k4v2_g64", max_cache_len=700), _tiny_cache(preset="k4v2_g64")
+    k, v = _kv(2, 100, seed=1)
+    for cache in (roomy, plain):
+        _prefill(cache.kvarn_layers[0], k, v)
+    rows = roomy.kvarn_layers[0].caches
+    buffers = [c._state[2] for c in rows]
+    assert [b.shape[0] for b in buffers] == [(700 - 64) // 64] * 2
+    q = torch.randn(2, 4, 1, 16, generator=torch.Generator().manual_seed(2))
+    for step in range(300):  # 400 tokens a row: five tiles past the sink
+        k, v = _kv(2, 1, seed=10 + step)
+        outs = [_decode(cache.kvarn_layers[0], k, v, q) for cache in (roomy, plain)]
+        assert torch.equal(outs[0], outs[1]), step
+    assert all(c._state[2] is b for c, b in zip(rows, buffers)) and rows[0].num_tiles == 5
+    for c, twin in zip(rows, plain.kvarn_layers[0].caches):
+        assert c.records.tobytes() == twin.records.tobytes()
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=100)
+    for bad, error, match in ((0, ValueError, "max_cache_len: must be >= 1, got 0"),
+                              (1.5, TypeError, "max_cache_len: expected an int, got float"),
+                              ("700", TypeError, "max_cache_len: expected an int, got str")):
+        with pytest.raises(error, match=match):
+            KVarNCache(cfg, max_cache_len=bad)
+    with pytest.raises(ValueError, match="max_batch_size: sizes the pools of a GPU cache"):
+        KVarNCache(cfg, max_batch_size=4)
+
+
 def test_a_config_without_layers_is_refused_plainly():
     from transformers import LlamaConfig
 

@@ -442,7 +442,7 @@ class KVarNLayer(CacheLayerMixin):
     is_compileable = False
 
     def __init__(self, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None,
-                 quantize_on: str = "fill", crop_window: int = 0) -> None:
+                 quantize_on: str = "fill", crop_window: int = 0, max_cache_len: int | None = None) -> None:
         super().__init__()
         # Validates preset, sink_tokens and quantize_on now rather than at the first forward.
         # The Preset itself: a custom one's name alone could not be resolved again.
@@ -450,6 +450,8 @@ class KVarNLayer(CacheLayerMixin):
         self.sink_tokens = sink_tokens
         self.quantize_on = quantize_on
         self.crop_window = check_positive_int(crop_window, "crop_window", 0)
+        # Tokens each row's KVCache has room for from the first forward (KVCache.reserve); None: it grows as needed.
+        self.max_cache_len = None if max_cache_len is None else check_positive_int(max_cache_len, "max_cache_len")
         if 0 < self.crop_window <= self.preset.group:
             raise ValueError(
                 f"crop_window: {crop_window} tokens cannot hold a quantised tile of {self.preset.group} and the tail "
@@ -523,6 +525,9 @@ class KVarNLayer(CacheLayerMixin):
         self.caches = [
             kvarn.KVCache(Hk, D, self.preset, self.sink_tokens, quantize_on=self.quantize_on) for _ in range(B)
         ]
+        if self.max_cache_len is not None:
+            for cache in self.caches:
+                cache.reserve(self.max_cache_len)
         if self.crop_window:
             self._ring_k = np.zeros((B, Hk, self.crop_window, D), np.float16)
             self._ring_v = np.zeros_like(self._ring_k)
@@ -1166,10 +1171,9 @@ def _gpu_options(device, max_batch_size, max_cache_len, config, preset, quantize
     """KVarNCudaLayer's keyword arguments for KVarNCache's device options (None: a host cache), checked: a
     visible GPU that kvarn's CUDA module serves, and layers it serves."""
     if device is None:
-        for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
-            if value is not None:
-                raise ValueError(f"{name}: sizes the pools of a GPU cache (device='cuda'); the host cache grows as "
-                                 "needed")
+        if max_batch_size is not None:
+            raise ValueError("max_batch_size: sizes the pools of a GPU cache (device='cuda'); the host cache grows as "
+                             "needed")
         return None
     if isinstance(device, bool) or not isinstance(device, (int, np.integer, str, torch.device)):
         raise TypeError(f"device: expected 'cuda', 'cuda:N', a torch.device, an int or None, got "
@@ -1229,6 +1233,9 @@ class KVarNCache(Cache):
     quantize_on "fill" only; a crop window's ring lives on that GPU too). Its pools are allocated at the first
     forward for ``max_batch_size`` rows (default: that forward's batch) of ``max_cache_len`` tokens each (default:
     the model's max_position_embeddings, at most 32768); a step beyond either is refused with the cache unchanged.
+    On the host, ``max_cache_len`` (default None: none) is room each row's cache reserves at the first forward
+    (``kvarn.KVCache.reserve``), so that decoding up to that length never grows its records buffer; longer rows
+    grow as usual.
     """
 
     def __init__(self, config, preset: PresetLike = kvarn.DEFAULT_PRESET, sink_tokens: int | None = None,
@@ -1280,7 +1287,7 @@ class KVarNCache(Cache):
         layers = []
         for i, t in enumerate(layer_types):
             if t == "full_attention":
-                layers.append(KVarNLayer(preset, sink_tokens, quantize_on, crop_window) if gpu is None
+                layers.append(KVarNLayer(preset, sink_tokens, quantize_on, crop_window, max_cache_len) if gpu is None
                               else KVarNCudaLayer(preset, sink_tokens, crop_window, **gpu))
             elif t in ("sliding_attention", "chunked_attention"):
                 window = _layer_value(text_config, "sliding_window" if t == "sliding_attention" else "attention_chunk_size", i)
