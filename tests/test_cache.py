@@ -2178,8 +2178,41 @@ def test_reserve_refuses_bad_num_tokens_and_changes_nothing(monkeypatch, rng):
             cache.reserve(100_000)
     assert_unchanged(cache, snap)
     assert cache.allocated_nbytes == allocated and cache._state[2] is buffer
+    with pytest.raises(MemoryError, match=f"num_tokens: {2**62} tokens need {(2**62 - 128) // 128 * 2 * 7296} bytes"):
+        cache.reserve(2**62)  # more bytes than an address space holds: refused before numpy sees the shape
+    assert_unchanged(cache, snap)
+    assert cache.allocated_nbytes == allocated and cache._state[2] is buffer
     cache.reserve(np.int64(4096))  # numpy integers are ints
     assert cache._state[2].shape[0] == (4096 - 128) // 128
+
+
+def test_fp16_cache_reserve_keeps_its_buffers_and_refuses_bad_num_tokens(rng):
+    """FP16Cache.reserve, as KVCache's: appends up to the reserved length write into the same buffers and give what
+    a cache without it gives; bad num_tokens are refused by name with the cache unchanged."""
+    H, D = 2, 32
+    k, v = kv_like(rng, (H, 700, D)), kv_like(rng, (H, 700, D))
+    roomy, plain = kvarn.FP16Cache(H, D), kvarn.FP16Cache(H, D)
+    for cache in (roomy, plain):
+        cache.append(k[:, :300], v[:, :300])
+    roomy.reserve(700)
+    kbuf, vbuf, _ = roomy._state
+    assert kbuf.shape[1] == 700 and vbuf.shape[1] == 700
+    for a in range(300, 700, 50):
+        for cache in (roomy, plain):
+            cache.append(k[:, a:a + 50], v[:, a:a + 50])
+        assert roomy._state[0] is kbuf and roomy._state[1] is vbuf
+    assert [x.tobytes() for x in roomy.keys_values()] == [x.tobytes() for x in plain.keys_values()]
+    q = rng.standard_normal((4, D)).astype(np.float32)
+    assert roomy.attend(q, num_threads=1).tobytes() == plain.attend(q, num_threads=1).tobytes()
+    before = [x.copy() for x in roomy.keys_values()]
+    for value, exc, msg in ((-5, ValueError, "num_tokens: must be >= 0"), (2.0, TypeError, "num_tokens: expected an int"),
+                            (2**62, MemoryError, f"num_tokens: {2**62} tokens need {4 * H * D * 2**62} bytes")):
+        with pytest.raises(exc, match=re.escape(msg)):
+            roomy.reserve(value)
+        assert roomy._state[0] is kbuf and len(roomy) == 700
+        assert all(np.array_equal(a, b) for a, b in zip(roomy.keys_values(), before))
+    roomy.reserve(10)  # within the room: nothing changes
+    assert roomy._state[0] is kbuf
 
 
 def test_masked_array_hidden_nan_is_rejected(rng):

@@ -336,11 +336,14 @@ class KVCache:
             tiles = max(0, num_tokens - self.sink_tokens) // self.preset.group
             if tiles <= records.shape[0]:
                 return
+            nbytes = tiles * self.num_kv_heads * self._record_bytes
             try:
+                if nbytes > sys.maxsize:  # numpy would refuse the shape with a ValueError of its own
+                    raise MemoryError
                 grown = np.zeros((tiles, self.num_kv_heads, self._record_bytes), np.uint8)
-            except MemoryError as e:
-                raise MemoryError(f"num_tokens: {num_tokens} tokens need {tiles * self.num_kv_heads * self._record_bytes} "
-                                  "bytes of records, more than can be allocated") from e
+            except MemoryError:
+                raise MemoryError(f"num_tokens: {num_tokens} tokens need {nbytes} bytes of records, more than can be "
+                                  "allocated") from None
             grown[:num_tiles] = records[:num_tiles]
             staged = self._staged[1] if self._staged is not None and self._staged[0] is state else None
             self._frozen_records = None  # fresh: no other state reads it

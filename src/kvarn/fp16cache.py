@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -90,6 +91,29 @@ class FP16Cache:
         # Past the published length: no reader looks there (nor at what a refused token leaves).
         store_tokens(k, v, kbuf[:, length:need], vbuf[:, length:need], checked_on_store)
         self._state = (kbuf, vbuf, need)
+
+    def reserve(self, num_tokens: int) -> None:
+        """Room for ``num_tokens`` tokens in all (KVCache.reserve's counterpart; the constructor's ``capacity``
+        for a cache that holds tokens already): appends up to that length never grow, and so never copy, the
+        buffers (they double when full). A ``num_tokens`` within the room already there changes nothing."""
+        num_tokens = check_positive_int(num_tokens, "num_tokens", 0, 2**62)
+        with self._append_lock:
+            kbuf, vbuf, length = self._state
+            if num_tokens <= kbuf.shape[1]:
+                return
+            H, D = self.num_kv_heads, self.head_dim
+            nbytes = 2 * 2 * H * D * num_tokens
+            try:
+                if nbytes > sys.maxsize:  # numpy would refuse the shape with a ValueError of its own
+                    raise MemoryError
+                new_k = np.zeros((H, num_tokens, D), np.float16)
+                new_v = np.zeros_like(new_k)
+            except MemoryError:
+                raise MemoryError(f"num_tokens: {num_tokens} tokens need {nbytes} bytes of K and V, more than can be "
+                                  "allocated") from None
+            new_k[:, :length] = kbuf[:, :length]
+            new_v[:, :length] = vbuf[:, :length]
+            self._state = (new_k, new_v, length)  # readers of the old state keep the old buffers
 
     # append_attend's hooks (as KVCache's)
     def _tokens_before_quantising(self) -> int:
