@@ -14,7 +14,9 @@
 - cold decode steps (test_decode_cold): kvarn and fp16 over M layer copies read in turn, as a
   model reads each layer's cache once per token (the rows above re-read one warm cache). Its
   rows: the whole step (all layers' kvarn + fp16 bytes over the step's time) and one cold call of
-  each (one layer's bytes over the per-call time).
+  each (one layer's bytes over the per-call time),
+- a decode's appends, one token at a time from 1K tokens (test_decode_appends): the records buffer growing as it
+  fills against KVCache.reserve first (the mean and the slowest append in extra_info).
 
 One group per (shape, context, batch). Bytes moved = cache bytes read per call
 (packed records + fp16 sink/tail for kvarn; K and V for the dense rows).
@@ -641,6 +643,50 @@ def test_quantize_share(benchmark, shape, ctx):
     record(benchmark, k.nbytes + v.nbytes, impl=f"append-completing-{hk}-tiles-{best}",
            decode_ms=round(decode_s * 1e3, 4), quant_us_per_token=round(quant_s / G * 1e6, 3),
            quant_native_us=round(native_s * 1e6, 1), share_pct=round(100 * share, 2))
+
+
+APPEND_TOKENS = 3072 if QUICK else 31744  # decode appends from 1K tokens: to 4K, or to 32K
+
+
+@pytest.mark.parametrize("room", ["grows", "reserved"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_decode_appends(benchmark, shape, room):
+    """A decode's KVCache.append calls, one token each, from 1K tokens on (two threads' worth of the quantiser at
+    every completed tile included): the records buffer growing as it fills (by a quarter, copying the records) or
+    with KVCache.reserve for the final length first. The benchmark's time is the whole run; the row per append
+    (record_calls) has min / median per append, and extra_info the mean and the slowest append, where a growth
+    shows. Bytes: the K/V tokens appended."""
+    hq, hk, d = SHAPES[shape]
+    dd = data(shape, 1024)
+    k, v = dd["k"], dd["v"]
+    base = dd["cache"]
+    benchmark.group = f"decode appends {shape} 1024..{1024 + APPEND_TOKENS}"
+    times = []
+
+    def fresh():
+        cache = clone(base)  # own records: a copy would share the prefill's until its first tile
+        if room == "reserved":
+            cache.reserve(1024 + APPEND_TOKENS)
+        return (cache,), {}
+
+    def run(cache):
+        records = cache._state[2]
+        for j in range(APPEND_TOKENS):
+            i = j % 1024
+            t = time.perf_counter()
+            cache.append(k[:, i:i + 1], v[:, i:i + 1], num_threads=THREADS)
+            times.append(time.perf_counter() - t)
+        assert len(cache) == 1024 + APPEND_TOKENS
+        # reserved: the one buffer throughout; grows: at least one growth on the way
+        assert (cache._state[2] is records) == (room == "reserved"), room
+
+    benchmark.pedantic(run, setup=fresh, rounds=2 if QUICK else 3, iterations=1)
+    per = np.array(times).reshape(-1, APPEND_TOKENS)
+    token_bytes = 2 * hk * d * 2
+    record_calls(benchmark, f"append-{room}", times, token_bytes)
+    record(benchmark, token_bytes * APPEND_TOKENS, room=room,
+           mean_us_per_append=round(float(per.mean(axis=1).min()) * 1e6, 2),
+           slowest_append_ms=round(float(per.max(axis=1).min()) * 1e3, 3))
 
 
 def _timed(fn):

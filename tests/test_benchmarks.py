@@ -44,7 +44,8 @@ def test_cpu_benchmarks_run_and_check_their_results(tmp_path):
         assert group in text, group
     rows = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")}
     expected = {"numpy", "kvarn-scalar", "quantize-scalar", "hadamard-scalar", "numpy-read-1thread", "numpy-copy-1thread",
-                "kvarn-" + kvarn.available_isas()[-1] + "-interleaved", "numpy-interleaved"}
+                "kvarn-" + kvarn.available_isas()[-1] + "-interleaved", "numpy-interleaved", "append-grows",
+                "append-reserved"}
     try:
         import torch  # noqa: F401
 
