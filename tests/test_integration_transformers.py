@@ -456,6 +456,26 @@ def test_host_max_cache_len_gives_each_row_room_and_the_same_outputs():
         KVarNCache(cfg, max_batch_size=4)
 
 
+def test_host_max_cache_len_that_cannot_be_allocated_is_refused_by_name(monkeypatch):
+    """A reservation the machine refuses (MemoryError) fails the first forward naming max_cache_len, and leaves the
+    layer uninitialised: a forward with the room granted then works."""
+    cache = _tiny_cache(preset="k4v2_g64", max_cache_len=1 << 30)
+    layer = cache.kvarn_layers[0]
+
+    def refuse(self, num_tokens):
+        raise MemoryError(f"num_tokens: {num_tokens} tokens need many bytes of records, more than can be allocated")
+
+    k, v = _kv(2, 100, seed=1)
+    with monkeypatch.context() as patch:
+        patch.setattr(kvarn.KVCache, "reserve", refuse)
+        with pytest.raises(MemoryError, match=r"max_cache_len: 1073741824 tokens for each of 2 rows: num_tokens"):
+            layer.update(k, v)
+    assert not layer.is_initialized and layer.caches == []
+    layer.max_cache_len = 1000
+    _prefill(layer, k, v)
+    assert [len(c) for c in layer.caches] == [100, 100] and layer.caches[0]._state[2].shape[0] == (1000 - 64) // 64
+
+
 def test_a_config_without_layers_is_refused_plainly():
     from transformers import LlamaConfig
 

@@ -522,12 +522,14 @@ class KVarNLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states, value_states) -> None:
         B, Hk, _, D = key_states.shape
         self.device, self.dtype = key_states.device, key_states.dtype
-        self.caches = [
-            kvarn.KVCache(Hk, D, self.preset, self.sink_tokens, quantize_on=self.quantize_on) for _ in range(B)
-        ]
+        caches = [kvarn.KVCache(Hk, D, self.preset, self.sink_tokens, quantize_on=self.quantize_on) for _ in range(B)]
         if self.max_cache_len is not None:
-            for cache in self.caches:
-                cache.reserve(self.max_cache_len)
+            try:
+                for cache in caches:
+                    cache.reserve(self.max_cache_len)
+            except MemoryError as e:  # KVCache.reserve names its own argument; the user gave max_cache_len
+                raise MemoryError(f"max_cache_len: {self.max_cache_len} tokens for each of {B} rows: {e}") from None
+        self.caches = caches
         if self.crop_window:
             self._ring_k = np.zeros((B, Hk, self.crop_window, D), np.float16)
             self._ring_v = np.zeros_like(self._ring_k)
