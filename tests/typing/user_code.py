@@ -46,6 +46,7 @@ def main() -> None:
     assert_type(point, int)
     cache.truncate(point)
     saved = cache.checkpoint()
+    cache.reserve(4096)
     cache.append(k[:, :5], v[:, :5])
     cache.rollback(saved)
     parts = assert_type(cache.to_parts(), "dict[str, Any]")
@@ -69,6 +70,7 @@ def main() -> None:
     assert_type(custom.head_dim, int)
 
     fp16 = kvarn.FP16Cache(num_kv_heads=2, head_dim=64)
+    fp16.reserve(1024)
     fp16.append(k, v)
     dense: Array = fp16.attend(q, num_threads=1)
     dense_batch: Array = kvarn.attend_fp16_batch(np.stack([q]), [fp16])
