@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -122,6 +123,19 @@ def check_positive_int(value, name, minimum=1, maximum=2**31 - 1) -> int:
     if value > maximum:
         raise ValueError(f"{name}: must be <= {maximum}, got {value}")
     return int(value)
+
+
+def zeros_or_memory_error(shape: tuple[int, ...], dtype, need: str, of: str) -> np.ndarray:
+    """np.zeros(shape, dtype), or MemoryError "{need} {bytes} bytes of {of}, more than can be allocated" where it
+    cannot be had (need names the argument that asked: "num_tokens: 4096 tokens need"). A size beyond the address
+    space is checked first: numpy refuses that shape with a ValueError of its own."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    try:
+        if nbytes > sys.maxsize:
+            raise MemoryError
+        return np.zeros(shape, dtype)
+    except MemoryError:
+        raise MemoryError(f"{need} {nbytes} bytes of {of}, more than can be allocated") from None
 
 
 def check_iters(iters) -> int:

@@ -283,7 +283,7 @@ class KVCache:
         # state reads (may raise: nothing visible is changed yet), a chunk of tiles at a time.
         if n_full:
             records = self._records_with_room(records, num_tiles, num_tiles + n_full)
-            staged = self._staged[1] if self._staged is not None and self._staged[0] is state else None
+            staged = self._staged_records(state)
             self._quantize_rest(records, num_tiles, n_full, tail_k, tail_v, tail_len, k, v, to_sink, threads, staged)
         left = rest - n_full * G
         # A decode step that completes a tile (left == 0) hands the tail buffers on to the new
@@ -336,16 +336,10 @@ class KVCache:
             tiles = max(0, num_tokens - self.sink_tokens) // self.preset.group
             if tiles <= records.shape[0]:
                 return
-            nbytes = tiles * self.num_kv_heads * self._record_bytes
-            try:
-                if nbytes > sys.maxsize:  # numpy would refuse the shape with a ValueError of its own
-                    raise MemoryError
-                grown = np.zeros((tiles, self.num_kv_heads, self._record_bytes), np.uint8)
-            except MemoryError:
-                raise MemoryError(f"num_tokens: {num_tokens} tokens need {nbytes} bytes of records, more than can be "
-                                  "allocated") from None
+            grown = _ops.zeros_or_memory_error((tiles, self.num_kv_heads, self._record_bytes), np.uint8,
+                                               f"num_tokens: {num_tokens} tokens need", "records")
             grown[:num_tiles] = records[:num_tiles]
-            staged = self._staged[1] if self._staged is not None and self._staged[0] is state else None
+            staged = self._staged_records(state)
             self._frozen_records = None  # fresh: no other state reads it
             self._publish(sink_k, sink_v, grown, num_tiles, tail_k, tail_v, tail_len)
             self._set_staged(staged)
@@ -378,6 +372,10 @@ class KVCache:
         if self.quantize_on != "next" or tail_len != self.preset.group:
             return None
         return self._quantize_tail_tile(tail_k, tail_v, num_tiles, threads)
+
+    def _staged_records(self, state):
+        """The records _stage_full_tail quantised for state's full tail, or None (staged for another state, or none)."""
+        return self._staged[1] if self._staged is not None and self._staged[0] is state else None
 
     def _set_staged(self, records) -> None:
         # Tied to the state just published (by identity): any other state (a rollback, a truncate, a

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import sys
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -101,16 +100,8 @@ class FP16Cache:
             kbuf, vbuf, length = self._state
             if num_tokens <= kbuf.shape[1]:
                 return
-            H, D = self.num_kv_heads, self.head_dim
-            nbytes = 2 * 2 * H * D * num_tokens
-            try:
-                if nbytes > sys.maxsize:  # numpy would refuse the shape with a ValueError of its own
-                    raise MemoryError
-                new_k = np.zeros((H, num_tokens, D), np.float16)
-                new_v = np.zeros_like(new_k)
-            except MemoryError:
-                raise MemoryError(f"num_tokens: {num_tokens} tokens need {nbytes} bytes of K and V, more than can be "
-                                  "allocated") from None
+            new_k, new_v = _ops.zeros_or_memory_error((2, self.num_kv_heads, num_tokens, self.head_dim), np.float16,
+                                                      f"num_tokens: {num_tokens} tokens need", "K and V")
             new_k[:, :length] = kbuf[:, :length]
             new_v[:, :length] = vbuf[:, :length]
             self._state = (new_k, new_v, length)  # readers of the old state keep the old buffers
